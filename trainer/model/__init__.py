@@ -1,0 +1,24 @@
+"""Model half of the trainer: GPTModel construction, LoRA, HF import and PEFT export.
+
+    from trainer.model import build_model, forward_losses, adapter_state_dict, ...
+"""
+from trainer.model.build import build_model
+from trainer.model.forward import forward_losses
+from trainer.model.lora import (adapter_state_dict, allreduce_sequence_parallel_grads,
+                                load_adapter_state_dict)
+
+
+def load_hf_llama(model, hf_dir):
+    from trainer.model.hf_import import load_hf_llama as _load
+
+    return _load(model, hf_dir)
+
+
+def export_peft(model, cfg, out_dir):
+    from trainer.model.peft_export import export_peft as _export
+
+    return _export(model, cfg, out_dir)
+
+
+__all__ = ["build_model", "forward_losses", "adapter_state_dict", "load_adapter_state_dict",
+           "allreduce_sequence_parallel_grads", "load_hf_llama", "export_peft"]

@@ -1,0 +1,152 @@
+"""Build the megatron-core GPTModel from the resolved recipe, with LoRA applied.
+
+    model = build_model(cfg, device)
+
+TransformerConfig comes from cfg.trainer.model (Llama family: GQA, RoPE, RMSNorm, SwiGLU, no biases,
+untied embeddings), cfg.trainer.parallelism, cfg.trainer.recompute and cfg.trainer.precision (merged
+with trainer.precision.transformer_config_kwargs(cfg) when that module exists). The layer spec is TE's
+on a GPU with Transformer Engine, megatron's local spec + SDPACoreAttention otherwise.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainer.model import specs
+from trainer.model.lora import apply_lora
+
+
+def _precision_kwargs(cfg) -> dict:
+    try:
+        from trainer.precision import transformer_config_kwargs
+    except ImportError:
+        return {}
+    return dict(transformer_config_kwargs(cfg))
+
+
+def _recompute_kwargs(rcfg) -> dict:
+    gran = rcfg.granularity
+    if gran in (None, "none", False):
+        return {}
+    if gran == "full":
+        return {"recompute_granularity": "full", "recompute_method": rcfg.method or "uniform",
+                "recompute_num_layers": int(rcfg.num_layers or 1)}
+    if gran == "selective":
+        return {"recompute_granularity": "selective"}
+    raise ValueError(f"trainer.recompute.granularity must be null|full|selective, got {gran!r}")
+
+
+def _moe_kwargs(mcfg, use_te: bool) -> dict:
+    if not mcfg.num_moe_experts:
+        return {}
+    freq = mcfg.moe_layer_freq
+    first_dense = int(mcfg.moe_first_k_dense or 0)
+    if first_dense:
+        freq = [0] * first_dense + [1] * (int(mcfg.num_layers) - first_dense)
+    elif isinstance(freq, (list, tuple)):
+        freq = list(freq)
+    return {
+        "num_moe_experts": int(mcfg.num_moe_experts),
+        "moe_router_topk": int(mcfg.moe_router_topk or 1),
+        "moe_ffn_hidden_size": int(mcfg.moe_ffn_hidden_size or mcfg.ffn_hidden_size),
+        "moe_shared_expert_intermediate_size": mcfg.moe_shared_expert_intermediate_size,
+        "moe_layer_freq": freq,
+        "moe_grouped_gemm": use_te,
+        "moe_token_dispatcher_type": "alltoall",
+        "moe_router_load_balancing_type": "aux_loss",
+        "moe_aux_loss_coeff": 0.0,
+    }
+
+
+def make_transformer_config(cfg, device: torch.device, use_te: bool):
+    """TransformerConfig for the recipe; fusions only where their kernels exist (GPU)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m, par, prec = cfg.trainer.model, cfg.trainer.parallelism, cfg.trainer.precision
+    if m.multi_latent_attention:
+        raise NotImplementedError("multi_latent_attention models are not supported yet")
+    bf16 = bool(prec.bf16)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    on_gpu = device.type == "cuda"
+    kwargs = dict(
+        num_layers=int(m.num_layers), hidden_size=int(m.hidden_size),
+        ffn_hidden_size=int(m.ffn_hidden_size), num_attention_heads=int(m.num_attention_heads),
+        num_query_groups=int(m.num_query_groups or m.num_attention_heads),
+        kv_channels=int(m.kv_channels) if m.kv_channels else None,
+        normalization="RMSNorm", layernorm_epsilon=float(m.norm_epsilon),
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+        add_qkv_bias=False, qk_layernorm=bool(m.qk_layernorm),
+        hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=int(par.tensor), pipeline_model_parallel_size=int(par.pipeline),
+        context_parallel_size=int(par.context), expert_model_parallel_size=int(par.expert),
+        sequence_parallel=bool(par.sequence_parallel) and int(par.tensor) > 1,
+        bf16=bf16, params_dtype=dtype, pipeline_dtype=dtype,
+        use_cpu_initialization=not on_gpu, perform_initialization=True,
+        bias_activation_fusion=on_gpu, masked_softmax_fusion=False, persist_layer_norm=on_gpu,
+        bias_dropout_fusion=on_gpu, apply_rope_fusion=use_te, gradient_accumulation_fusion=False,
+        cross_entropy_loss_fusion=on_gpu,
+        cross_entropy_fusion_impl="te" if use_te else "native",
+    )
+    kwargs.update(_moe_kwargs(m, use_te))
+    kwargs.update(_recompute_kwargs(cfg.trainer.recompute))
+    kwargs.update(_precision_kwargs(cfg))
+    return TransformerConfig(**kwargs)
+
+
+def _rope_kwargs(mcfg) -> dict:
+    rs = mcfg.rope_scaling
+    if not rs:
+        return {}
+    kind = rs.get("type") or rs.get("rope_type")
+    defaults = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
+    if kind != "llama3" or any(float(rs.get(k, v)) != float(v) for k, v in defaults.items()):
+        raise NotImplementedError(f"rope_scaling {dict(rs)} (only llama3 with 1/4/8192 is supported)")
+    return {"rope_scaling": True, "rope_scaling_factor": float(rs.get("factor", 8))}
+
+
+def _require_input_grads(model) -> None:
+    """With a frozen embedding, make the decoder input require grad so recompute (autograd
+    Functions that only backprop when an input requires grad) still reaches the adapters."""
+    emb = getattr(model, "embedding", None)
+    if emb is None:
+        return
+
+    def hook(_module, _inputs, output):
+        if isinstance(output, torch.Tensor) and not output.requires_grad and torch.is_grad_enabled():
+            output.requires_grad_(True)
+        return output
+
+    emb.register_forward_hook(hook)
+
+
+def build_model(cfg, device: torch.device):
+    """GPTModel on `device` with the base frozen and LoRA adapters trainable."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    device = torch.device(device)
+    use_te = specs.te_available(device)
+    if device.type == "cpu":
+        from trainer.model import cpu_compat
+
+        cpu_compat.install()
+    m = cfg.trainer.model
+    config = make_transformer_config(cfg, device, use_te)
+    model = GPTModel(
+        config=config, transformer_layer_spec=specs.layer_spec(m, device),
+        vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),
+        position_embedding_type="rope", rotary_base=int(m.rotary_base), **_rope_kwargs(m))
+    model._primus_uses_te = use_te
+    model.to(device)
+    if cfg.trainer.checkpoint.pretrained:
+        from trainer.model.hf_import import load_hf_llama
+
+        load_hf_llama(model, cfg.trainer.checkpoint.pretrained)
+    apply_lora(model, cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
+               tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
+               seed=int(cfg.experiment.seed))
+    model.to(device)
+    _require_input_grads(model)
+    return model

@@ -1,0 +1,80 @@
+"""Every adaptation megatron-core needs to run on a CPU-only host, in one place.
+
+`install()` is a no-op when CUDA is available, so GPU runs use megatron-core untouched. On CPU it:
+
+1. makes `torch.cuda.current_device()` return "cpu" (megatron allocates buffers with
+   `device=torch.cuda.current_device()` in many spots; "cpu" is a valid device argument there);
+2. replaces the model-parallel CUDA RNG tracker with one that forks the CPU generator, and points
+   megatron's `_get_cuda_rng_state/_set_cuda_rng_state` (used by activation recompute) at the CPU
+   generator, so `model_parallel_cuda_manual_seed`, dropout forks and recompute replay all work.
+
+The packed (THD) attention on CPU is a separate module (trainer.model.sdpa_attention) selected by
+trainer.model.specs; nothing here changes numerics.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_INSTALLED = False
+
+
+def _cpu_get_rng_state(device="cuda", clone=False, graph_safe=False):  # noqa: ARG001
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state, device=-1, graph_safe=False):  # noqa: ARG001
+    torch.set_rng_state(new_state)
+
+
+def _make_tracker_class():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """Named RNG states over the CPU default generator (same API as megatron's tracker)."""
+
+        def add(self, name, seed):
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self.seeds_.add(seed)
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+
+    return CpuRNGStatesTracker
+
+
+def install() -> bool:
+    """Apply the CPU adaptations once; returns True when they are active."""
+    global _INSTALLED
+    if torch.cuda.is_available():
+        return False
+    if _INSTALLED:
+        return True
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    mrandom._get_cuda_rng_state = _cpu_get_rng_state
+    mrandom._set_cuda_rng_state = _cpu_set_rng_state
+    mrandom._CUDA_RNG_STATE_TRACKER = _make_tracker_class()()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _INSTALLED = True
+    return True
+
+
+def is_installed() -> bool:
+    return _INSTALLED

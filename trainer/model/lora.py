@@ -1,0 +1,240 @@
+"""LoRA as a model transform over megatron-core / TE parallel linears.
+
+    apply_lora(model, cfg.trainer.lora, tp_size, sequence_parallel, seed)
+
+freezes every base parameter and replaces each target linear (matched by fnmatch against the
+module's leaf name and its full dotted name; exclusions win) with `LoRALinear(base)`:
+
+    y = base(x) + scale * B(A(drop(x))),     scale = alpha / dim
+
+Tensor-parallel layout (tp > 1), consistent with the base linear's own sharding:
+
+* column-parallel base (linear_qkv, linear_fc1; W is [out/tp, in]): A [r, in] replicated,
+  B [out/tp, r] column-sharded. The small activation h = x A^T goes through
+  copy-to-TP (identity fwd, all-reduce of dL/dh bwd), or with sequence parallelism the
+  sequence-sharded h is all-gathered (bwd reduce-scatter).
+* row-parallel base (linear_proj, linear_fc2; W is [out, in/tp]): A [r, in/tp] row-sharded,
+  B [out, r] replicated; the partial h = x_local A_local^T is all-reduced across TP (or
+  reduce-scattered to the sequence shard with sequence parallelism) before B.
+
+Replicated adapter weights whose gradient comes from a sequence shard (A of a column base and B of
+a row base, under sequence parallelism) carry `sequence_parallel=True`, the attribute megatron uses
+for layer-norm weights; `allreduce_sequence_parallel_grads(model)` sums them across TP.
+
+TE's LayerNormColumnParallelLinear fuses the input norm: the wrapper switches on its
+`return_layernorm_output` so the adapter sees the normed input, exactly like the base GEMM.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import zlib
+from typing import Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+COLUMN, ROW = "column", "row"
+_ROW_NAMES = ("linear_proj", "linear_fc2")
+
+
+def _parallel_mode(module: nn.Module, leaf_name: str) -> str:
+    """'row' for row-parallel linears, else 'column' (TE keeps parallel_mode on the module)."""
+    mode = getattr(module, "parallel_mode", None)
+    if mode in (COLUMN, ROW):
+        return mode
+    cls = type(module).__name__
+    if "RowParallel" in cls:
+        return ROW
+    if "ColumnParallel" in cls:
+        return COLUMN
+    return ROW if leaf_name in _ROW_NAMES else COLUMN
+
+
+def _uses_fused_layernorm(module: nn.Module) -> bool:
+    return hasattr(module, "return_layernorm_output") and hasattr(module, "layer_norm_weight")
+
+
+def _seeded_init(shape, kind: str, seed: int) -> torch.Tensor:
+    """Full-size init from a private generator: identical for any TP layout and every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.empty(shape, dtype=torch.float32)
+    if kind == "xavier":
+        std = math.sqrt(2.0 / (shape[0] + shape[1]))
+        return t.normal_(0.0, std, generator=gen)
+    if kind == "kaiming":  # kaiming_uniform_(a=sqrt(5)) as nn.Linear does
+        bound = 1.0 / math.sqrt(shape[1])
+        return t.uniform_(-bound, bound, generator=gen)
+    if kind == "zero":
+        return t.zero_()
+    raise ValueError(f"unknown LoRA init {kind!r} (xavier|kaiming|zero)")
+
+
+class LoRALinear(nn.Module):
+    """A frozen megatron/TE parallel linear plus a TP-sharded low-rank adapter."""
+
+    def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
+                 dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
+                 sequence_parallel: bool, seed: int):
+        super().__init__()
+        if dropout_position not in ("pre", "post"):
+            raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
+        self.base = base
+        self.mode = _parallel_mode(base, leaf_name)
+        self.fused_norm = _uses_fused_layernorm(base)
+        if self.fused_norm:
+            base.return_layernorm_output = True
+            if hasattr(base, "return_layernorm_output_gathered"):
+                base.return_layernorm_output_gathered = False
+        self.tp_size = tp_size
+        self.sequence_parallel = sequence_parallel and tp_size > 1
+        self.scale = float(alpha) / float(dim)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else None
+        self.dropout_position = dropout_position
+
+        weight = base.weight
+        out_local, in_local = weight.shape[0], weight.shape[1]
+        dtype, device = weight.dtype, weight.device
+        if getattr(weight, "dtype", None) not in (torch.float32, torch.bfloat16, torch.float16):
+            dtype = torch.bfloat16  # quantized (fp8/fp4) base weights: adapters stay in bf16
+        if self.mode == COLUMN:
+            a_full = _seeded_init((dim, in_local), a_init, seed)
+            b_full = _seeded_init((out_local * tp_size, dim), b_init, seed + 1)
+            a = a_full
+            b = b_full[tp_rank * out_local:(tp_rank + 1) * out_local]
+        else:
+            a_full = _seeded_init((dim, in_local * tp_size), a_init, seed)
+            b_full = _seeded_init((out_local, dim), b_init, seed + 1)
+            a = a_full[:, tp_rank * in_local:(tp_rank + 1) * in_local]
+            b = b_full
+        self.lora_a = nn.Parameter(a.to(device=device, dtype=dtype).contiguous())
+        self.lora_b = nn.Parameter(b.to(device=device, dtype=dtype).contiguous())
+        # Megatron's tensor-parallel attributes: which dim is sharded (checkpointing, grad norm).
+        sharded, replicated = (self.lora_b, self.lora_a) if self.mode == COLUMN else (self.lora_a, self.lora_b)
+        sharded.tensor_model_parallel = tp_size > 1
+        sharded.partition_dim = 0 if self.mode == COLUMN else 1
+        sharded.partition_stride = 1
+        replicated.tensor_model_parallel = False
+        # The replicated factor sees only this rank's sequence shard under SP.
+        replicated.sequence_parallel = self.sequence_parallel
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["base"], name)
+
+    # -- adapter path -------------------------------------------------------------------------
+    def _adapter(self, x: torch.Tensor) -> torch.Tensor:
+        from megatron.core.tensor_parallel import mappings as tpm
+
+        if self.dropout is not None and self.dropout_position == "pre":
+            x = self.dropout(x)
+        h = F.linear(x, self.lora_a)
+        if self.tp_size > 1:
+            if self.mode == COLUMN:
+                h = (tpm.gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True)
+                     if self.sequence_parallel else tpm.copy_to_tensor_model_parallel_region(h))
+            else:
+                h = (tpm.reduce_scatter_to_sequence_parallel_region(h)
+                     if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
+        out = F.linear(h * self.scale, self.lora_b)
+        if self.dropout is not None and self.dropout_position == "post":
+            out = self.dropout(out)
+        return out
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        result = self.base(x, *args, **kwargs)
+        if self.fused_norm:
+            if len(result) == 3:  # TE with return_bias: (out, bias, ln_out)
+                out, bias, adapter_in = result
+            else:  # megatron wrapper: ((out, ln_out), None)
+                (out, adapter_in), bias = result
+        else:
+            out, bias = result
+            adapter_in = x
+        return out + self._adapter(adapter_in).to(out.dtype), bias
+
+
+def _matches(name: str, leaf: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(leaf, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]:
+    """Dotted names of the linear modules LoRA wraps (parallel linears with a 2-D weight)."""
+    out = []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, LoRALinear):
+            raise ValueError("LoRA is already applied to this model")
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        if _matches(name, leaf, target_modules) and not _matches(name, leaf, exclude_modules or ()):
+            out.append(name)
+    return out
+
+
+def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
+               sequence_parallel: bool = False, seed: int = 0) -> list[str]:
+    """Freeze the base and wrap the target linears; returns the wrapped module names."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if not lcfg.enabled:
+        return []
+    names = lora_targets(model, tuple(lcfg.target_modules), tuple(lcfg.exclude_modules or ()))
+    if not names:
+        raise ValueError(f"lora.target_modules {list(lcfg.target_modules)} matched no linear layer")
+    for name in names:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        base = getattr(parent, leaf)
+        wrapped = LoRALinear(
+            base, leaf, dim=int(lcfg.dim), alpha=float(lcfg.alpha), dropout=float(lcfg.dropout or 0.0),
+            dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
+            tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
+            seed=seed * 1_000_003 + zlib.crc32(name.encode()))
+        setattr(parent, leaf, wrapped)
+    return names
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Only the LoRA parameters (this rank's TP shards), detached."""
+    return {n: p.detach() for n, p in model.named_parameters() if n.endswith((".lora_a", ".lora_b"))}
+
+
+def load_adapter_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
+    own = {n: p for n, p in model.named_parameters() if n.endswith((".lora_a", ".lora_b"))}
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    if strict and (missing or unexpected):
+        raise KeyError(f"adapter state mismatch: missing {missing[:4]} unexpected {unexpected[:4]}")
+    with torch.no_grad():
+        for n, p in own.items():
+            if n in sd:
+                if sd[n].shape != p.shape:
+                    raise ValueError(f"{n}: shape {tuple(sd[n].shape)} != model {tuple(p.shape)}")
+                p.copy_(sd[n])
+
+
+def allreduce_sequence_parallel_grads(model: nn.Module, group: Optional[object] = None) -> None:
+    """Sum grads of params marked sequence_parallel across TP (when not using megatron's DDP)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    grads = [p.grad for p in model.parameters()
+             if p.requires_grad and getattr(p, "sequence_parallel", False) and p.grad is not None]
+    if not grads:
+        return
+    group = group or ps.get_tensor_model_parallel_group()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
