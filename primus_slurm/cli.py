@@ -1,0 +1,112 @@
+"""`primus-slurm` command line: recipe commands here; job commands in jobs_cli, precision tools in precision_cli."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import click
+
+from primus_slurm.errors import UserError
+
+SET_HELP = "Override a recipe value, e.g. --set trainer.parallelism.tensor=2 (repeatable)."
+
+
+def set_option(func):
+    return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)(func)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="primus-slurm")
+def main() -> None:
+    """Fine-tune LLMs with LoRA on Slurm: recipe -> validated config -> sbatch script -> torchrun -> trainer."""
+
+
+@main.command()
+@click.argument("recipe")
+@set_option
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
+def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
+    """Check RECIPE (path or name under recipes/) and print a summary, or the resolved recipe with --json."""
+    from primus_slurm.recipe import load_recipe
+    from primus_slurm.validate import world_size
+
+    r = load_recipe(recipe, overrides)
+    if as_json:
+        click.echo(json.dumps(r.resolved, indent=2))
+        return
+    t, c = r.resolved["trainer"], r.resolved["cluster"]
+    par = t["parallelism"]
+    click.echo(f"ok: {r.path} — {t['model']['preset']} on {c['nodes']} node(s), world {world_size(c)}, "
+               f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
+               f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
+
+
+@main.command()
+@click.argument("recipe")
+@set_option
+@click.option("--executor", type=click.Choice(["slurm", "local"]), default=None, help="Default: the recipe's.")
+@click.option("--run-dir", default=None, help="Run directory to render for (default: a placeholder).")
+def render(recipe: str, overrides: tuple, executor: str | None, run_dir: str | None) -> None:
+    """Print the job script RECIPE renders to (see `submit --dry-run` for the exact submitted text)."""
+    from primus_slurm.recipe import load_recipe
+    from primus_slurm.render import render_script
+
+    r = load_recipe(recipe, overrides)
+    name = r.resolved["experiment"]["name"]
+    run_dir = run_dir or f"{r.resolved['experiment']['workspace']}/{name}/RUN_ID"
+    click.echo(render_script(r.resolved, run_dir, "RUN_ID", executor), nl=False)
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def recipes(ctx: click.Context) -> None:
+    """List the recipes shipped with primus-slurm (`recipes show NAME` prints one)."""
+    if ctx.invoked_subcommand is None:
+        from primus_slurm.resources import recipes_dir
+
+        for path in sorted(recipes_dir().glob("*.yaml")):
+            first = path.read_text().splitlines()[0].lstrip("# ") if path.stat().st_size else ""
+            click.echo(f"{path.stem:36s} {first}")
+
+
+@recipes.command("show")
+@click.argument("name")
+def recipes_show(name: str) -> None:
+    """Print a shipped recipe's YAML."""
+    from primus_slurm.recipe import find_recipe
+
+    click.echo(find_recipe(name).read_text(), nl=False)
+
+
+def _register_optional(module: str) -> None:
+    """Job and precision commands live in their own modules; each exposes register(group)."""
+    if importlib.util.find_spec(module) is not None:
+        importlib.import_module(module).register(main)
+
+
+_register_optional("primus_slurm.jobs_cli")
+_register_optional("primus_slurm.precision_cli")
+
+
+def run(argv=None) -> int:
+    try:
+        rv = main.main(args=argv, prog_name="primus-slurm", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        click.echo("error: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return rv if isinstance(rv, int) else 0
+
+
+def entry() -> None:
+    sys.exit(run())

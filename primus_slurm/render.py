@@ -1,0 +1,95 @@
+"""Render the job script (sbatch for Slurm, plain bash for the local executor) from a resolved recipe."""
+from __future__ import annotations
+
+import shlex
+import sys
+from functools import lru_cache
+
+import jinja2
+import yaml
+
+from primus_slurm.resources import templates_dir
+from primus_slurm.validate import nproc_per_node
+
+TEMPLATE = "job.sh.j2"
+# Variables the script itself exports; containers that do not inherit the host environment get them by name.
+SCRIPT_VARS = ("PRIMUS_RUN_DIR", "PRIMUS_RUN_ID", "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")
+JIT_VARS = {"nvidia": ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"),
+            "amd": ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")}
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - shell, not HTML: every recipe value goes through the `q` filter
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+@lru_cache(maxsize=1)
+def profiles() -> dict:
+    return yaml.safe_load((templates_dir() / "profiles.yaml").read_text())
+
+
+def executor_of(resolved: dict) -> str:
+    """`auto` means Slurm when sbatch is on PATH, else local."""
+    import shutil
+
+    executor = resolved["cluster"]["executor"]
+    if executor == "auto":
+        return "slurm" if shutil.which("sbatch") else "local"
+    return executor
+
+
+def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
+    c, name = resolved["cluster"], resolved["experiment"]["name"]
+    lines = [f"--job-name={name}", f"--nodes={c['nodes']}", "--ntasks-per-node=1"]
+    if c["gpus_per_node"]:
+        lines.append(f"--gpus-per-node={c['gpus_per_node']}")
+    for key in ("cpus_per_task", "mem", "partition", "account", "qos", "reservation", "constraint"):
+        if c[key]:
+            lines.append(f"--{key.replace('_', '-')}={c[key]}")
+    lines.append(f"--time={c['time']}")
+    if c["exclusive"]:
+        lines.append("--exclusive")
+    lines.append("--requeue" if c["requeue"] else "--no-requeue")
+    lines.append(f"--signal=B:{c['signal']}@{c['signal_grace_s']}")
+    lines += [f"--output={run_dir}/logs/slurm-%j.out", "--open-mode=append"]
+    return lines + list(c["extra_sbatch"])
+
+
+def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None) -> str:
+    c = resolved["cluster"]
+    executor = executor or executor_of(resolved)
+    profile = profiles()[c["env_profile"]]
+    env = {**profile["env"], **c["env"]}
+    python = c["python"]
+    if executor == "local" and python == "python3":
+        python = sys.executable  # the local job runs beside the launcher: use its interpreter
+    context = {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "executor": executor,
+        "slurm": executor == "slurm",
+        "sbatch": sbatch_lines(resolved, run_dir) if executor == "slurm" else [],
+        "runtime": c["container"]["runtime"],
+        "container": c["container"],
+        "vendor": profile["vendor"],
+        "profile_name": c["env_profile"],
+        "env": sorted(env.items()),
+        "jit_cache": profile["jit_cache"],
+        "secrets": list(c["secrets"]),
+        "passthrough": sorted({*env, *SCRIPT_VARS, *(JIT_VARS.get(profile["vendor"], ()) if profile["jit_cache"] else ()), *c["secrets"]}),
+        "python": python,
+        "nproc_per_node": nproc_per_node(c),
+        "entrypoint": c["entrypoint"],
+        "requeue": c["requeue"],
+        "signal": c["signal"],
+    }
+    return _environment().get_template(TEMPLATE).render(**context)

@@ -1,0 +1,179 @@
+"""Cross-field rules over a fully-defaulted recipe. Each rule raises one UserError naming the fields."""
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from primus_slurm.errors import UserError
+from primus_slurm.schema import ENV_NAME_RE
+
+SBATCH_FLAG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@%/+=&|\[\]*!-]+)?$")
+CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,&|\[\]*()!:-]+$")
+MOUNT_RE = re.compile(r"^/[^:,\s]*:/[^:,\s]*(:(ro|rw))?$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9_./:@+#-]+$")
+WORKSPACE_RE = re.compile(r"^/[A-Za-z0-9_./+@=,-]*$")
+# the LoRA-wrappable linear names of each attention/MLP kind (megatron-core module names)
+DENSE_ATTN = ("self_attention.linear_qkv", "self_attention.linear_proj")
+MLA_ATTN = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+            "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
+DENSE_MLP = ("mlp.linear_fc1", "mlp.linear_fc2")
+MOE_MLP = ("mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "mlp.shared_experts.linear_fc1",
+           "mlp.shared_experts.linear_fc2", "mlp.router")
+
+
+def model_linear_names(model: dict) -> list[str]:
+    attn = MLA_ATTN if model["multi_latent_attention"] else DENSE_ATTN
+    mlp = MOE_MLP + DENSE_MLP if model["num_moe_experts"] else DENSE_MLP
+    return list(attn + mlp)
+
+
+def pattern_matches(pattern: str, names: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n.rsplit(".", 1)[-1], pattern) for n in names)
+
+
+def world_size(cluster: dict) -> int:
+    return cluster["nodes"] * nproc_per_node(cluster)
+
+
+def nproc_per_node(cluster: dict) -> int:
+    return cluster["nproc_per_node"] or cluster["gpus_per_node"] or 1
+
+
+def fail(msg: str) -> None:
+    raise UserError(msg)
+
+
+def validate(r: dict) -> None:
+    _cluster(r["cluster"], r["experiment"])
+    t = r["trainer"]
+    _precision(t["precision"])
+    _model(t["model"], t)
+    _parallel(t, r["cluster"])
+    _lora(t["lora"], t["model"])
+    _data_and_schedule(t)
+
+
+def _cluster(c: dict, exp: dict) -> None:
+    if not WORKSPACE_RE.match(exp["workspace"]):
+        fail(f"`experiment.workspace` resolves to {exp['workspace']!r}; use a path of letters, digits and ./_-+@=,")
+    for i, flag in enumerate(c["extra_sbatch"]):
+        if not SBATCH_FLAG_RE.match(flag):
+            fail(f"`cluster.extra_sbatch[{i}]` is {flag!r:.60}; expected one '--flag' or '--flag=value' "
+                 "(letters, digits and _.,:@%/+=&|[]*!-)")
+        if flag.split("=")[0] in ("--signal", "--output", "--error", "--job-name", "--requeue", "--nodes"):
+            fail(f"`cluster.extra_sbatch[{i}]` sets {flag.split('=')[0]}, which primus-slurm manages; "
+                 "use the cluster.* field instead")
+    if c["constraint"] and not CONSTRAINT_RE.match(c["constraint"]):
+        fail(f"`cluster.constraint` is {c['constraint']!r:.60}; expected a Slurm feature expression")
+    cont = c["container"]
+    if cont["runtime"] != "none" and not cont["image"]:
+        fail(f"`cluster.container.image` is required when `cluster.container.runtime` is {cont['runtime']}")
+    if cont["image"] and not IMAGE_RE.match(cont["image"]):
+        fail(f"`cluster.container.image` is {cont['image']!r:.60}; expected an image reference or path")
+    for i, m in enumerate(cont["mounts"]):
+        if not MOUNT_RE.match(m):
+            fail(f"`cluster.container.mounts[{i}]` is {m!r:.60}; expected '/host/path:/container/path[:ro|rw]'")
+    for i, name in enumerate(c["secrets"]):
+        if not ENV_NAME_RE.match(name):
+            fail(f"`cluster.secrets[{i}]` is {name!r:.60}; expected an environment variable name")
+    for key in c["env"]:
+        if key in c["secrets"]:
+            fail(f"`cluster.env.{key}` would write the secret {key} into the job script; list it in "
+                 "cluster.secrets and export it in your shell instead")
+    if c["executor"] == "local" and c["nodes"] > 1:
+        fail(f"`cluster.nodes` is {c['nodes']} but `cluster.executor` is local; the local executor runs one node")
+
+
+def _precision(p: dict) -> None:
+    if p["fp4"] and p["fp8"]:
+        fail("`trainer.precision.fp4` and `trainer.precision.fp8` are mutually exclusive; set one of them to null")
+    for flag in ("fp4_param", "fp4_param_gather", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard"):
+        if p[flag] and not p["fp4"]:
+            fail(f"`trainer.precision.{flag}` needs `trainer.precision.fp4: e2m1`")
+    if p["fp4_param_gather"] and not p["fp4_param"]:
+        fail("`trainer.precision.fp4_param_gather` needs `trainer.precision.fp4_param: true`")
+    if p["fp4_param"] and p["fp4_emulation"]:
+        fail("`trainer.precision.fp4_param` stores weights in FP4 with native TE kernels; it cannot be combined "
+             "with `trainer.precision.fp4_emulation`")
+    if (p["fp4"] or p["fp8"]) and not p["bf16"]:
+        fail(f"`trainer.precision.{'fp4' if p['fp4'] else 'fp8'}` needs `trainer.precision.bf16: true` "
+             "(low-precision GEMMs run inside a bf16 model)")
+
+
+def _model(m: dict, t: dict) -> None:
+    heads, groups = m["num_attention_heads"], m["num_query_groups"] or m["num_attention_heads"]
+    if heads % groups:
+        fail(f"`trainer.model.num_query_groups` ({groups}) must divide `num_attention_heads` ({heads})")
+    if not m["kv_channels"] and not m["multi_latent_attention"] and m["hidden_size"] % heads:
+        fail(f"`trainer.model.hidden_size` ({m['hidden_size']}) must be divisible by num_attention_heads ({heads})"
+             " or set kv_channels")
+    seq = t["data"]["seq_length"]
+    if seq > m["max_position_embeddings"]:
+        fail(f"`trainer.data.seq_length` ({seq}) exceeds `trainer.model.max_position_embeddings` "
+             f"({m['max_position_embeddings']})")
+    if m["num_moe_experts"]:
+        if not m["moe_router_topk"] or m["moe_router_topk"] > m["num_moe_experts"]:
+            fail(f"`trainer.model.moe_router_topk` must be between 1 and num_moe_experts ({m['num_moe_experts']})")
+    if m["multi_latent_attention"]:
+        for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            if not m[key]:
+                fail(f"`trainer.model.{key}` is required with `trainer.model.multi_latent_attention: true`")
+
+
+def _parallel(t: dict, c: dict) -> None:
+    par, m = t["parallelism"], t["model"]
+    tp, pp, cp, ep = par["tensor"], par["pipeline"], par["context"], par["expert"]
+    world = world_size(c)
+    heads, groups = m["num_attention_heads"], m["num_query_groups"] or m["num_attention_heads"]
+    if heads % tp or (not m["multi_latent_attention"] and groups % tp):
+        fail(f"`trainer.parallelism.tensor` ({tp}) must divide num_attention_heads ({heads}) and "
+             f"num_query_groups ({groups})")
+    if tp * pp * cp > world or world % (tp * pp * cp):
+        fail(f"`trainer.parallelism` tensor×pipeline×context = {tp * pp * cp} must divide the world size "
+             f"{world} (cluster.nodes × processes per node)")
+    dp = world // (tp * pp * cp)
+    if ep > 1 and not m["num_moe_experts"]:
+        fail("`trainer.parallelism.expert` > 1 needs a MoE model (trainer.model.num_moe_experts)")
+    if ep > 1 and ((dp * cp) % ep or m["num_moe_experts"] % ep):
+        fail(f"`trainer.parallelism.expert` ({ep}) must divide data×context parallel size ({dp * cp}) and "
+             f"num_moe_experts ({m['num_moe_experts']})")
+    if m["num_layers"] % pp:
+        fail(f"`trainer.parallelism.pipeline` ({pp}) must divide trainer.model.num_layers ({m['num_layers']})")
+    if par["sequence_parallel"] and tp == 1:
+        fail("`trainer.parallelism.sequence_parallel` needs `trainer.parallelism.tensor` > 1")
+    s = t["schedule"]
+    if s["global_batch_size"] % (s["micro_batch_size"] * dp):
+        fail(f"`trainer.schedule.global_batch_size` ({s['global_batch_size']}) must be divisible by "
+             f"micro_batch_size × data-parallel size = {s['micro_batch_size']} × {dp}")
+
+
+def _lora(lora: dict, model: dict) -> None:
+    if not lora["enabled"]:
+        return
+    names = model_linear_names(model)
+    for field in ("target_modules", "exclude_modules"):
+        for i, pattern in enumerate(lora[field]):
+            if not pattern_matches(pattern, names):
+                fail(f"`trainer.lora.{field}[{i}]` ({pattern!r:.60}) matches no linear layer of this model; "
+                     f"available: {', '.join(n.rsplit('.', 1)[-1] for n in names)}")
+    if not lora["target_modules"]:
+        fail("`trainer.lora.target_modules` is empty; name at least one linear layer (e.g. linear_qkv)")
+
+
+def _data_and_schedule(t: dict) -> None:
+    d, s = t["data"], t["schedule"]
+    if not d["train"]["path"] and not d["train"]["hf_name"]:
+        fail("`trainer.data.train.path` or `trainer.data.train.hf_name` is required")
+    if d["format"] == "mlperf_npy" and not d["train"]["path"]:
+        fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
+    if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:
+        fail("`trainer.tokenizer.path` is required (a local tokenizer directory or a hub name)")
+    if s["eval_interval"] and not (d["validation"]["path"] or d["validation"]["hf_name"]):
+        fail("`trainer.schedule.eval_interval` is set but `trainer.data.validation` has no path or hf_name")
+    if s["min_lr"] > s["lr"]:
+        fail(f"`trainer.schedule.min_lr` ({s['min_lr']}) must not exceed `trainer.schedule.lr` ({s['lr']})")
+    if s["warmup_iters"] > s["train_iters"]:
+        fail(f"`trainer.schedule.warmup_iters` ({s['warmup_iters']}) exceeds train_iters ({s['train_iters']})")
+    ckpt = t["checkpoint"]
+    if ckpt["pretrained"] and t["model"]["family"] != "llama":
+        fail("`trainer.checkpoint.pretrained` (HF import) supports the llama family only for now")
