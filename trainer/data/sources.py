@@ -1,0 +1,134 @@
+"""Raw record sources: local JSONL / JSON / Parquet files, HF ``save_to_disk`` directories, a directory holding
+``<split>.{jsonl,json,parquet}``, or a hub dataset name (``hf_name``, loaded with `datasets.load_dataset`).
+
+`iter_records` yields ``(loc, record, error)``: ``loc`` is ``file:line`` (JSONL), ``file:record N`` (JSON array),
+``file:row N`` (Parquet / HF); ``error`` is a one-line problem (e.g. invalid JSON) or None.
+`fingerprint` identifies the source contents for the cache key (paths + sizes + mtimes, or the hub name).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+from .errors import DataError
+from .options import SourceSpec
+
+FILE_EXTS = (".jsonl", ".ndjson", ".json", ".parquet")
+HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+def resolve(spec: SourceSpec, key: str) -> tuple[str, str]:
+    """(kind, target): kind in file|hf_disk|hub; raises DataError naming `<key>.path` if nothing is there."""
+    if not spec.path:
+        return "hub", str(spec.hf_name)
+    path = os.path.abspath(os.path.expanduser(spec.path))
+    if os.path.isfile(path):
+        if not path.endswith(FILE_EXTS):
+            raise DataError(f"{key}.path: unsupported file type {path} (expected .jsonl, .json or .parquet)")
+        return "file", path
+    if os.path.isdir(path):
+        if any(os.path.exists(os.path.join(path, m)) for m in HF_DISK_MARKERS):
+            return "hf_disk", path
+        for ext in FILE_EXTS:
+            cand = os.path.join(path, spec.split + ext)
+            if os.path.isfile(cand):
+                return "file", cand
+        raise DataError(f"{key}.path: {path} is neither a datasets save_to_disk directory nor holds "
+                        f"{spec.split}.jsonl/.json/.parquet")
+    raise DataError(f"{key}.path: no such file or directory: {path}")
+
+
+def fingerprint(spec: SourceSpec, key: str) -> dict:
+    kind, target = resolve(spec, key)
+    fp: dict[str, Any] = {"kind": kind, "target": target, "split": spec.split, "limit": spec.limit}
+    if kind == "file":
+        st = os.stat(target)
+        fp["files"] = [[os.path.basename(target), st.st_size, st.st_mtime_ns]]
+    elif kind == "hf_disk":
+        files = []
+        for root, _, names in os.walk(target):
+            for n in sorted(names):
+                st = os.stat(os.path.join(root, n))
+                files.append([os.path.relpath(os.path.join(root, n), target), st.st_size, st.st_mtime_ns])
+        fp["files"] = sorted(files)
+    return fp
+
+
+def _jsonl(path: str) -> Iterator[tuple[str, Any, str | None]]:
+    with open(path, "r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            loc = f"{path}:{lineno}"
+            try:
+                yield loc, json.loads(line), None
+            except json.JSONDecodeError as e:
+                yield loc, None, f"invalid JSON ({e.msg} at column {e.colno})"
+
+
+def _json(path: str, split: str) -> Iterator[tuple[str, Any, str | None]]:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if isinstance(data, dict):
+        data = data.get(split, data.get("data"))
+    if not isinstance(data, list):
+        raise DataError(f"{path}:1: expected a JSON array of records (or an object with a '{split}' array)")
+    for i, rec in enumerate(data, 1):
+        yield f"{path}:record {i}", rec, None
+
+
+def _rows(ds: Any, label: str) -> Iterator[tuple[str, Any, str | None]]:
+    for i, rec in enumerate(ds, 1):
+        yield f"{label}:row {i}", rec, None
+
+
+def _parquet(path: str) -> Iterator[tuple[str, Any, str | None]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    yield from _rows(table.to_pylist(), path)
+
+
+def _hf_disk(path: str, split: str, key: str) -> Iterator[tuple[str, Any, str | None]]:
+    import datasets
+
+    ds = datasets.load_from_disk(path)
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{key}.split: split {split!r} not in {path} (has {'|'.join(ds)})")
+        ds = ds[split]
+    yield from _rows(ds, f"{path}[{split}]")
+
+
+def _hub(name: str, split: str, key: str) -> Iterator[tuple[str, Any, str | None]]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # noqa: BLE001 - network/hub failures become one user-facing line
+        raise DataError(f"{key}.hf_name: cannot load {name!r} split {split!r}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    yield from _rows(ds, f"{name}[{split}]")
+
+
+def iter_records(spec: SourceSpec, key: str) -> Iterator[tuple[str, Any, str | None]]:
+    """Records of one source, at most `spec.limit` of them (bad ones count towards the limit)."""
+    kind, target = resolve(spec, key)
+    if kind == "hub":
+        it = _hub(target, spec.split, key)
+    elif kind == "hf_disk":
+        it = _hf_disk(target, spec.split, key)
+    elif target.endswith(".parquet"):
+        it = _parquet(target)
+    elif target.endswith(".json"):
+        it = _json(target, spec.split)
+    else:
+        it = _jsonl(target)
+    for n, item in enumerate(it):
+        if spec.limit is not None and n >= spec.limit:
+            return
+        yield item
