@@ -188,6 +188,9 @@ def apply_set(data: dict, key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
     for i, part in enumerate(parts):
+        if isinstance(node_spec, schema.Field) and node_spec.kind == "dict" and i == len(parts) - 1:
+            node[part] = value  # a free-form mapping such as cluster.env.NAME
+            return
         if not isinstance(node_spec, dict) or part not in node_spec:
             prefix = ".".join(parts[:i])
             options = node_spec if isinstance(node_spec, dict) else {}
@@ -221,7 +224,10 @@ def load_recipe(path: str | os.PathLike, overrides=(), env: Mapping[str, str] | 
         apply_set(raw, *parse_set(item))
     secrets = set((raw.get("cluster") or {}).get("secrets") or schema.SCHEMA["cluster"]["secrets"].default)
     raw = interpolate(raw, env, {s for s in secrets if isinstance(s, str)})
-    trainer = raw.get("trainer") if isinstance(raw.get("trainer"), dict) else {}
+    for section in ("experiment", "cluster", "trainer"):
+        if not isinstance(raw.get(section, {}), dict):
+            raise UserError(f"`{section}` must be a mapping, got {type(raw[section]).__name__}")
+    trainer = raw.get("trainer", {})
     model = trainer.get("model") if isinstance(trainer.get("model"), dict) else {}
     preset = model.get("preset", schema.MODEL["preset"].default)
     if not isinstance(preset, str):

@@ -1,0 +1,145 @@
+"""Bad input: one `error:` line naming the field, exit 2, no traceback, nothing written. Injection attempts
+never reach the shell unquoted."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from primus_slurm.cli import run
+from primus_slurm.recipe import load_recipe
+from primus_slurm.render import render_script
+from primus_slurm.resources import recipes_dir
+
+QS = str(recipes_dir() / "quickstart.yaml")
+
+# (recipe body appended to `extends: quickstart`, text the error must contain)
+BAD = [
+    ("trainer: {paralellism: {tensor: 2}}", "did you mean `parallelism`"),
+    ("trainer: {schedule: {lr: fast}}", "`trainer.schedule.lr`"),
+    ("trainer: {schedule: {train_iters: 1.5}}", "`trainer.schedule.train_iters`"),
+    ("trainer: {schedule: {train_iters: true}}", "`trainer.schedule.train_iters`"),
+    ("trainer: {schedule: {train_iters: 0}}", "`trainer.schedule.train_iters`"),
+    ("trainer: {schedule: {train_iters: 100000000000000}}", "`trainer.schedule.train_iters`"),
+    ("trainer: {schedule: {lr: .nan}}", "`trainer.schedule.lr`"),
+    ("trainer: {precision: {fp4: e2m1, fp8: hybrid}}", "mutually exclusive"),
+    ("trainer: {precision: {fp4_param: true}}", "`trainer.precision.fp4_param`"),
+    ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),
+    ("trainer: {precision: {fp4: e3m2}}", "`trainer.precision.fp4`"),
+    ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
+    ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
+    ("cluster: {nproc_per_node: 3}\ntrainer: {parallelism: {tensor: 3}}", "`trainer.parallelism.tensor`"),
+    ("trainer: {parallelism: {pipeline: 2}}", "tensor×pipeline×context"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {schedule: {global_batch_size: 5}}", "`trainer.schedule.global_batch_size`"),
+    ("trainer: {data: {seq_length: 4096}}", "`trainer.data.seq_length`"),
+    ("trainer: {lora: {target_modules: [linear_qkvv]}}", "`trainer.lora.target_modules[0]`"),
+    ("trainer: {model: {preset: llama9_1t}}", "`trainer.model.preset`"),
+    ("trainer: {model: {num_query_groups: 3}}", "`trainer.model.num_query_groups`"),
+    ("trainer: {parallelism: {expert: 2}}", "`trainer.parallelism.expert`"),
+    ("trainer: {parallelism: {sequence_parallel: true}}", "`trainer.parallelism.sequence_parallel`"),
+    ("trainer: {schedule: {min_lr: 1.0}}", "`trainer.schedule.min_lr`"),
+    ("experiment: {name: 'x; rm -rf /'}", "`experiment.name`"),
+    ("experiment: {name: '$(id)'}", "`experiment.name`"),
+    ("experiment: {name: \"a\\nb\"}", "`experiment.name`"),
+    ("experiment: {workspace: '/tmp/$(id)'}", "`experiment.workspace`"),
+    ("experiment: {description: \"line1\\nline2\"}", "`experiment.description`"),
+    ("cluster: {partition: 'gpu`id`'}", "`cluster.partition`"),
+    ("cluster: {account: 'a b'}", "`cluster.account`"),
+    ("cluster: {time: 'tomorrow'}", "`cluster.time`"),
+    ("cluster: {signal: USR1}", "`cluster.signal`"),
+    ("cluster: {extra_sbatch: ['--comment=$(id)']}", "`cluster.extra_sbatch[0]`"),
+    ("cluster: {extra_sbatch: ['--output=/tmp/x']}", "`cluster.extra_sbatch[0]`"),
+    ("cluster: {container: {runtime: docker}}", "`cluster.container.image`"),
+    ("cluster: {container: {runtime: kubernetes}}", "`cluster.container.runtime`"),
+    ("cluster: {container: {runtime: pyxis, image: 'img;reboot'}}", "`cluster.container.image`"),
+    ("cluster: {container: {mounts: ['/data:/data,/etc:/etc']}}", "`cluster.container.mounts[0]`"),
+    ("cluster: {env: {HF_TOKEN: abc}}", "`cluster.env.HF_TOKEN`"),
+    ("cluster: {env: {'BAD NAME': x}}", "`cluster.env`"),
+    ("cluster: {env: {A: \"x\\ny\"}}", "`cluster.env.A`"),
+    ("cluster: {nodes: 2}", "`cluster.nodes`"),
+    ("cluster: {python: 'python3; id'}", "`cluster.python`"),
+    ("cluster: {entrypoint: 'trainer --evil'}", "`cluster.entrypoint`"),
+    ("trainer: {tokenizer: {path: '${HF_TOKEN}'}}", "secret"),
+    ("trainer: {tokenizer: {path: '${PRIMUS_UNSET_VAR_XYZ}'}}", "PRIMUS_UNSET_VAR_XYZ"),
+    ("trainer: {schedule: {eval_interval: 5}, data: {validation: {path: null}}}", "`trainer.schedule.eval_interval`"),
+    ("trainer: {data: {format: csv}}", "`trainer.data.format`"),
+    ("trainer: [1, 2]", "`trainer`"),
+    ("base: &b {lr: 1}\ntrainer: {schedule: *b}", "alias"),
+    ("trainer: {schedule: {lr: 0.1}}\ntrainer: {schedule: {lr: 0.2}}", "duplicate key"),
+    ("trainer: {schedule: {lr: [0.1}", "not valid YAML"),
+    (f"experiment: {{description: '{'x' * 5000}'}}", "`experiment.description`"),
+]
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"extends: {QS}\n{body}\n")
+    return path
+
+
+def _check_error(capsys, argv, expect: str) -> str:
+    rc = run(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, (argv, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert expect in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    return lines[0]
+
+
+@pytest.mark.parametrize("body,expect", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_recipe_validate(body, expect, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PRIMUS_UNSET_VAR_XYZ", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    _check_error(capsys, ["validate", str(_write(tmp_path, body))], expect)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["validate", QS, "--set", "trainer.schedul.lr=1"], "did you mean `schedule`"),
+    (["validate", QS, "--set", "trainer.schedule.lr"], "expected key=value"),
+    (["validate", QS, "--set", "trainer.schedule.lr=abc"], "`trainer.schedule.lr`"),
+    (["validate", "/nonexistent/recipe.yaml"], "does not exist"),
+    (["validate", "no_such_recipe_name"], "not found"),
+    (["render", QS, "--executor", "pbs"], "pbs"),
+    (["validate"], "RECIPE"),
+])
+def test_bad_cli(argv, expect, capsys):
+    _check_error(capsys, argv, expect)
+
+
+def test_non_utf8_and_recursive_extends(tmp_path, capsys):
+    bad = tmp_path / "bin.yaml"
+    bad.write_bytes(b"experiment:\n  name: \xff\xfe\n")
+    _check_error(capsys, ["validate", str(bad)], "not valid UTF-8")
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    _check_error(capsys, ["validate", str(tmp_path / "a.yaml")], "recursive")
+
+
+def test_cli_process_exit_code_and_no_traceback(tmp_path):
+    path = _write(tmp_path, "trainer: {precision: {fp4: e2m1, fp8: hybrid}}")
+    exe = Path(sys.executable).with_name("primus-slurm")
+    proc = subprocess.run([str(exe), "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_injection_is_quoted_in_rendered_script(tmp_path):
+    """Free-text values reach the script only shell-quoted: executing the script's export lines yields the
+    literal text and runs nothing."""
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}); `touch {marker}` ' \" ; touch {marker} && echo"
+    r = load_recipe(QS, [f"cluster.env.EVIL={evil}"], env={})
+    script = render_script(r.resolved, str(tmp_path / "run"), "rid", "local")
+    exports = "\n".join(line for line in script.splitlines() if line.startswith("export EVIL="))
+    proc = subprocess.run(["bash", "-c", exports + '\nprintf %s "$EVIL"'], capture_output=True, text=True,
+                          env={**os.environ})
+    assert proc.returncode == 0 and proc.stdout == evil
+    assert not marker.exists()
+    assert not re.search(r"^[^'#]*\$\(touch", script, flags=re.M)
