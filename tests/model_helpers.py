@@ -52,3 +52,66 @@ def tiny_cfg(**overrides) -> Config:
     data = copy.deepcopy(BASE)
     _merge(data, overrides)
     return Config(data)
+
+
+# ---------------------------------------------------------------------------------------------
+import contextlib
+import os
+import socket
+
+import torch
+
+
+@contextlib.contextmanager
+def dist_session(cfg):
+    """init_distributed/destroy_distributed around a block (single process unless RANK is set)."""
+    from trainer.distributed import destroy_distributed, init_distributed
+
+    preset = "RANK" in os.environ
+    info = init_distributed(cfg)
+    try:
+        yield info
+    finally:
+        destroy_distributed()
+        if not preset:  # init_distributed filled a one-rank env; don't leak it into later tests
+            for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
+                os.environ.pop(key, None)
+
+
+def packed_batch(rows: int, seq: int, doc_lens: list[int], vocab: int, seed: int = 0) -> dict:
+    """A collate-shaped packed batch: documents of `doc_lens` laid out over rows*seq tokens
+    (any remainder is padding with label -100 and loss_mask 0)."""
+    g = torch.Generator().manual_seed(seed)
+    total = rows * seq
+    assert sum(doc_lens) <= total
+    tokens = torch.randint(0, vocab, (total,), generator=g)
+    labels = torch.full((total,), -100, dtype=torch.long)
+    loss_mask = torch.zeros(total)
+    position_ids = torch.zeros(total, dtype=torch.long)
+    cu = [0]
+    for n in doc_lens:
+        s = cu[-1]
+        labels[s:s + n - 1] = tokens[s + 1:s + n]
+        loss_mask[s:s + n - 1] = 1.0
+        position_ids[s:s + n] = torch.arange(n)
+        cu.append(s + n)
+    return {
+        "tokens": tokens.view(rows, seq), "labels": labels.view(rows, seq),
+        "loss_mask": loss_mask.view(rows, seq), "position_ids": position_ids.view(rows, seq),
+        "cu_seqlens": torch.tensor(cu, dtype=torch.int32), "max_seqlen": max(doc_lens),
+    }
+
+
+def perturb_adapters(model, seed: int = 0, std: float = 0.05) -> None:
+    """Give every LoRA factor random values (B starts at zero, which would hide bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith((".lora_a", ".lora_b")):
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
