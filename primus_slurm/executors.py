@@ -1,0 +1,197 @@
+"""Where a rendered script runs: `slurm` (sbatch through submitit) or `local` (a detached process group).
+
+Both take the exact script text and return a job id; both answer state queries and cancel. Nothing here
+knows about recipes: the caller renders, this module only runs and watches.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import submitit
+
+from .errors import UserError
+
+LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
+LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
+LOCAL_CANCELLED = "cancelled"       # written by `cancel` before it signals the process group
+
+
+def resolve_executor(name: str) -> str:
+    """`auto` → slurm when `sbatch` is on PATH, else local."""
+    if name in (None, "", "auto"):
+        return "slurm" if shutil.which("sbatch") else "local"
+    if name not in ("slurm", "local"):
+        raise UserError(f"cluster.executor must be one of auto, slurm, local (got '{name}')")
+    if name == "slurm" and not shutil.which("sbatch"):
+        raise UserError("cluster.executor is 'slurm' but `sbatch` is not on PATH; use --executor local")
+    return name
+
+
+# ---------------------------------------------------------------- slurm (submitit)
+
+class _RawScriptExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor, but the sbatch file is our rendered script, byte for byte."""
+
+    def __init__(self, folder: Path, script: str):
+        super().__init__(folder)
+        self._script = script
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._script
+
+    def _num_tasks(self) -> int:
+        return 1  # one batch script; torchrun inside it starts the ranks
+
+
+def submit_slurm(script: str, run_dir: Path) -> tuple[str, Path]:
+    """sbatch `script` via submitit; returns (job id, path of the file submitit handed to sbatch)."""
+    folder = run_dir / ".submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    executor = _RawScriptExecutor(folder, script)
+    try:
+        job = executor._submit_command("primus-slurm")  # submitit's own path from text to sbatch to job id
+    except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError,
+            submitit.core.utils.FailedSubmissionError) as exc:
+        detail = " ".join(str(getattr(exc, "stderr", "") or exc).split())
+        raise UserError(f"sbatch rejected the job: {detail}") from None
+    return str(job.job_id), Path(job.paths.submission_file)
+
+
+def cancel_slurm(job_id: str) -> None:
+    out = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise UserError(f"scancel {job_id} failed: {' '.join(out.stderr.split())}")
+
+
+def _exit_code(text: str) -> int | None:
+    """sacct's `3:0` → 3; `0:15` (killed by signal 15) → 128+15."""
+    try:
+        code, sig = (int(x) for x in text.split(":"))
+    except ValueError:
+        return None
+    return 128 + sig if sig and not code else code
+
+
+def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
+    """State of many jobs in ONE call: sacct (allocations only), or squeue when accounting is off.
+
+    Returns {job_id: {'state', 'exit_code', 'nodes', 'source'}}; jobs neither tool knows are absent.
+    """
+    if not job_ids:
+        return {}
+    ids = ",".join(sorted(set(map(str, job_ids))))
+    out = runner(["sacct", "--parsable2", "--noheader", "-X", "-j", ids, "-o", "JobIDRaw,State,ExitCode,NodeList"],
+                 capture_output=True, text=True)
+    if out.returncode == 0:
+        states = {}
+        for line in out.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) >= 4:
+                states[parts[0]] = {"state": parts[1].split()[0] if parts[1] else "UNKNOWN",
+                                    "exit_code": _exit_code(parts[2]), "nodes": parts[3], "source": "sacct"}
+        return states
+    # accounting off (or slurmdbd down): squeue knows pending/running and recently finished jobs
+    out = runner(["squeue", "--noheader", "--states=all", "-o", "%i|%T|%N"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {}
+    wanted = set(ids.split(","))
+    states = {}
+    for line in out.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0] in wanted:
+            states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
+    return states
+
+
+# ---------------------------------------------------------------- local (setsid bash)
+
+_WRAPPER = 'bash "$1" >"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """Start time of a live (non-zombie) process, to tell it apart from a later process with the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def submit_local(run_dir: Path) -> dict:
+    """Run `<run_dir>/job.sbatch` with bash in a new session; returns {'job_id', 'pid', 'pid_start'}."""
+    proc = subprocess.Popen(
+        ["bash", "-c", _WRAPPER, "primus-local", str(run_dir / "job.sbatch"),
+         str(run_dir / LOCAL_OUT), str(run_dir / LOCAL_EXIT)],
+        cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True)
+    return {"job_id": f"local-{proc.pid}", "pid": proc.pid, "pid_start": _proc_start_ticks(proc.pid)}
+
+
+def local_state(run_dir: Path, info: dict) -> dict:
+    """State of a local job from its run dir: exit_code file, cancel marker, or the live process group."""
+    run_dir = Path(run_dir)
+    exit_file = run_dir / LOCAL_EXIT
+    if (run_dir / LOCAL_CANCELLED).exists():
+        code = _read_int(exit_file)
+        return {"state": "CANCELLED", "exit_code": code, "nodes": "localhost", "source": "local"}
+    if exit_file.exists():
+        code = _read_int(exit_file)
+        return {"state": "COMPLETED" if code == 0 else "FAILED", "exit_code": code,
+                "nodes": "localhost", "source": "local"}
+    pid = info.get("pid")
+    if pid and _proc_start_ticks(pid) is not None and _proc_start_ticks(pid) == info.get("pid_start"):
+        return {"state": "RUNNING", "exit_code": None, "nodes": "localhost", "source": "local"}
+    return {"state": "FAILED", "exit_code": None, "nodes": "localhost", "source": "local",
+            "reason": "process gone without an exit code (killed?)"}
+
+
+def cancel_local(run_dir: Path, info: dict, grace_s: float = 10.0) -> None:
+    """Mark the run cancelled, TERM its process group, KILL it if still there after `grace_s`."""
+    run_dir = Path(run_dir)
+    pid = info.get("pid")
+    if local_state(run_dir, info)["state"] != "RUNNING":
+        return
+    (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is still in process group `pgid`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None

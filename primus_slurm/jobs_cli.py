@@ -1,0 +1,102 @@
+"""Job commands of the CLI: submit, status, logs, cancel, list. `cli.py` calls `register(group)`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import executors, registry, runs
+from . import logs as logs_mod
+from . import status as status_mod
+from . import submit as submit_mod
+
+
+@click.command("submit")
+@click.argument("recipe")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a recipe field")
+@click.option("--dry-run", is_flag=True, help="print the exact script and the resolved recipe; create nothing")
+@click.option("--executor", type=click.Choice(["slurm", "local"]), help="override cluster.executor")
+@click.option("--run-id", help="use this run id instead of a fresh one (yyyymmdd-HHMMSS-xxxxxx)")
+@click.option("--follow", is_flag=True, help="stream the rank-0 log; exit with the job's exit code")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
+    """Render RECIPE into a job script and submit it."""
+    prepared = submit_mod.prepare(recipe, overrides, executor, run_id)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"run_id": prepared.run_id, "run_dir": str(prepared.run_dir),
+                                   "executor": prepared.executor, "script": prepared.script,
+                                   "resolved": prepared.recipe.resolved}, indent=2))
+        else:
+            sys.stdout.write(submit_mod.dry_run_text(prepared))
+        return
+    entry = submit_mod.submit(prepared)
+    if as_json:
+        click.echo(json.dumps(entry, indent=2, sort_keys=True))
+    else:
+        click.echo(f"submitted run {entry['run_id']} ({entry['executor']} job {entry['job_id']})")
+        click.echo(f"run dir: {entry['run_dir']}")
+    if follow:
+        sys.exit(logs_mod.follow(entry, out=sys.stdout if not as_json else sys.stderr))
+
+
+@click.command("status")
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status_cmd(run, as_json):
+    """State and training progress of all runs, or of RUN."""
+    entries = [registry.find(run)] if run else registry.entries()
+    rows = status_mod.collect(entries)
+    if as_json:
+        click.echo(status_mod.to_json(rows[0] if run else rows))
+    elif not rows:
+        click.echo("no runs yet (primus-slurm submit RECIPE)")
+    else:
+        status_mod.render_table(rows)
+
+
+@click.command("logs")
+@click.argument("run")
+@click.option("-f", "--follow", is_flag=True, help="keep streaming until the job ends")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="trainer log of this rank (default 0)")
+@click.option("--stdout", "job_stdout", is_flag=True, help="the job's stdout/stderr file instead")
+def logs_cmd(run, follow, rank, job_stdout):
+    """Print (or follow) the trainer log of RUN."""
+    entry = registry.find(run)
+    if follow:
+        sys.exit(logs_mod.follow(entry, rank, job_stdout))
+    logs_mod.show(entry, rank, job_stdout)
+
+
+@click.command("cancel")
+@click.argument("run")
+def cancel_cmd(run):
+    """Cancel RUN (scancel, or kill the local process group)."""
+    entry = registry.find(run)
+    run_dir = Path(entry["run_dir"])
+    info = {**entry, **runs.read_run_json(run_dir)}
+    if info.get("executor") == "local":
+        executors.cancel_local(run_dir, info)
+    else:
+        executors.cancel_slurm(str(info["job_id"]))
+    click.echo(f"cancelled run {entry['run_id']} (job {entry['job_id']})")
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def list_cmd(as_json):
+    """All submitted runs (from the registry; no scheduler query)."""
+    entries = registry.entries()
+    if as_json:
+        click.echo(json.dumps(entries, indent=2, sort_keys=True))
+        return
+    for e in entries:
+        click.echo(f"{e['run_id']}  {e.get('name', '-'):<20} {e.get('executor', '-'):<6} "
+                   f"{str(e.get('job_id', '-')):<14} {e.get('submit_time', '-')}  {e['run_dir']}")
+
+
+def register(group: click.Group) -> None:
+    for command in (submit_cmd, status_cmd, logs_cmd, cancel_cmd, list_cmd):
+        group.add_command(command)

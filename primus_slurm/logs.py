@@ -1,0 +1,81 @@
+"""`logs`: print or follow a run's trainer log (or its job stdout) until the job ends."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from . import executors, runs
+from .errors import UserError
+from .progress import rank_logs
+from .status import TERMINAL
+
+POLL_S = 0.5
+
+
+def job_stdout(run_dir: Path, info: dict) -> Path:
+    if info.get("executor") == "local":
+        return run_dir / executors.LOCAL_OUT
+    return run_dir / "logs" / f"slurm-{info.get('job_id')}.out"
+
+
+def scheduler_state(run_dir: Path, info: dict) -> dict:
+    if info.get("executor") == "local":
+        return executors.local_state(run_dir, info)
+    return executors.slurm_states([str(info["job_id"])]).get(str(info["job_id"]), {"state": "UNKNOWN"})
+
+
+def pick_log(run_dir: Path, info: dict, rank: int | None, stdout: bool) -> Path | None:
+    """--stdout: the job's stdout; else the newest attempt of rank N's trainer log (None until it exists)."""
+    if stdout:
+        return job_stdout(run_dir, info)
+    found = rank_logs(run_dir, rank or 0)
+    return found[-1] if found else None
+
+
+def show(entry: dict, rank: int | None, stdout: bool, out=sys.stdout) -> None:
+    run_dir = Path(entry["run_dir"])
+    info = {**entry, **runs.read_run_json(run_dir)}
+    path = pick_log(run_dir, info, rank, stdout)
+    if path is None or not path.exists():
+        what = "job stdout" if stdout else f"rank {rank or 0} trainer log"
+        raise UserError(f"run {entry['run_id']} has no {what} yet (try `logs {entry['run_id']} -f` or --stdout)")
+    out.write(path.read_text(errors="replace"))
+    out.flush()
+
+
+def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.stdout,
+           err=sys.stderr) -> int:
+    """Stream the log as it grows (switching to a newer attempt's file) until the job ends.
+
+    Returns the job's exit code (1 when it ended badly without one)."""
+    run_dir = Path(entry["run_dir"])
+    info = {**entry, **runs.read_run_json(run_dir)}
+    current, offset, state = None, 0, {"state": "PENDING"}
+    while True:
+        ended = state.get("state") in TERMINAL
+        path = pick_log(run_dir, info, rank, stdout)
+        if path is not None and path != current:
+            current, offset = path, 0
+        if current is not None and current.exists():
+            with open(current, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+            if data:
+                offset += len(data)
+                out.write(data.decode("utf-8", "replace"))
+                out.flush()
+        if ended:
+            break
+        time.sleep(POLL_S)
+        state = scheduler_state(run_dir, info)
+    if current is None and not stdout:  # the trainer never started: show why
+        tail = job_stdout(run_dir, info)
+        if tail.exists():
+            err.write("".join(tail.read_text(errors="replace").splitlines(True)[-40:]))
+    code = state.get("exit_code")
+    if state["state"] == "COMPLETED":
+        return code or 0
+    err.write(f"primus-slurm: run {entry['run_id']} ended {state['state']}"
+              f"{'' if code is None else f' (exit {code})'}\n")
+    return code if code else 1

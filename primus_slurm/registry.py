@@ -1,0 +1,91 @@
+"""The job registry: one JSON object per line in `<state dir>/runs.jsonl`, guarded by an flock.
+
+A line is appended per submit; a later line for the same run id updates it (last one wins), so the file
+is only ever appended to and concurrent submits cannot lose each other's entries.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+from .errors import UserError
+
+FILE_NAME = "runs.jsonl"
+
+
+def state_dir() -> Path:
+    """$PRIMUS_SLURM_STATE_DIR, else $XDG_STATE_HOME/primus-slurm, else ~/.local/state/primus-slurm."""
+    if os.environ.get("PRIMUS_SLURM_STATE_DIR"):
+        return Path(os.environ["PRIMUS_SLURM_STATE_DIR"]).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "primus-slurm"
+
+
+def registry_path() -> Path:
+    return state_dir() / FILE_NAME
+
+
+@contextlib.contextmanager
+def _locked(path: Path, exclusive: bool) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def record(entry: dict) -> None:
+    """Append (or update, by `run_id`) one run. `entry` must be JSON-serialisable and have `run_id`."""
+    if not entry.get("run_id"):
+        raise ValueError("registry entry needs a run_id")
+    line = json.dumps(entry, sort_keys=True) + "\n"
+    path = registry_path()
+    with _locked(path, exclusive=True):
+        with open(path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def entries() -> list[dict]:
+    """All runs, oldest submit first, each the merge of its lines (later lines win)."""
+    path = registry_path()
+    if not path.exists():
+        return []
+    with _locked(path, exclusive=False):
+        text = path.read_text()
+    merged: dict[str, dict] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn line from a crashed writer; the others still count
+        merged.setdefault(item["run_id"], {}).update(item)
+    return list(merged.values())
+
+
+def find(ref: str) -> dict:
+    """The run named by `ref`: a run id, a unique run-id prefix, a job id, or a run directory path."""
+    runs = entries()
+    for key in ("run_id", "job_id"):
+        hits = [r for r in runs if str(r.get(key)) == ref]
+        if hits:
+            return hits[-1]
+    as_path = os.path.abspath(os.path.expanduser(ref))
+    hits = [r for r in runs if r.get("run_dir") == as_path]
+    if hits:
+        return hits[-1]
+    hits = [r for r in runs if r["run_id"].startswith(ref)]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        raise UserError(f"RUN '{ref}' matches {len(hits)} runs; give more of the run id")
+    raise UserError(f"RUN '{ref}' is not a known run id, job id or run directory (see `primus-slurm list`)")

@@ -1,0 +1,116 @@
+"""`status`: Slurm (or local) state of many runs in one batched query, plus progress from their logs."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from . import executors, registry, runs
+from .progress import read_progress
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}
+DEFAULT_STALL_MINUTES = 30.0
+
+
+def _stall_minutes(info: dict, run_dir: Path) -> float:
+    if info.get("stall_minutes"):
+        return float(info["stall_minutes"])
+    try:  # runs submitted before run.json carried it
+        import yaml
+        resolved = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())
+        return float(resolved["cluster"].get("stall_minutes") or DEFAULT_STALL_MINUTES)
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return DEFAULT_STALL_MINUTES
+
+
+def _last_activity(run_dir: Path, progress, info: dict) -> float | None:
+    """Newest sign of life: the trainer log, else the job's stdout, else the submit time."""
+    if progress.log_mtime is not None:
+        return progress.log_mtime
+    outs = list((run_dir / "logs").glob("*.out")) if (run_dir / "logs").is_dir() else []
+    if outs:
+        return max(p.stat().st_mtime for p in outs)
+    return None
+
+
+def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall_minutes: float) -> str:
+    """The state shown to users: the scheduler's, refined by DIVERGED and STALLED."""
+    state = (base or {}).get("state")
+    if state is None:  # scheduler has forgotten the job (no accounting): trust the trainer's last word
+        if progress.finished:
+            state = "COMPLETED" if progress.exit_code == 0 else "FAILED"
+        else:
+            state = "UNKNOWN"
+    if progress.diverged and state not in ("CANCELLED",):
+        return "DIVERGED"
+    if state == "RUNNING" and stalled_for_s is not None and stalled_for_s > stall_minutes * 60:
+        return "STALLED"
+    return state
+
+
+def collect(entries: list[dict] | None = None, now: float | None = None) -> list[dict]:
+    """One row per run: scheduler state (one sacct/squeue call for all Slurm runs) + log progress."""
+    entries = registry.entries() if entries is None else entries
+    now = time.time() if now is None else now
+    slurm_ids = [str(e["job_id"]) for e in entries if e.get("executor") == "slurm" and e.get("job_id")]
+    slurm = executors.slurm_states(slurm_ids) if slurm_ids else {}
+    rows = []
+    for entry in entries:
+        run_dir = Path(entry["run_dir"])
+        info = {**entry, **runs.read_run_json(run_dir)}
+        if info.get("executor") == "local":
+            base = executors.local_state(run_dir, info)
+        else:
+            base = slurm.get(str(info.get("job_id")))
+        progress = read_progress(run_dir)
+        stall_minutes = _stall_minutes(info, run_dir)
+        activity = _last_activity(run_dir, progress, info)
+        stalled_for = (now - activity) if activity is not None else None
+        exit_code = (base or {}).get("exit_code")
+        if exit_code is None and progress.finished:
+            exit_code = progress.exit_code
+        rows.append({
+            "run_id": info["run_id"], "name": info.get("name"), "executor": info.get("executor"),
+            "job_id": info.get("job_id"), "run_dir": str(run_dir), "submit_time": info.get("submit_time"),
+            "state": derive_state(base, progress, stalled_for, stall_minutes),
+            "scheduler_state": (base or {}).get("state"), "state_source": (base or {}).get("source"),
+            "exit_code": exit_code, "nodes": (base or {}).get("nodes"),
+            "restarts": progress.attempt, "seconds_since_log": stalled_for, "stall_minutes": stall_minutes,
+            **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime")},
+        })
+    return rows
+
+
+def _fmt(value, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def to_json(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=2, sort_keys=True)
+
+
+def render_table(rows: list[dict], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("RUN", "NAME", "EXEC", "JOB", "STATE", "EXIT", "ITER", "LOSS", "TOK/S/GPU", "TFLOP/S/GPU",
+                "PEAK GiB", "ETA", "CHECKPOINT", "RESTARTS"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        it = f"{r['iteration']}/{r['train_iters']}" if r["iteration"] is not None else "-"
+        table.add_row(r["run_id"], _fmt(r["name"]), _fmt(r["executor"]), _fmt(r["job_id"]), r["state"],
+                      _fmt(r["exit_code"]), it, _fmt(r["lm_loss"], ".4f"), _fmt(r["tokens_per_s_gpu"], ".1f"),
+                      _fmt(r["tflops_gpu"], ".2f"), _fmt(r["mem_peak_gib"], ".2f"), _eta(r["eta_s"]),
+                      _fmt(r["last_checkpoint"]), str(r["restarts"]))
+    (console or Console(width=250)).print(table)

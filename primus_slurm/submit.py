@@ -1,0 +1,68 @@
+"""`submit`: recipe → rendered script → run directory → executor → registry."""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import executors, registry, runs
+from .errors import UserError
+from .recipe import Recipe, dump, load_recipe
+from .render import render_script
+
+RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+
+
+@dataclass
+class Prepared:
+    recipe: Recipe
+    executor: str
+    run_id: str
+    run_dir: Path
+    script: str
+
+
+def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id: str | None = None) -> Prepared:
+    """Everything a submit would write, computed without touching the disk."""
+    overrides = list(overrides)
+    if executor:
+        overrides.append(f"cluster.executor={executor}")
+    recipe = load_recipe(recipe_path, overrides)
+    concrete = executors.resolve_executor(recipe.resolved["cluster"]["executor"])
+    recipe.resolved["cluster"]["executor"] = concrete  # the resolved recipe records where it really ran
+    if run_id is not None and not RUN_ID_RE.match(run_id):
+        raise UserError(f"--run-id must look like 20260131-235959-a1b2c3 (got '{run_id}')")
+    run_id = run_id or runs.new_run_id()
+    run_dir = runs.run_dir_for(recipe.resolved, run_id)
+    script = render_script(recipe.resolved, str(run_dir), run_id, executor=concrete)
+    return Prepared(recipe, concrete, run_id, run_dir, script)
+
+
+def dry_run_text(p: Prepared) -> str:
+    """The script exactly as it would be submitted, then the resolved recipe as shell comments."""
+    recipe = "".join(f"# {line}\n" for line in dump(p.recipe.resolved).splitlines())
+    return p.script + "# ---- recipe.resolved.yaml (not part of the script) ----\n" + recipe
+
+
+def submit(p: Prepared) -> dict:
+    """Create the run dir, start the job, record it. Returns the registry entry."""
+    if p.run_dir.exists():
+        raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
+    runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
+    info = runs.provenance(p.recipe.resolved, p.recipe.hash, p.run_id, p.executor)
+    info["run_dir"] = str(p.run_dir)
+    runs.write_run_json(p.run_dir, info)
+    try:
+        if p.executor == "slurm":
+            job_id, submitted = executors.submit_slurm(p.script, p.run_dir)
+            info.update(job_id=job_id, submitted_file=str(submitted))
+        else:
+            info.update(executors.submit_local(p.run_dir))
+    except Exception:
+        shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing was queued: leave no half run behind
+        raise
+    runs.write_run_json(p.run_dir, info)
+    entry = {k: info[k] for k in ("run_id", "name", "executor", "job_id", "run_dir", "submit_time")}
+    registry.record(entry)
+    return entry
