@@ -82,7 +82,8 @@ class DataOptions:
         if fmt not in FORMATS:
             raise DataError(f"trainer.data.format: {fmt!r} is not one of {'|'.join(FORMATS)}")
         seq = _int(get(cfg, d + "seq_length"), d + "seq_length", minimum=2)
-        mult = _int(get(cfg, d + "pad_to_multiple_of", 1) or 1, d + "pad_to_multiple_of", minimum=1)
+        mult = get(cfg, d + "pad_to_multiple_of", 1)
+        mult = 1 if mult is None else _int(mult, d + "pad_to_multiple_of", minimum=1)
         overlong = get(cfg, d + "overlong", "truncate") or "truncate"
         if overlong not in ("truncate", "drop"):
             raise DataError(f"trainer.data.overlong: {overlong!r} is not one of truncate|drop")
