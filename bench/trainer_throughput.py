@@ -1,0 +1,103 @@
+"""Throughput of OUR trainer (the real `python -m trainer` under torchrun) on a recipe, on synthetic data.
+
+Resolves the recipe (+ --set overrides) exactly as `submit` does, writes MLPerf-format packed data with
+either realistic document lengths (`--docs packed`) or one document per sequence (`--docs single`, the
+like-for-like peer of bench/hf_peft_baseline.py), runs the trainer and reads its rank-0 log. Prints JSON.
+
+    python bench/trainer_throughput.py --recipe bench/recipes/llama3_8b_h200.yaml --docs single --nproc 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from primus_slurm.progress import read_progress  # noqa: E402
+from primus_slurm.recipe import dump, load_recipe  # noqa: E402
+from trainer.data.mlperf import write_synthetic  # noqa: E402
+
+
+def write_single_doc(directory: Path, n_packs: int, seq: int, vocab: int, seed: int) -> None:
+    """MLPerf .npy layout with exactly one full-length document per pack (no packing benefit)."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_packs), ("validation", max(1, n_packs // 8))):
+        packs = np.empty(n, dtype=object)
+        for i in range(n):
+            ids = rng.integers(3, vocab, size=seq, dtype=np.int64)
+            mask = np.zeros(seq, dtype=np.int64)
+            mask[seq // 2:] = 1
+            packs[i] = {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_start_id": [0]}
+        np.save(directory / f"{split}.npy", packs, allow_pickle=True)
+    (directory / "packed_metadata.jsonl").write_text(json.dumps(
+        {"max_samples_per_bin": 1, "dataset_max_seqlen": seq, "min_packed_seqlen": seq}) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--docs", choices=["packed", "single"], default="packed")
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--timeout", type=int, default=540)
+    args = ap.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-"))
+    r0 = load_recipe(args.recipe, args.overrides, env={})
+    t = r0.resolved["trainer"]
+    seq, vocab = t["data"]["seq_length"], t["model"]["vocab_size"]
+    iters, gbs = t["schedule"]["train_iters"], t["schedule"]["global_batch_size"]
+    data = work / f"data-{args.docs}-{seq}"
+    if not (data / "train.npy").exists():
+        if args.docs == "single":
+            write_single_doc(data, iters * gbs + 8, seq, vocab, seed=1)
+        else:
+            write_synthetic(str(data), iters * gbs + 8, seq, vocab, seed=1)
+    overrides = [*args.overrides, "trainer.data.format=mlperf_npy", f"trainer.data.train.path={data}",
+                 f"experiment.workspace={work}", f"cluster.nproc_per_node={args.nproc}"]
+    r = load_recipe(args.recipe, overrides, env={})
+    run_dir = work / f"run-{int(time.time() * 1000)}"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "recipe.resolved.yaml").write_text(dump(r.resolved))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "trainer", "--config", str(run_dir / "recipe.resolved.yaml"), "--run-dir", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        rc, tail = 124, str(exc.stdout or "")[-1500:] + str(exc.stderr or "")[-1500:]
+    p = read_progress(run_dir)
+    precision_line = ""
+    log = run_dir / "logs/rank-0/debug.log"
+    if log.exists():
+        precision_line = next((ln.split("] ", 1)[1] for ln in log.read_text().splitlines() if "] precision |" in ln), "")
+    result = {
+        "bench": "trainer_throughput", "label": args.label, "recipe": args.recipe, "overrides": args.overrides,
+        "docs": args.docs, "nproc": args.nproc, "seq": seq, "global_batch_size": gbs, "iters": iters,
+        "rc": rc, "wall_s": round(time.time() - t0, 1), "iteration": p.iteration, "lm_loss": p.lm_loss,
+        "tokens_per_s_per_gpu": p.tokens_per_s_gpu, "tflops_per_gpu": p.tflops_gpu, "peak_mem_gib": p.mem_peak_gib,
+        "ms_per_iter": p.ms_per_iter, "precision": precision_line,
+    }
+    if rc != 0:
+        result["tail"] = tail
+    print(json.dumps(result), flush=True)
+    return 0 if rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
