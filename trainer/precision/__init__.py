@@ -23,7 +23,7 @@ _LAZY = {
     "transformer_config_kwargs": "config_kwargs",
     "ddp_config_kwargs": "config_kwargs",
     "apply_emulation": "emulation",
-    "describe": "describe",
+    "describe": "logline",
     "PrecisionSettings": "settings",
 }
 

@@ -49,6 +49,9 @@ def config_errors(s: PrecisionSettings) -> Optional[str]:
         for flag in ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard"):
             if getattr(s, flag):
                 return f"{FIELD}.{flag}: true needs {FIELD}.fp4: e2m1 (fp4 is null)"
+    if s.fp4 and s.fp4_recipe == "mxfp4" and s.fp4_random_hadamard:
+        return (f"{FIELD}.fp4_random_hadamard: true is implemented for fp4_recipe: nvfp4 only "
+                "(TE's 16-point RHT); set it to false for mxfp4")
     if s.fp4_param_gather and not s.fp4_param:
         return f"{FIELD}.fp4_param_gather: true needs {FIELD}.fp4_param: true"
     if s.fp4_param and s.fp4_emulation:
