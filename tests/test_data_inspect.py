@@ -6,6 +6,8 @@ import sys
 
 import yaml
 
+from trainer.data.inspect import main
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QS = os.path.join(ROOT, "recipes", "data", "quickstart")
 
@@ -41,13 +43,18 @@ def test_inspect_prints_stats_and_marked_pack(tmp_path):
     assert "### Instruction:" in body and "⟦###" not in body and body.startswith("--- document 0 (")
 
 
-def test_inspect_bad_input_one_line_exit_2(tmp_path):
-    r = run("inspect", "--config", write_cfg(tmp_path, overlong="wrap"))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == ["error: trainer.data.overlong: 'wrap' is not one of truncate|drop"]
+def test_inspect_bad_input_one_line_exit_2(tmp_path, capsys):
+    def err(*args):
+        rc = main(list(args))
+        return rc, capsys.readouterr().err
+
+    rc, msg = err("inspect", "--config", write_cfg(tmp_path, overlong="wrap"))
+    assert rc == 2 and msg.splitlines() == ["error: trainer.data.overlong: 'wrap' is not one of truncate|drop"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "x", "output": "y"}\n{"instruction": "x"}\n')
-    r = run("inspect", "--config", write_cfg(tmp_path, train={"path": str(bad)}))
-    assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}:2: missing field 'output'"
-    r = run("inspect", "--config", str(tmp_path / "absent.yaml"))
-    assert r.returncode == 2 and r.stderr.startswith("error: --config: cannot read")
+    rc, msg = err("inspect", "--config", write_cfg(tmp_path, train={"path": str(bad)}))
+    assert rc == 2 and msg.strip() == f"error: {bad}:2: missing field 'output'"
+    rc, msg = err("inspect", "--config", str(tmp_path / "absent.yaml"))
+    assert rc == 2 and msg.startswith("error: --config: cannot read")
+    rc, msg = err("inspect", "--config", write_cfg(tmp_path), "--pack", "999")
+    assert rc == 2 and msg.startswith("error: --pack: 999 out of range")
