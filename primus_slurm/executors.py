@@ -78,33 +78,33 @@ def _exit_code(text: str) -> int | None:
 
 
 def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
-    """State of many jobs in ONE call: sacct (allocations only), or squeue when accounting is off.
+    """State of many jobs in ONE sacct call (allocations only).
 
-    Returns {job_id: {'state', 'exit_code', 'nodes', 'source'}}; jobs neither tool knows are absent.
+    squeue is asked (once, for all of them) only about jobs sacct does not know: every job when
+    accounting is off, or a job slurmdbd has not recorded yet. Returns {job_id: {'state', 'exit_code',
+    'nodes', 'source'}}; jobs neither tool knows are absent.
     """
-    if not job_ids:
+    wanted = sorted(set(map(str, job_ids)))
+    if not wanted:
         return {}
-    ids = ",".join(sorted(set(map(str, job_ids))))
-    out = runner(["sacct", "--parsable2", "--noheader", "-X", "-j", ids, "-o", "JobIDRaw,State,ExitCode,NodeList"],
-                 capture_output=True, text=True)
+    states: dict[str, dict] = {}
+    out = runner(["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(wanted),
+                  "-o", "JobIDRaw,State,ExitCode,NodeList"], capture_output=True, text=True)
     if out.returncode == 0:
-        states = {}
         for line in out.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) >= 4:
+            if len(parts) >= 4 and parts[0] in wanted:
                 states[parts[0]] = {"state": parts[1].split()[0] if parts[1] else "UNKNOWN",
                                     "exit_code": _exit_code(parts[2]), "nodes": parts[3], "source": "sacct"}
+    missing = set(wanted) - set(states)
+    if not missing:
         return states
-    # accounting off (or slurmdbd down): squeue knows pending/running and recently finished jobs
     out = runner(["squeue", "--noheader", "--states=all", "-o", "%i|%T|%N"], capture_output=True, text=True)
-    if out.returncode != 0:
-        return {}
-    wanted = set(ids.split(","))
-    states = {}
-    for line in out.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0] in wanted:
-            states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
+    if out.returncode == 0:
+        for line in out.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3 and parts[0] in missing:
+                states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
     return states
 
 

@@ -68,16 +68,14 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
         activity = _last_activity(run_dir, progress, info)
         stalled_for = (now - activity) if activity is not None else None
         exit_code = (base or {}).get("exit_code")
-        if exit_code is None and progress.finished:
-            exit_code = progress.exit_code
         rows.append({
             "run_id": info["run_id"], "name": info.get("name"), "executor": info.get("executor"),
             "job_id": info.get("job_id"), "run_dir": str(run_dir), "submit_time": info.get("submit_time"),
             "state": derive_state(base, progress, stalled_for, stall_minutes),
             "scheduler_state": (base or {}).get("state"), "state_source": (base or {}).get("source"),
-            "exit_code": exit_code, "nodes": (base or {}).get("nodes"),
+            "exit_code": exit_code, "trainer_exit_code": progress.exit_code, "nodes": (base or {}).get("nodes"),
             "restarts": progress.attempt, "seconds_since_log": stalled_for, "stall_minutes": stall_minutes,
-            **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime")},
+            **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime", "exit_code")},
         })
     return rows
 

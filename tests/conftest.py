@@ -1,0 +1,88 @@
+"""Shared fixtures: the project's real local Slurm cluster, an isolated job registry, and job recipes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS_DIR = ROOT / "tests" / "slurm_jobs"          # holds primus_testjob (cluster.entrypoint of job tests)
+CLI = Path(sys.executable).parent / "primus-slurm"
+
+
+def _cluster_up() -> bool:
+    if not shutil.which("scontrol"):
+        return False
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        return False
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True).stdout
+    return "node1" in nodes and "node2" in nodes
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> Path:
+    """The project's local cluster (scripts/local-slurm.sh), started if it is not running."""
+    if not _cluster_up():
+        if os.geteuid() != 0:
+            pytest.skip("local Slurm cluster not running and starting it needs root")
+        if not shutil.which("apt-get") and not shutil.which("slurmctld"):
+            pytest.skip("local Slurm cluster not running and apt-get is unavailable to install it")
+        up = subprocess.run([str(ROOT / "scripts" / "local-slurm.sh"), "up"], capture_output=True, text=True)
+        assert up.returncode == 0, f"scripts/local-slurm.sh up failed:\n{up.stdout}\n{up.stderr}"
+        assert _cluster_up(), "cluster started but node1/node2 are not in sinfo"
+    return Path(os.environ.get("PRIMUS_SLURM_STATE", "/var/tmp/primus-local-slurm"))
+
+
+@pytest.fixture
+def job_env(tmp_path, monkeypatch) -> dict:
+    """Environment for CLI calls: a private registry, and the test job module on PYTHONPATH."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(state))
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(state), PYTHONPATH=str(JOBS_DIR))
+    return env
+
+
+@pytest.fixture
+def job_recipe(tmp_path):
+    """make(mode, **cluster) -> path of a recipe whose job is tests/slurm_jobs/primus_testjob.py."""
+    def make(mode: str = "ok", name: str = "jobtest", **cluster) -> Path:
+        body = {
+            "extends": str(ROOT / "recipes" / "quickstart.yaml"),
+            "experiment": {"name": name, "workspace": str(tmp_path / "ws")},
+            "cluster": {"executor": "slurm", "nodes": 2, "nproc_per_node": 1, "exclusive": False,
+                        "time": "00:05:00", "signal_grace_s": 10, "entrypoint": "primus_testjob",
+                        "python": sys.executable, "env": {"PRIMUS_TEST_MODE": mode}, **cluster},
+        }
+        path = tmp_path / f"{name}-{mode.replace(':', '_')}-{len(list(tmp_path.glob('*.yaml')))}.yaml"
+        path.write_text(json.dumps(body))  # JSON is YAML
+        return path
+    return make
+
+
+def cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def status_json(env: dict, run_id: str) -> dict:
+    out = cli(env, "status", run_id, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def wait_state(env: dict, run_id: str, states: set, timeout: float = 90, key: str = "state") -> dict:
+    """Poll `status RUN --json` until row[key] is in `states`; returns the row."""
+    end = time.monotonic() + timeout
+    row = {}
+    while time.monotonic() < end:
+        row = status_json(env, run_id)
+        if row[key] in states:
+            return row
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} never reached {states}; last status: {row}")
