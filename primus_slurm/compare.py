@@ -1,0 +1,209 @@
+"""`primus-slurm compare RUN RUN...`: per-iteration lm-loss of runs on the same data, with divergence.
+
+Also the run-log reading shared with verify-fp4 (rank-0 trainer log, docs/contract.md section 3).
+Never imports torch; matplotlib is imported only when a plot is written.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .errors import UserError
+
+_STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
+_ATTEMPT = re.compile(r"^debug(?:\.attempt-(\d+))?\.log$")
+SAME_KEYS = (("experiment", "seed"), ("trainer", "data", "train"), ("trainer", "data", "seq_length"),
+             ("trainer", "data", "packing"), ("trainer", "data", "format"),
+             ("trainer", "schedule", "global_batch_size"), ("trainer", "schedule", "lr"))
+
+
+def fields(body: str) -> dict:
+    """'lm loss 2.3 | lr 1e-4' -> {'lm loss': '2.3', 'lr': '1e-4'} (a field's last word is its value);
+    the first field keeps its whole text under its first word ('precision | ...' -> {'precision': ''})."""
+    out = {}
+    for part in body.split(" | "):
+        key, _, value = part.strip().rpartition(" ")
+        out[key or value] = value if key else ""
+    return out
+
+
+def _num(text: Optional[str]) -> Optional[float]:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class RunLog:
+    run_dir: Path
+    recipe: dict
+    precision: dict = field(default_factory=dict)     # fields of the `precision | ...` line
+    precision_line: Optional[str] = None
+    args: dict = field(default_factory=dict)          # `arg key = value` lines
+    iterations: dict = field(default_factory=dict)    # iteration -> {'lm loss': float, ...}
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def label(self) -> str:
+        p = self.precision
+        if not p:
+            return self.name
+        if p.get("fp4") not in (None, "None"):
+            return f"{self.name} (fp4 {p.get('recipe')})"
+        if p.get("fp8") not in (None, "None"):
+            return f"{self.name} (fp8 {p.get('recipe')})"
+        return f"{self.name} ({p.get('weight_dtype', 'bf16/fp32')})"
+
+    def series(self, key: str) -> dict:
+        return {it: v[key] for it, v in sorted(self.iterations.items()) if v.get(key) is not None}
+
+    def average(self, key: str) -> Optional[float]:
+        """Mean of `key` over iterations after logging.log_avg_skip_iterations (contract section 3)."""
+        skip = int(get(self.recipe, ("trainer", "logging", "log_avg_skip_iterations")) or 0)
+        values = [v for it, v in self.series(key).items() if it > skip and math.isfinite(v)]
+        return sum(values) / len(values) if values else None
+
+
+def get(tree: dict, path: tuple):
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def resolve_run_dir(ref: str) -> Path:
+    """A run directory path, or a run id / job id known to the run registry."""
+    path = Path(os.path.expanduser(ref))
+    if (path / "recipe.resolved.yaml").is_file():
+        return path.resolve()
+    if path.exists():
+        raise UserError(f"RUN '{ref}' has no recipe.resolved.yaml; give a run directory or run id")
+    try:
+        from . import registry
+    except ImportError:
+        raise UserError(f"RUN '{ref}' is not a run directory") from None
+    entry = registry.find(ref)
+    return Path(entry["run_dir"])
+
+
+def rank0_logs(run_dir: Path) -> list[Path]:
+    folder = run_dir / "logs" / "rank-0"
+    found = []
+    if folder.is_dir():
+        for p in folder.iterdir():
+            m = _ATTEMPT.match(p.name)
+            if m:
+                found.append((int(m.group(1) or 0), p))
+    return [p for _, p in sorted(found)]
+
+
+def load_run(ref: str) -> RunLog:
+    run_dir = resolve_run_dir(ref)
+    with open(run_dir / "recipe.resolved.yaml", encoding="utf-8") as fh:
+        recipe = yaml.safe_load(fh) or {}
+    run = RunLog(run_dir=run_dir, recipe=recipe)
+    logs = rank0_logs(run_dir)
+    if not logs:
+        raise UserError(f"RUN '{ref}': no rank-0 trainer log under {run_dir}/logs/rank-0")
+    for log in logs:  # attempts in order: a restart's values replace the earlier attempt's
+        for raw in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            m = _STAMP.match(raw)
+            body = m.group(1) if m else ""
+            if body.startswith("precision |"):
+                run.precision_line, run.precision = body, _precision_fields(body)
+            elif body.startswith("arg "):
+                key, _, value = body[4:].partition(" = ")
+                run.args[key.strip()] = value.strip()
+            elif body.startswith("iteration "):
+                f = fields(body)
+                it = _num(f.get("iteration", "").split("/")[0])
+                if it is not None:
+                    run.iterations[int(it)] = {k: _num(v) for k, v in f.items() if k != "iteration"}
+    return run
+
+
+def _precision_fields(body: str) -> dict:
+    out = {}
+    for part in body.split(" | ")[1:]:
+        key, _, value = part.strip().partition(" ")
+        out[key] = value
+    return out
+
+
+def check_comparable(runs: list[RunLog]) -> None:
+    base = runs[0]
+    for other in runs[1:]:
+        for path in SAME_KEYS:
+            a, b = get(base.recipe, path), get(other.recipe, path)
+            if a != b:
+                raise UserError(f"runs differ in {'.'.join(path)} ({base.name}: {a!r}, {other.name}: {b!r}); "
+                                "compare needs the same seed, data, global batch size and LR")
+
+
+def divergence(base: dict, other: dict) -> tuple[Optional[float], Optional[float], int]:
+    common = sorted(set(base) & set(other))
+    diffs = [abs(base[i] - other[i]) for i in common if math.isfinite(base[i]) and math.isfinite(other[i])]
+    if not diffs:
+        return None, None, 0
+    return max(diffs), sum(diffs) / len(diffs), len(diffs)
+
+
+def table(runs: list[RunLog]) -> str:
+    losses = [r.series("lm loss") for r in runs]
+    iters = sorted(set().union(*losses))
+    lines = ["iteration  " + "  ".join(f"{r.name[-22:]:>22}" for r in runs)]
+    for it in iters:
+        cells = [f"{s[it]:>22.6f}" if it in s else f"{'-':>22}" for s in losses]
+        lines.append(f"{it:>9}  " + "  ".join(cells))
+    lines.append("")
+    for run, series in zip(runs[1:], losses[1:]):
+        mx, mean, n = divergence(losses[0], series)
+        if n:
+            lines.append(f"{run.label} vs {runs[0].label}: max |d lm loss| {mx:.6f}, mean {mean:.6f} over {n} iterations")
+        else:
+            lines.append(f"{run.label} vs {runs[0].label}: no common finite iterations")
+    return "\n".join(lines)
+
+
+def plot(runs: list[RunLog], path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for run in runs:
+        s = run.series("lm loss")
+        ax.plot(list(s), list(s.values()), label=run.label, linewidth=1.2)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("lm loss")
+    ax.set_title("lm loss, same seed / data / GBS / LR")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare(refs: list[str], plot_path: Optional[str]) -> str:
+    if len(refs) < 2:
+        raise UserError("compare needs at least two RUNs")
+    runs = [load_run(r) for r in refs]
+    check_comparable(runs)
+    out = table(runs)
+    if plot_path:
+        out += f"\nplot: {plot(runs, plot_path)}"
+    return out

@@ -1,0 +1,27 @@
+"""CLI commands of the precision work: `verify-fp4` and `compare` (registered by cli.py)."""
+from __future__ import annotations
+
+import click
+
+
+def register(group: click.Group) -> None:
+    @group.command("compare")
+    @click.argument("runs", nargs=-1, required=True)
+    @click.option("--plot", "plot_path", default="compare.png", show_default=True,
+                  help="PNG of lm loss per iteration; '' for none.")
+    def compare_cmd(runs: tuple, plot_path: str) -> None:
+        """Per-iteration lm loss of RUNS (same seed, data, GBS, LR) with max/mean divergence."""
+        from .compare import compare
+
+        click.echo(compare(list(runs), plot_path or None))
+
+    @group.command("verify-fp4")
+    @click.argument("run")
+    @click.option("--fp8-run", default=None, help="FP8 run of the same recipe, for the memory and throughput checks.")
+    def verify_fp4_cmd(run: str, fp8_run: str | None) -> int:
+        """Check the five pieces of evidence that RUN trained in FP4; exit 0 only if all hold."""
+        from .verify_fp4 import verify
+
+        report, ok = verify(run, fp8_run)
+        click.echo(report)
+        return 0 if ok else 1
