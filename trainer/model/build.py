@@ -133,7 +133,7 @@ def build_model(cfg, device: torch.device):
     m = cfg.trainer.model
     config = make_transformer_config(cfg, device, use_te)
     model = GPTModel(
-        config=config, transformer_layer_spec=specs.layer_spec(m, device),
+        config=config, transformer_layer_spec=specs.block_spec(config, m, device),
         vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),

@@ -10,6 +10,16 @@ import copy
 import torch
 
 
+class LocalRMSNorm(torch.nn.RMSNorm):
+    """torch RMSNorm for the local spec that also accepts sequence parallelism (megatron's
+    WrappedTorchNorm refuses it). Its weight is marked `sequence_parallel` so a trainer that
+    unfreezes it knows to all-reduce its grad across TP."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+
 def te_available(device: torch.device) -> bool:
     """True when the TE layer spec can be used: CUDA device and transformer_engine importable."""
     if device.type != "cuda":
@@ -39,9 +49,24 @@ def layer_spec(mcfg, device: torch.device):
         multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm")
     spec = copy.deepcopy(spec)
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    spec.submodules.input_layernorm = LocalRMSNorm
+    spec.submodules.pre_mlp_layernorm = LocalRMSNorm
     return spec
 
 
 def uses_te(model) -> bool:
     """Whether a built model runs TE modules (decides the THD batch layout and qkv_format)."""
     return getattr(model, "_primus_uses_te", False)
+
+
+def block_spec(config, mcfg, device: torch.device):
+    """What GPTModel gets as `transformer_layer_spec`: TE's layer spec as is; on the local path a
+    block spec whose final norm is LocalRMSNorm too (so sequence parallelism works there)."""
+    spec = layer_spec(mcfg, device)
+    if te_available(device):
+        return spec
+    from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
+                                                             get_num_layers_to_build)
+
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+                                      layer_norm=LocalRMSNorm)

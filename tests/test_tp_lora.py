@@ -1,0 +1,88 @@
+"""TP=2 (two gloo processes) gives the same per-token losses and LoRA grads as TP=1.
+
+Tolerance: fp32 on CPU, rtol 1e-4 / atol 1e-5 (only the summation order of the TP reductions
+differs between the layouts).
+"""
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.model_helpers import dist_session, free_port, packed_batch, perturb_adapters, tiny_cfg
+from trainer.model import allreduce_sequence_parallel_grads, build_model, forward_losses
+from trainer.model.sharding import full_state_dict, load_full_state_dict, to_full
+
+DOCS = [13, 22, 8, 21]
+
+
+def _cfg(tp: int, sp: bool):
+    return tiny_cfg(trainer={"parallelism": {"tensor": tp, "sequence_parallel": sp}})
+
+
+def _run(model, batch):
+    losses = forward_losses(model, batch)
+    loss = (losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+    loss.backward()
+    return losses.detach()
+
+
+def _worker(rank, world, ports, full, batch, out_path):
+    results = {}
+    for sp, port in zip((False, True), ports):
+        results[sp] = _tp_run(rank, world, port, sp, full, batch)
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def _tp_run(rank, world, port, sp, full, batch):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cfg = _cfg(world, sp)
+    with dist_session(cfg) as info:
+        from megatron.core import parallel_state as ps
+
+        model = build_model(cfg, info.device)
+        load_full_state_dict(model, full)
+        losses = _run(model, batch)
+        marked = [n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)
+                  and p.requires_grad]
+        # replicated factors fed by a sequence shard: A of column bases, B of row bases
+        assert len(marked) == (8 if sp else 0), marked
+        allreduce_sequence_parallel_grads(model)
+        grads = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                grads[name] = to_full(name, p.grad, p, ps.get_tensor_model_parallel_group())
+        round_trip = full_state_dict(model)
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+    return {"losses": losses, "grads": grads, "full": round_trip, "shapes": shapes}
+
+
+@pytest.mark.slow
+def test_tp2_matches_tp1(tmp_path):
+    """One spawn of two gloo ranks runs TP=2 and TP=2 + sequence parallel (spawn + imports dominate)."""
+    batch = packed_batch(2, 32, DOCS, vocab=128, seed=11)
+    with dist_session(_cfg(1, False)) as info:
+        model = build_model(_cfg(1, False), info.device)
+        perturb_adapters(model, seed=12)
+        full = {k: v.clone() for k, v in full_state_dict(model).items()}
+        ref_losses = _run(model, batch)
+        ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    out = tmp_path / "tp2.pt"
+    mp.start_processes(_worker, args=(2, (free_port(), free_port()), full, batch, str(out)),
+                       nprocs=2, join=True, start_method="spawn")
+    results = torch.load(out)
+    for sp, got in results.items():
+        # the adapters really are sharded: column-parallel B and row-parallel A are half-size
+        assert got["shapes"]["decoder.layers.0.self_attention.linear_qkv.lora_b"] == (64, 4)
+        assert got["shapes"]["decoder.layers.0.mlp.linear_fc2.lora_a"] == (4, 80)
+        assert got["shapes"]["decoder.layers.0.mlp.linear_fc1.lora_a"] == (4, 64)
+        torch.testing.assert_close(got["losses"], ref_losses, rtol=1e-4, atol=1e-5)
+        assert set(got["grads"]) == set(ref_grads)
+        for name, g in ref_grads.items():
+            assert g.abs().sum() > 0, name
+            torch.testing.assert_close(got["grads"][name], g, rtol=1e-4, atol=1e-5,
+                                       msg=f"sp={sp} {name}")
+        for name, t in full.items():
+            torch.testing.assert_close(got["full"][name], t, rtol=0, atol=0, msg=name)
