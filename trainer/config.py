@@ -9,6 +9,9 @@ silent default.
     cfg.trainer.lora.target_modules    # lists come back as tuples (immutable)
     cfg["trainer"]["model"]            # item access works too
     cfg.to_dict()                      # deep plain-dict copy
+
+Recipe keys win over everything but the Mapping methods (keys/items/values/get), to_dict, flatten
+and from_dict: the view defines no other public attributes (a key named `path` is a key).
 """
 from __future__ import annotations
 
@@ -110,11 +113,6 @@ class Config(Mapping):
 
     def __reduce__(self):
         return (Config, (self.to_dict(), self._path))
-
-    @property
-    def path(self) -> str:
-        """Dotted path of this node within the recipe ('' for the root)."""
-        return self._path
 
     def flatten(self, prefix: str = "") -> list[tuple[str, Any]]:
         """[(dotted.key, leaf value)] in recipe order; lists stay as leaves."""

@@ -52,19 +52,21 @@ def global_token_count(local_count: float, device, group=None) -> torch.Tensor:
     return n.clamp(min=1.0).to(torch.float32).reshape(())
 
 
-def reduce_count_and_flag(local_count: float, flag: bool, counts_once: bool, device, group=None):
-    """One all-reduce over the whole world for the step header: (N tensor, any-rank flag).
+def step_header(local_count: float, flag: bool, counts_once: bool, device, extras=(), group=None):
+    """One all-reduce over the whole world at the start of a step: (N tensor, any-rank flag, totals).
 
     Ranks that see the same tokens (tensor/pipeline-parallel peers) must pass counts_once=True on
     exactly one of them (tp_rank == 0 and pp_rank == 0) so every data/context-parallel shard is
-    counted once. `flag` (e.g. "a stop signal arrived here") is true afterwards if any rank set it,
-    so all ranks take the same decision at the same iteration."""
-    t = torch.tensor([float(local_count) if counts_once else 0.0, 1.0 if flag else 0.0],
-                     dtype=torch.float64, device=device)
+    counted once. `extras` are further per-shard counts (e.g. tokens) summed the same way; totals is
+    [N, *extras] as python floats. `flag` (e.g. "a stop signal arrived here") is true afterwards if
+    any rank set it, so all ranks take the same decision at the same iteration."""
+    own = [float(local_count), *map(float, extras)]
+    values = [v if counts_once else 0.0 for v in own] + [1.0 if flag else 0.0]
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     all_reduce_sum(t, group)
-    values = t.tolist()  # one host sync per step, before this step's compute is queued
-    n = torch.tensor(max(values[0], 1.0), dtype=torch.float32, device=device)
-    return n, values[1] > 0, values[0]
+    out = t.tolist()  # one host sync per step, taken before this step's compute is queued
+    n = torch.tensor(max(out[0], 1.0), dtype=torch.float32, device=device)
+    return n, out[-1] > 0, out[:-1]
 
 
 def micro_batch_objective(per_token: torch.Tensor, loss_mask: torch.Tensor, global_count: torch.Tensor):

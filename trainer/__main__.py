@@ -1,0 +1,181 @@
+"""`python -m trainer --config <run_dir>/recipe.resolved.yaml --run-dir <run_dir>` (torchrun or single process).
+
+Order: config -> precision capability check (exit 2, one line) -> distributed init -> log start
+(+ resume decision) -> data -> model (+ precision emulation) -> optimizer -> resume state -> loop.
+Exit codes: trainer/signals.py.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from trainer import checkpoint as ckpt
+from trainer.config import ConfigError, load_config
+from trainer.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal
+
+
+class SetupError(Exception):
+    """A one-line, user-facing reason to exit with EXIT_CONFIG."""
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _say(msg: str, logger=None) -> None:
+    if logger is not None and logger.enabled:
+        logger.line(msg)
+    if _rank() == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _precision():
+    try:
+        from trainer import precision
+    except ImportError:
+        return None
+    return precision
+
+
+def _precision_fn(name: str):
+    """trainer.precision.<name> if that part has landed, else None."""
+    precision = _precision()
+    try:
+        return getattr(precision, name, None) if precision is not None else None
+    except ImportError:
+        return None
+
+
+def _check_precision(cfg) -> None:
+    precision = _precision()
+    if precision is None:
+        return
+    try:
+        precision.check_capabilities(cfg)
+    except precision.PrecisionError as err:
+        raise SetupError(str(err).splitlines()[0] if str(err) else "precision not supported here") from None
+
+
+def _precision_line(cfg, model) -> str:
+    describe = _precision_fn("describe")
+    if describe is not None:
+        text = describe(cfg, model)
+        return text if text.startswith("precision") else f"precision | {text}"
+    p = cfg.trainer.precision
+    weight = next((m.weight for m in model.modules() if hasattr(m, "weight") and m.weight is not None), None)
+    cls = f"{type(weight).__module__}.{type(weight).__name__}" if weight is not None else "none"
+    return (f"precision | fp4 {p.fp4} | fp8 {p.fp8} | recipe {p.fp8_recipe if p.fp8 else 'none'} | "
+            f"tensor_class {cls.replace('torch.nn.parameter.Parameter', 'torch.Tensor')}")
+
+
+def find_resume(cfg, run_dir: str, rhash: str):
+    """(checkpoint dir or None) to resume from; SetupError when the recipe hash differs."""
+    if cfg.trainer.checkpoint.resume != "auto":
+        return None
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    try:
+        path = ckpt.read_latest(ckpt_dir)
+    except ckpt.CheckpointError as err:
+        raise SetupError(f"resume refused | {err}") from None
+    if path is None:
+        return None
+    import json
+
+    with open(os.path.join(path, "metadata.json")) as fh:
+        meta = json.load(fh)
+    if meta.get("recipe_hash") != rhash:
+        raise SetupError(f"resume refused | {os.path.relpath(path, run_dir)} was written by a different recipe "
+                         f"(hash {meta.get('recipe_hash')} != {rhash}); use a new run directory or "
+                         f"checkpoint.resume: never")
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer")
+    ap.add_argument("--config", required=True, help="resolved recipe YAML")
+    ap.add_argument("--run-dir", required=True, help="run directory (logs/, checkpoints/, adapter/)")
+    args = ap.parse_args(argv)
+    run_dir = os.path.abspath(args.run_dir)
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    logger = info = None
+    try:
+        try:
+            cfg = load_config(args.config)
+            _check_precision(cfg)
+        except (ConfigError, OSError) as err:
+            raise SetupError(f"config error | {err}") from None
+        return _train(cfg, run_dir, attempt)
+    except SetupError as err:
+        _say(str(err), logger)
+        return EXIT_CONFIG
+
+
+def _train(cfg, run_dir: str, attempt: int) -> int:
+    from trainer.data.errors import DataError
+    from trainer.distributed import destroy_distributed, init_distributed
+    from trainer.logger import TrainLogger
+
+    info = init_distributed(cfg)
+    logger = TrainLogger(run_dir, info.rank, attempt, tensorboard=bool(cfg.trainer.logging.tensorboard))
+    stop = StopSignal().install()
+    try:
+        rhash = ckpt.recipe_hash(cfg.trainer.to_dict())
+        resume_path = find_resume(cfg, run_dir, rhash)
+        logger.start(attempt, info.world_size, info.device,
+                     os.path.relpath(resume_path, run_dir) if resume_path else None)
+        logger.args(cfg)
+        trainer = _build(cfg, run_dir, info, logger, stop, rhash, resume_path)
+        return trainer.run()
+    except (SetupError, DataError, ConfigError) as err:
+        _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
+        return EXIT_CONFIG
+    except Exception as err:  # noqa: BLE001
+        logger.line(f"error | {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        traceback.print_exc()
+        return EXIT_ERROR
+    finally:
+        stop.uninstall()
+        logger.close()
+        destroy_distributed()
+
+
+def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
+    from trainer.data import build_datasets
+    from trainer.model import (adapter_state_dict, build_model, export_peft, forward_losses,
+                               load_adapter_state_dict)
+    from trainer.optim import build_optimizer, trainable_parameters
+    from trainer.train import Trainer
+
+    train_packs, val_packs, stats = build_datasets(cfg, info.rank, info.world_size)
+    for split, st in (stats or {}).items():
+        if isinstance(st, dict):
+            logger.line(f"data | split {split} | " + " | ".join(
+                f"{k} {v}" for k, v in st.items() if isinstance(v, (int, float, str)) and k != "cache_path"))
+    model = build_model(cfg, info.device)
+    apply_emulation = _precision_fn("apply_emulation")
+    if apply_emulation is not None:
+        model = apply_emulation(model, cfg) or model
+    logger.line(_precision_line(cfg, model))
+    params = trainable_parameters(model)
+    optimizer = build_optimizer(params, cfg.trainer.schedule)
+    start = 0
+    if resume_path is not None:
+        state, meta = ckpt.load(resume_path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank),
+                                device=info.device)
+        if int(meta.get("world_size", info.world_size)) != info.world_size:
+            raise SetupError(f"resume refused | {os.path.relpath(resume_path, run_dir)} was saved with world size "
+                             f"{meta.get('world_size')}, this job has {info.world_size}")
+        load_adapter_state_dict(model, state["adapter"])
+        optimizer.load_state_dict(state["optimizer"])
+        ckpt.set_rng_state(state["rng"], info.device)
+        start = int(state["iteration"])
+        logger.line(f"checkpoint loaded | iteration {start} | path {os.path.relpath(resume_path, run_dir)}")
+    return Trainer(cfg, run_dir, info, model, optimizer, params, train_packs, val_packs, forward_losses, logger, stop,
+                   adapter_state_dict, start_iteration=start, last_saved=start if resume_path else 0,
+                   export_peft=export_peft, recipe_hash=rhash)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

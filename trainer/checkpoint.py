@@ -1,0 +1,219 @@
+"""Crash-safe checkpoints of the LoRA training state (docs/contract.md section 2).
+
+Layout:  checkpoints/iter_0000020/rank-00000_tp0_pp0_dp0.pt ... + metadata.json,  checkpoints/latest
+
+Every rank writes its own file (adapter shard, optimizer, scheduler, data position, RNG states,
+iteration, recipe hash), so any TP/PP/DP/CP/EP layout round-trips; resume needs the same layout.
+
+Save protocol (collective; every rank calls save()):
+ 1. rank 0 creates checkpoints/.tmp-iter_N (removing a stale one);
+ 2. every rank writes + fsyncs its file; the ranks agree by all-reduce whether all writes succeeded;
+ 3. rank 0 writes + fsyncs metadata.json, fsyncs the directory, renames it to iter_N, fsyncs
+    checkpoints/, then replaces `latest` via latest.tmp + fsync + os.replace + fsync of checkpoints/;
+ 4. directories beyond keep_last (never the one `latest` names) are deleted.
+Any failure (disk full, kill -9) before step 3's os.replace leaves the previous iter_* and `latest`
+untouched; the temp directory is removed when possible and CheckpointError is raised on every rank.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+LATEST = "latest"
+_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+# Fields that may change on resume without changing the training trajectory's state.
+RESUME_MUTABLE = (("schedule", "train_iters"), ("logging",), ("checkpoint", "save_interval"),
+                  ("checkpoint", "keep_last"), ("checkpoint", "resume"), ("checkpoint", "disable_last_saving"),
+                  ("checkpoint", "export_peft"), ("distributed", "timeout_minutes"))
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def iter_name(iteration: int) -> str:
+    return f"iter_{int(iteration):07d}"
+
+
+def recipe_hash(trainer_cfg: dict) -> str:
+    """sha256 (16 hex) of the trainer section without the RESUME_MUTABLE fields."""
+    d = json.loads(json.dumps(trainer_cfg, sort_keys=True, default=str))
+    for path in RESUME_MUTABLE:
+        node = d
+        for key in path[:-1]:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def shard_name(rank: int, tp_rank: int, pp_rank: int, dp_rank: int) -> str:
+    return f"rank-{rank:05d}_tp{tp_rank}_pp{pp_rank}_dp{dp_rank}.pt"
+
+
+# ---------------------------------------------------------------- RNG
+def rng_state(device: torch.device) -> dict:
+    from megatron.core import tensor_parallel
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    try:
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    except Exception:  # tracker not initialised (no megatron parallel state)
+        state["tracker"] = None
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if state.get("tracker") is not None:
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+# ---------------------------------------------------------------- filesystem helpers
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: str, writer: Callable[[Any], None], mode: str = "wb") -> None:
+    with open(path, mode) as fh:
+        writer(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_latest(ckpt_dir: str) -> Optional[str]:
+    """Directory `latest` names, if it exists and is complete (has metadata.json); else None."""
+    try:
+        with open(os.path.join(ckpt_dir, LATEST)) as fh:
+            name = fh.read().strip()
+    except FileNotFoundError:
+        return None
+    path = os.path.join(ckpt_dir, name)
+    if not _ITER_RE.match(name) or not os.path.isfile(os.path.join(path, "metadata.json")):
+        raise CheckpointError(f"{ckpt_dir}/latest names '{name}', which is not a complete checkpoint")
+    return path
+
+
+def list_checkpoints(ckpt_dir: str) -> list[tuple[int, str]]:
+    if not os.path.isdir(ckpt_dir):
+        return []
+    out = [(int(m.group(1)), os.path.join(ckpt_dir, n)) for n in os.listdir(ckpt_dir) if (m := _ITER_RE.match(n))]
+    return sorted(out)
+
+
+def _agree(ok: bool, device) -> int:
+    """Number of ranks reporting failure (collective when distributed)."""
+    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+    return int(flag.item())
+
+
+# ---------------------------------------------------------------- save
+def save(ckpt_dir: str, iteration: int, state: dict, *, rank: int, coords: tuple[int, int, int],
+         metadata: dict, keep_last: Optional[int], device=torch.device("cpu")) -> str:
+    """Collective atomic save of `state` (this rank's shard); returns the final directory path."""
+    final = os.path.join(ckpt_dir, iter_name(iteration))
+    tmp = os.path.join(ckpt_dir, f".tmp-{iter_name(iteration)}")
+    error = None
+    if rank == 0:
+        try:
+            os.makedirs(ckpt_dir, exist_ok=True)
+            latest = read_latest(ckpt_dir) if os.path.exists(os.path.join(ckpt_dir, LATEST)) else None
+            if os.path.isdir(final) and latest is not None and os.path.samefile(latest, final):
+                raise FileExistsError(f"{final} is already the latest checkpoint")
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        except Exception as err:  # noqa: BLE001
+            error = err
+    if _agree(error is None, device):
+        _cleanup(tmp, rank)
+        raise CheckpointError(_reason("preparing", error))
+
+    try:
+        _write_durable(os.path.join(tmp, shard_name(rank, *coords)), lambda fh: torch.save(state, fh))
+    except Exception as err:  # noqa: BLE001
+        error = err
+    failed = _agree(error is None, device)
+    if failed:
+        _cleanup(tmp, rank)
+        raise CheckpointError(_reason(f"writing shards ({failed} rank(s) failed)", error))
+
+    if rank == 0:
+        try:
+            meta = dict(metadata, iteration=int(iteration))
+            _write_durable(os.path.join(tmp, "metadata.json"),
+                           lambda fh: fh.write(json.dumps(meta, indent=1, sort_keys=True).encode()))
+            _fsync_dir(tmp)
+            if os.path.isdir(final):  # a complete but un-published leftover of a crashed run
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(ckpt_dir)
+            pointer = os.path.join(ckpt_dir, LATEST + ".tmp")
+            _write_durable(pointer, lambda fh: fh.write(iter_name(iteration).encode()))
+            os.replace(pointer, os.path.join(ckpt_dir, LATEST))
+            _fsync_dir(ckpt_dir)
+        except Exception as err:  # noqa: BLE001
+            error = err
+    if _agree(error is None, device):
+        _cleanup(tmp, rank)
+        raise CheckpointError(_reason("publishing", error))
+    if rank == 0 and keep_last:
+        prune(ckpt_dir, int(keep_last))
+    return final
+
+
+def _reason(stage: str, error: Optional[BaseException]) -> str:
+    detail = f"{type(error).__name__}: {error}" if error is not None else "failed on another rank"
+    return f"{stage}: {detail}".replace("\n", " ")
+
+
+def _cleanup(tmp: str, rank: int) -> None:
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prune(ckpt_dir: str, keep_last: int) -> list[str]:
+    """Delete all but the newest keep_last iter_* directories (never the one `latest` names)."""
+    latest = read_latest(ckpt_dir)
+    removed = []
+    for _, path in list_checkpoints(ckpt_dir)[:-keep_last] if keep_last > 0 else []:
+        if latest is not None and os.path.samefile(path, latest):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+# ---------------------------------------------------------------- load
+def load(path: str, *, rank: int, coords: tuple[int, int, int], device: torch.device) -> tuple[dict, dict]:
+    """(this rank's shard state, metadata) of the checkpoint directory `path`."""
+    with open(os.path.join(path, "metadata.json")) as fh:
+        meta = json.load(fh)
+    shard = os.path.join(path, shard_name(rank, *coords))
+    if not os.path.isfile(shard):
+        raise CheckpointError(f"{path} has no shard for rank {rank} {coords} (saved with world size "
+                              f"{meta.get('world_size')}); resume needs the same parallel layout")
+    state = torch.load(shard, map_location=device, weights_only=False)
+    return state, meta

@@ -1,0 +1,106 @@
+"""Rank-0 trainer log in the format of docs/contract.md section 3 (parsed by `primus-slurm status`).
+
+Lines go to <run_dir>/logs/rank-0/debug.log (attempt 0) or debug.attempt-<N>.log (attempt N =
+SLURM_RESTART_COUNT) and to stdout. Files are opened in append mode, so a re-run of the same attempt
+never truncates an earlier log. Other ranks log nothing (their errors reach Slurm's stderr).
+TensorBoard scalars are written only when logging.tensorboard is true and tensorboard is importable.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+
+
+def log_path(run_dir: str, rank: int, attempt: int) -> str:
+    name = "debug.log" if attempt == 0 else f"debug.attempt-{attempt}.log"
+    return os.path.join(run_dir, "logs", f"rank-{rank}", name)
+
+
+def fmt_sci(x: float, digits: int = 6) -> str:
+    return f"{x:.{digits}E}"
+
+
+def format_iteration(iteration: int, train_iters: int, loss: float, lr: float, grad_norm: float,
+                     tokens_per_s_gpu: float, tflops_gpu: float, mem_alloc: float, mem_peak: float,
+                     ms_per_iter: float) -> str:
+    return (f"iteration {iteration}/{train_iters} | lm loss {fmt_sci(loss)} | lr {fmt_sci(lr)} | "
+            f"grad norm {grad_norm:.3E} | tokens/s/GPU {tokens_per_s_gpu:.1f} | TFLOP/s/GPU {tflops_gpu:.2f} | "
+            f"mem alloc GiB {mem_alloc:.2f} | mem peak GiB {mem_peak:.2f} | ms/iter {ms_per_iter:.1f}")
+
+
+def memory_gib(device: torch.device) -> tuple[float, float]:
+    """(allocated, peak) GiB: CUDA caching-allocator stats on GPU, process RSS / max RSS on CPU."""
+    if device.type == "cuda":
+        return (torch.cuda.memory_allocated(device) / 2**30, torch.cuda.max_memory_allocated(device) / 2**30)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    try:
+        with open("/proc/self/statm") as fh:
+            rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        rss = peak
+    return rss, peak
+
+
+class TrainLogger:
+    def __init__(self, run_dir: str, rank: int, attempt: int, tensorboard: bool = False,
+                 stream=None) -> None:
+        self.enabled = rank == 0
+        self.path = log_path(run_dir, 0, attempt)
+        self._fh = None
+        self._tb = None
+        self._stream = stream if stream is not None else sys.stdout
+        if not self.enabled:
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
+        if tensorboard:
+            self._tb = _tensorboard_writer(os.path.join(run_dir, "tensorboard", f"attempt-{attempt}"))
+            if self._tb is None:
+                self.line("tensorboard | disabled | reason tensorboard is not installed")
+
+    def line(self, text: str) -> None:
+        if not self.enabled:
+            return
+        stamped = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
+        for out in (self._fh, self._stream):
+            if out is not None:
+                out.write(stamped + "\n")
+                out.flush()
+
+    def start(self, attempt: int, world_size: int, device: torch.device, resumed_from: Optional[str]) -> None:
+        self.line(f"primus-trainer start | attempt {attempt} | world_size {world_size} | "
+                  f"device {device.type} | resumed_from {resumed_from or 'none'}")
+
+    def args(self, cfg) -> None:
+        """The resolved args dump: one `arg <dotted key minus 'trainer.'> = <value>` line each."""
+        for key, value in cfg.flatten():
+            if key.startswith("trainer."):
+                key = key[len("trainer."):]
+            self.line(f"arg {key} = {value}")
+
+    def scalars(self, step: int, values: dict[str, Any]) -> None:
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _tensorboard_writer(path: str):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard not installed
+        return None
+    return SummaryWriter(log_dir=path)

@@ -1,0 +1,63 @@
+"""Graceful stop on SIGTERM / SIGUSR2 (forwarded by the sbatch trap before preemption or the time
+limit). The handler only records the signal; the training loop finishes the current iteration, agrees
+with all ranks (trainer.loss.reduce_count_and_flag) to stop at the same iteration, saves a checkpoint
+and exits with EXIT_PREEMPTED.
+
+SIGUSR1 is never touched (Slurm and other tooling use it).
+
+Exit codes of `python -m trainer`:
+    0   finished (train_iters reached or target_eval_loss met)
+    1   unexpected error (traceback on stderr)
+    2   configuration / precision not runnable here (one line on stderr)
+    3   diverged: loss NaN/Inf; nothing saved after the last good checkpoint
+    4   checkpoint save failed (previous checkpoint and `latest` left intact)
+    75  stopped by SIGTERM/SIGUSR2 after saving a checkpoint: EX_TEMPFAIL from sysexits.h, i.e.
+        "temporary failure, retry later": the job is incomplete but resumable, so it is neither 0
+        (Slurm would call it COMPLETED) nor a crash code; the sbatch script requeues the job.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Optional
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+EXIT_DIVERGED = 3
+EXIT_SAVE_FAILED = 4
+EXIT_PREEMPTED = 75
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+class StopSignal:
+    """Records the first SIGTERM/SIGUSR2 received; restores previous handlers on uninstall()."""
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self._previous: dict[int, object] = {}
+
+    def _handler(self, signum, frame) -> None:  # noqa: ARG002
+        if self.received is None:
+            self.received = signum
+
+    def install(self) -> "StopSignal":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set from the main thread
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
+
+    @property
+    def requested(self) -> bool:
+        return self.received is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else "none"

@@ -1,0 +1,295 @@
+"""The LoRA SFT training loop: step function, logging cadence, eval, checkpoints, stop conditions.
+
+`Trainer(...).run()` returns the process exit code (trainer.signals lists them). One step:
+
+  1. step header: one world all-reduce of [loss tokens N, tokens, sum L_i^2, stop flag]
+     (trainer.loss.step_header); a stop flag set on any rank ends the loop on every rank at the
+     same iteration, before this step's compute;
+  2. per micro-batch: forward_losses -> backward of sum(ce*mask)/N (gradient accumulation);
+  3. TP sum of sequence-parallel grads, DP(+CP) SUM of grads, global-norm clip, AdamW step.
+
+With pipeline parallelism, steps 2 would be megatron's get_forward_backward_func over the same
+micro-batches and the same per-micro-batch objective; only PP=1 is wired today.
+
+Host syncs: the step header (one small all-reduce read per step) and the log points (cuda
+synchronize + .item() of the interval's losses); NaN/Inf is detected at log points, before every
+checkpoint save and at the end, so a poisoned state is never saved.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from trainer import checkpoint as ckpt
+from trainer.evaluate import evaluate, move_batch
+from trainer.flops import doc_length_stats, step_flops
+from trainer.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
+from trainer.loss import all_reduce_sum, local_token_count, micro_batch_objective, step_header
+from trainer.optim import clip_gradients, reduce_gradients
+from trainer.schedule import LRSchedule
+from trainer.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
+
+
+@dataclass
+class StepResult:
+    loss_sum: torch.Tensor   # global masked CE sum (device)
+    num_loss_tokens: float   # global N
+    grad_norm: torch.Tensor  # global norm before clipping (device)
+    tokens: float            # global real (non-pad) tokens
+    flops: float             # model FLOPs of the step (trainer.flops)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Meter:
+    """Wall time, tokens and FLOPs of the current log interval and of the run after the skip."""
+
+    def __init__(self, device: torch.device, skip: int, start_iteration: int) -> None:
+        self.device, self.skip = device, int(skip)
+        self.first = start_iteration
+        self.t_interval = time.perf_counter()
+        self.interval = [0, 0.0, 0.0, 0.0]  # iters, tokens, flops, paused seconds
+        self.run = [0, 0.0, 0.0, 0.0]
+        self.t_run: Optional[float] = None if self.skip > 0 else self.t_interval
+
+    def add(self, iteration: int, tokens: float, flops: float) -> None:
+        self.interval[0] += 1
+        self.interval[1] += tokens
+        self.interval[2] += flops
+        if self.t_run is not None:
+            self.run[0] += 1
+            self.run[1] += tokens
+            self.run[2] += flops
+        if self.t_run is None and iteration - self.first >= self.skip:
+            _synchronize(self.device)  # averages start after the skipped iterations
+            self.t_run = time.perf_counter()
+
+    def pause(self, seconds: float) -> None:
+        self.interval[3] += seconds
+        self.run[3] += seconds
+
+    def take_interval(self) -> tuple[int, float, float, float]:
+        _synchronize(self.device)
+        now = time.perf_counter()
+        iters, tokens, flops, paused = self.interval
+        elapsed = max(now - self.t_interval - paused, 1e-9)
+        self.t_interval, self.interval = now, [0, 0.0, 0.0, 0.0]
+        return iters, tokens, flops, elapsed
+
+    def run_average(self) -> Optional[tuple[int, float, float, float]]:
+        if self.t_run is None or self.run[0] == 0:
+            return None
+        _synchronize(self.device)
+        iters, tokens, flops, paused = self.run
+        return iters, tokens, flops, max(time.perf_counter() - self.t_run - paused, 1e-9)
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: str, info, model, optimizer, params, train_packs, val_packs,
+                 forward_losses: Callable, logger: TrainLogger, stop: StopSignal,
+                 adapter_state_dict: Callable, start_iteration: int = 0, last_saved: Optional[int] = None,
+                 export_peft: Optional[Callable] = None, recipe_hash: str = "") -> None:
+        from megatron.core import parallel_state as ps
+
+        t = cfg.trainer
+        self.cfg, self.t, self.run_dir, self.info = cfg, t, run_dir, info
+        self.model, self.optimizer, self.params = model, optimizer, params
+        self.train_packs, self.val_packs = train_packs, val_packs
+        self.forward_losses, self.adapter_state_dict, self.export_peft = forward_losses, adapter_state_dict, export_peft
+        self.log, self.stop = logger, stop
+        self.iteration, self.last_saved, self.recipe_hash = int(start_iteration), last_saved, recipe_hash
+        self.schedule = LRSchedule.from_config(t.schedule)
+        self.device = info.device
+        self.dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.mp_group = ps.get_model_parallel_group()
+        self.counts_once = info.tp_rank == 0 and info.pp_rank == 0
+        self.ckpt_dir = os.path.join(run_dir, "checkpoints")
+        self.seed = int(cfg.experiment.seed)
+        self.pending: list[tuple[int, torch.Tensor, float, torch.Tensor, float]] = []
+        self.checked: list[tuple[int, float, float, float]] = []  # finite (iteration, loss, grad norm, lr)
+        self.last_loss = float("nan")
+
+    # ------------------------------------------------------------------ one step
+    def micro_batches(self, iteration: int) -> list[dict]:
+        from trainer.data.batching import rank_micro_batches
+
+        s = self.t.schedule
+        return rank_micro_batches(self.train_packs, int(s.global_batch_size), int(s.micro_batch_size), iteration,
+                                  self.seed, dp_rank=self.dp_rank, dp_size=self.dp_size, shuffle=bool(self.t.data.shuffle))
+
+    def step(self, micro_batches: list[dict], lr: float) -> Optional[StepResult]:
+        """One optimizer step; None (nothing done) when any rank received a stop signal."""
+        tokens = sum(float(mb["num_tokens"]) for mb in micro_batches)
+        all_tokens = sum(float(mb["tokens"].numel()) for mb in micro_batches)
+        sumsq = sum(doc_length_stats(mb["cu_seqlens"].tolist())[1] for mb in micro_batches)
+        n, stop, totals = step_header(local_token_count(micro_batches), self.stop.requested, self.counts_once,
+                                      self.device, extras=(tokens, all_tokens, sumsq))
+        if stop:
+            return None
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        for mb in micro_batches:
+            batch = move_batch(mb, self.device)
+            objective, s = micro_batch_objective(self.forward_losses(self.model, batch), batch["loss_mask"], n)
+            objective.backward()
+            loss_sum += s
+        from trainer.model import allreduce_sequence_parallel_grads
+
+        allreduce_sequence_parallel_grads(self.model)
+        reduce_gradients(self.params, self.dp_group)
+        grad_norm = clip_gradients(self.params, self.t.schedule.clip_grad, self.info.tp_rank, self.mp_group)
+        self.optimizer.step()
+        all_reduce_sum(loss_sum, self.dp_group)
+        flops = step_flops(self.t.model, self.t.lora, totals[2], totals[3])
+        return StepResult(loss_sum, totals[0], grad_norm, totals[1], flops)
+
+    # ------------------------------------------------------------------ checks and events
+    def check_finite(self) -> Optional[int]:
+        """Materialise pending losses; log and return EXIT_DIVERGED at the first NaN/Inf."""
+        if not self.pending:
+            return None
+        sums = torch.stack([p[1] for p in self.pending]).tolist()
+        norms = torch.stack([p[3].float() for p in self.pending]).tolist()
+        for (it, _, n, _, _), s, g in zip(self.pending, sums, norms):
+            loss = s / max(n, 1.0)
+            if not (math.isfinite(loss) and math.isfinite(g)):
+                extra = "" if math.isfinite(g) else f" | grad norm {g}"
+                shown = fmt_sci(loss) if math.isfinite(loss) else str(loss)
+                self.log.line(f"diverged | iteration {it} | lm loss {shown}{extra}")
+                self.pending.clear()
+                return EXIT_DIVERGED
+        self.checked += [(it, s / max(n, 1.0), g, lr) for (it, _, n, _, lr), s, g in zip(self.pending, sums, norms)]
+        self.last_loss = self.checked[-1][1]
+        self.pending.clear()
+        return None
+
+    def log_interval(self, meter: Meter) -> None:
+        values, self.checked = self.checked, []
+        iters, tokens, flops, elapsed = meter.take_interval()
+        world = self.info.world_size
+        loss = sum(v[1] for v in values) / len(values)
+        alloc, peak = memory_gib(self.device)
+        it, _, grad_norm, lr = values[-1]
+        self.log.line(format_iteration(it, int(self.t.schedule.train_iters), loss, lr, grad_norm,
+                                       tokens / elapsed / world, flops / elapsed / world / 1e12, alloc, peak,
+                                       1000.0 * elapsed / max(iters, 1)))
+        self.log.scalars(it, {"lm_loss": loss, "lr": lr, "grad_norm": grad_norm,
+                              "tokens_per_s_per_gpu": tokens / elapsed / world})
+
+    def save(self, meter: Meter) -> Optional[int]:
+        """Checkpoint the current iteration (skipped when already saved); EXIT_SAVE_FAILED on error."""
+        if self.last_saved == self.iteration:
+            return None
+        from trainer.checkpoint import rng_state
+
+        t0 = time.perf_counter()
+        state = {"iteration": self.iteration, "adapter": self.adapter_state_dict(self.model),
+                 "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
+                 "data": {"consumed_samples": self.iteration * int(self.t.schedule.global_batch_size),
+                          "iteration": self.iteration},
+                 "rng": rng_state(self.device), "recipe_hash": self.recipe_hash}
+        meta = {"recipe_hash": self.recipe_hash, "world_size": self.info.world_size,
+                "tensor": self.info.tp_size, "pipeline": self.info.pp_size, "data_parallel": self.dp_size,
+                "lm_loss": self.last_loss, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:
+            path = ckpt.save(self.ckpt_dir, self.iteration, state, rank=self.info.rank,
+                             coords=(self.info.tp_rank, self.info.pp_rank, self.info.dp_rank), metadata=meta,
+                             keep_last=self.t.checkpoint.keep_last, device=self.device)
+        except ckpt.CheckpointError as err:
+            self.log.line(f"checkpoint failed | iteration {self.iteration} | error {err}")
+            return EXIT_SAVE_FAILED
+        self.last_saved = self.iteration
+        self.log.line(f"checkpoint saved | iteration {self.iteration} | path {os.path.relpath(path, self.run_dir)}")
+        meter.pause(time.perf_counter() - t0)
+        return None
+
+    def run_eval(self, meter: Meter) -> float:
+        _synchronize(self.device)
+        t0 = time.perf_counter()
+        s = self.t.schedule
+        loss = evaluate(self.model, self.forward_losses, self.val_packs, global_batch_size=int(s.global_batch_size),
+                        micro_batch_size=int(s.micro_batch_size), eval_iters=int(s.eval_iters), seed=self.seed,
+                        dp_rank=self.dp_rank, dp_size=self.dp_size, device=self.device, dp_group=self.dp_group)
+        self.log.line(f"eval iteration {self.iteration} | eval loss {fmt_sci(loss)}")
+        self.log.scalars(self.iteration, {"eval_loss": loss})
+        meter.pause(time.perf_counter() - t0)
+        return loss
+
+    def finish(self, code: int, meter: Meter) -> int:
+        avg = meter.run_average()
+        if avg is not None:
+            iters, tokens, flops, elapsed = avg
+            w = self.info.world_size
+            _, peak = memory_gib(self.device)
+            self.log.line(f"training summary | iterations averaged {iters} | tokens/s/GPU {tokens / elapsed / w:.1f} | "
+                          f"TFLOP/s/GPU {flops / elapsed / w / 1e12:.2f} | ms/iter {1000.0 * elapsed / iters:.1f} | "
+                          f"mem peak GiB {peak:.2f}")
+        self.log.line(f"training finished | iterations {self.iteration} | exit {code}")
+        return code
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> int:
+        t = self.t
+        train_iters = int(t.schedule.train_iters)
+        log_every = max(1, int(t.logging.log_interval or 1))
+        save_every = int(t.checkpoint.save_interval or 0)
+        eval_every = int(t.schedule.eval_interval or 0) if self.val_packs is not None else 0
+        target = t.schedule.target_eval_loss
+        meter = Meter(self.device, int(t.logging.log_avg_skip_iterations or 0), self.iteration)
+        self.model.train()
+        reason = None
+        while self.iteration < train_iters:
+            lr = self.schedule.lr_at(self.iteration + 1)
+            result = self.step(self.micro_batches(self.iteration), lr)
+            if result is None:
+                reason = "signal"
+                break
+            self.iteration += 1
+            self.pending.append((self.iteration, result.loss_sum, result.num_loss_tokens, result.grad_norm, lr))
+            meter.add(self.iteration, result.tokens, result.flops)
+            last = self.iteration == train_iters
+            if self.iteration % log_every == 0 or last:
+                if self.check_finite() is not None:
+                    return self.finish(EXIT_DIVERGED, meter)
+                self.log_interval(meter)
+            if save_every and self.iteration % save_every == 0 and not last:
+                if self.check_finite() is not None:
+                    return self.finish(EXIT_DIVERGED, meter)
+                if (code := self.save(meter)) is not None:
+                    return self.finish(code, meter)
+            if eval_every and (self.iteration % eval_every == 0 or last):
+                loss = self.run_eval(meter)
+                if target is not None and loss <= float(target):
+                    self.log.line(f"target eval loss reached | iteration {self.iteration} | "
+                                  f"eval loss {fmt_sci(loss)} | target {fmt_sci(float(target))}")
+                    reason = "target"
+                    break
+        if self.check_finite() is not None:
+            return self.finish(EXIT_DIVERGED, meter)
+        if reason == "signal":
+            self.log.line(f"stop signal | signal {self.stop.name} | iteration {self.iteration}")
+            if (code := self.save(meter)) is not None:
+                return self.finish(code, meter)
+            return self.finish(EXIT_PREEMPTED, meter)
+        if not t.checkpoint.disable_last_saving and (code := self.save(meter)) is not None:
+            return self.finish(code, meter)
+        if t.checkpoint.export_peft and self.export_peft is not None:
+            try:
+                self.export_peft(self.model, self.cfg, os.path.join(self.run_dir, "adapter"))
+            except Exception as err:  # noqa: BLE001  (the checkpoint above is already safe)
+                self.log.line(f"adapter export failed | iteration {self.iteration} | error {type(err).__name__}: {err}")
+                return self.finish(EXIT_ERROR, meter)
+            self.log.line(f"adapter exported | iteration {self.iteration} | path adapter")
+        return self.finish(EXIT_OK, meter)
