@@ -1,0 +1,74 @@
+"""The same job management through `--executor local`: a detached process group on this machine."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, cli, status_json, wait_state
+from primus_slurm.executors import _group_alive
+
+pytestmark = pytest.mark.slow
+
+LOCAL = ("--executor", "local", "--set", "cluster.nodes=1", "--set", "cluster.nproc_per_node=2")
+
+
+def submit(env, recipe, *extra) -> dict:
+    out = cli(env, "submit", str(recipe), "--json", *LOCAL, *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_local_job_completes_with_follow_and_status(job_env, job_recipe):
+    recipe = job_recipe("sleep:3")
+    run_id = "20260101-000000-def456"
+    dry = cli(job_env, "submit", str(recipe), "--dry-run", "--run-id", run_id, *LOCAL)
+    assert dry.returncode == 0 and "#SBATCH" not in dry.stdout and "srun" not in dry.stdout
+    proc = subprocess.Popen([str(CLI), "submit", str(recipe), "--run-id", run_id, "--follow", *LOCAL],
+                            env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = ""
+    while "iteration 1/4" not in line:  # --follow streams while the job runs
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()
+    assert status_json(job_env, run_id)["state"] == "RUNNING"
+    rest, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert "training finished | iterations 4 | exit 0" in rest
+
+    row = status_json(job_env, run_id)
+    assert row["executor"] == "local" and row["state"] == "COMPLETED" and row["exit_code"] == 0
+    assert row["iteration"] == 4 and row["tokens_per_s_gpu"] == pytest.approx(400.0)
+    run_dir = Path(row["run_dir"])
+    assert (run_dir / "job.sbatch").read_text() == dry.stdout.split("# ---- recipe.resolved.yaml")[0]
+    assert "world_size 2" in cli(job_env, "logs", run_id).stdout
+    assert "training exited with code 0" in cli(job_env, "logs", run_id, "--stdout").stdout
+
+
+def test_local_failed_diverged_stalled_and_cancelled(job_env, job_recipe):
+    failing = submit(job_env, job_recipe("fail:5"))
+    diverging = submit(job_env, job_recipe("nan"))
+    sleeper = submit(job_env, job_recipe("sleep:300"), "--set", "cluster.stall_minutes=0.1")
+    row = wait_state(job_env, failing["run_id"], {"COMPLETED", "FAILED"}, timeout=120)
+    assert row["state"] == "FAILED" and row["exit_code"] not in (None, 0) and row["trainer_exit_code"] == 5
+    follow = cli(job_env, "logs", failing["run_id"], "-f")
+    assert follow.returncode == row["exit_code"]
+
+    row = wait_state(job_env, diverging["run_id"], {"DIVERGED"}, timeout=120)
+    assert row["diverged"] is True
+
+    # iteration 1 is logged, then the job sleeps 75 s: after 6 s without log progress it is STALLED
+    row = wait_state(job_env, sleeper["run_id"], {"STALLED"}, timeout=120)
+    assert row["scheduler_state"] == "RUNNING" and row["seconds_since_log"] > 6
+    pid = json.loads((Path(row["run_dir"]) / "run.json").read_text())["pid"]
+    assert cli(job_env, "cancel", sleeper["run_id"]).returncode == 0
+    row = status_json(job_env, sleeper["run_id"])
+    assert row["state"] == "CANCELLED"
+    assert not _group_alive(pid)  # the whole process group is gone (zombies aside)
+
+
+def test_unknown_run_is_a_clean_user_error(job_env):
+    out = cli(job_env, "logs", "no-such-run")
+    assert out.returncode == 2 and out.stderr.startswith("error: RUN 'no-such-run'")
+    assert "Traceback" not in out.stderr
