@@ -11,6 +11,7 @@ micro-batches of `micro_batch_size` (see `rank_micro_batches`).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -43,10 +44,15 @@ def collate(packs: Sequence[dict]) -> dict:
     }
 
 
+@lru_cache(maxsize=4)
 def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """Sample order of one epoch (read-only, cached: iterate_batches asks once per micro-batch)."""
     if not shuffle:
-        return np.arange(num_samples, dtype=np.int64)
-    return np.random.default_rng([int(seed), int(epoch)]).permutation(num_samples).astype(np.int64)
+        perm = np.arange(num_samples, dtype=np.int64)
+    else:
+        perm = np.random.default_rng([int(seed), int(epoch)]).permutation(num_samples).astype(np.int64)
+    perm.flags.writeable = False
+    return perm
 
 
 def stream_indices(num_samples: int, seed: int, start: int, count: int, shuffle: bool = True) -> np.ndarray:
@@ -57,7 +63,7 @@ def stream_indices(num_samples: int, seed: int, start: int, count: int, shuffle:
     pos, filled = start, 0
     while filled < count:
         epoch, off = divmod(pos, num_samples)
-        perm = epoch_permutation(num_samples, seed, epoch, shuffle)
+        perm = epoch_permutation(int(num_samples), int(seed), int(epoch), bool(shuffle))
         take = min(count - filled, num_samples - off)
         out[filled:filled + take] = perm[off:off + take]
         filled += take

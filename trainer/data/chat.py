@@ -59,8 +59,12 @@ def special_strings(tokenizer: Any) -> list[str]:
     return sorted((t for t in toks if t), key=len, reverse=True)
 
 
-def _render(tokenizer: Any, messages: list[dict], gen: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+def _render(tokenizer: Any, messages: list[dict], gen: bool, loc: str) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+    except Exception as e:  # noqa: BLE001 - jinja/template errors become one record-level line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise record_error(loc, f"the tokenizer's chat template failed: {type(e).__name__}: {first}") from None
 
 
 def _with_template(messages: list[dict], loc: str, tokenizer: Any) -> list[Segment]:
@@ -70,8 +74,8 @@ def _with_template(messages: list[dict], loc: str, tokenizer: Any) -> list[Segme
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prefix = _render(tokenizer, messages[:i], True) if i else _render(tokenizer, [], True)
-        full = _render(tokenizer, messages[: i + 1], False)
+        prefix = _render(tokenizer, messages[:i], True, loc)
+        full = _render(tokenizer, messages[: i + 1], False, loc)
         if not prefix.startswith(done) or not full.startswith(prefix):
             raise record_error(loc, f"messages[{i}]: the tokenizer's chat template is not prefix-stable; "
                                     "cannot locate the assistant turn")
@@ -84,7 +88,7 @@ def _with_template(messages: list[dict], loc: str, tokenizer: Any) -> list[Segme
         segs += [Segment(prefix[len(done):] + tail[:at], False),
                  Segment(tail[at:end + len(closing)], True)]
         done = prefix + tail[:end + len(closing)]
-    full = _render(tokenizer, messages, False)
+    full = _render(tokenizer, messages, False, loc)
     if full.startswith(done) and len(full) > len(done):
         segs.append(Segment(full[len(done):], False))
     return [s for s in segs if s.text]
