@@ -1,0 +1,63 @@
+"""Registry and run-dir bookkeeping: concurrent submits, run ids, lookups, provenance."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from primus_slurm import registry, runs
+from primus_slurm.errors import UserError
+
+WRITER = """
+import sys
+from primus_slurm import registry
+registry.record({"run_id": sys.argv[1], "run_dir": "/x/" + sys.argv[1], "job_id": sys.argv[2]})
+"""
+
+
+def test_twenty_concurrent_writers_lose_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, runs.new_run_id(), str(i)])
+             for i in range(20)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    lines = (tmp_path / registry.FILE_NAME).read_text().splitlines()
+    assert len(lines) == 20 and all(json.loads(l)["run_id"] for l in lines)
+    assert sorted(int(e["job_id"]) for e in registry.entries()) == list(range(20))
+
+
+def test_run_ids_and_lookup(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path))
+    ids = {runs.new_run_id() for _ in range(50)}
+    assert len(ids) == 50 and all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", i) for i in ids)
+    registry.record({"run_id": "20260101-000000-aaaaaa", "run_dir": str(tmp_path / "a"), "job_id": "11"})
+    registry.record({"run_id": "20260101-000000-aaaabb", "run_dir": str(tmp_path / "b"), "job_id": "12"})
+    registry.record({"run_id": "20260101-000000-aaaaaa", "job_id": "13"})  # a later line updates
+    assert registry.find("20260101-000000-aaaaaa")["job_id"] == "13"
+    assert registry.find("12")["run_id"].endswith("aaaabb")
+    assert registry.find(str(tmp_path / "b"))["job_id"] == "12"
+    assert registry.find("20260101-000000-aaaab")["job_id"] == "12"  # unique prefix
+    with pytest.raises(UserError, match="matches 2 runs"):
+        registry.find("20260101-000000-aaaa")
+    with pytest.raises(UserError, match="not a known run"):
+        registry.find("nope")
+
+
+def test_torn_line_is_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path))
+    registry.record({"run_id": "r1", "run_dir": "/x"})
+    with open(tmp_path / registry.FILE_NAME, "a") as f:
+        f.write('{"run_id": "r2", "run_d')
+    assert [e["run_id"] for e in registry.entries()] == ["r1"]
+
+
+def test_provenance_names_this_checkout(tmp_path):
+    info = runs.provenance({"experiment": {"name": "x"}, "cluster": {"stall_minutes": 5},
+                            "trainer": {"schedule": {"train_iters": 7}}}, "h" * 64, "rid", "local")
+    sha = subprocess.run(["git", "-C", str(runs.trainer_source_dir()), "rev-parse", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    assert info["git_sha"] == sha and isinstance(info["git_dirty"], bool)
+    assert info["stall_minutes"] == 5.0 and info["train_iters"] == 7 and info["executor"] == "local"
+    assert runs.git_provenance(tmp_path) == {"git_sha": None, "git_dirty": None}

@@ -1,0 +1,79 @@
+"""Progress parsing (contract §3 log format) and the derived states, on real log files."""
+from __future__ import annotations
+
+import os
+import time
+
+from primus_slurm.progress import Progress, parse_lines, read_progress
+from primus_slurm.status import collect, derive_state
+
+CONTRACT_LOG = """\
+[2026-11-30 01:02:03] primus-trainer start | attempt 0 | world_size 2 | device cpu | resumed_from none
+[2026-11-30 01:02:03] arg model.num_layers = 2
+[2026-11-30 01:02:05] iteration 10/100 | lm loss 2.345678E+00 | lr 1.000000E-04 | grad norm 1.234E-01 | tokens/s/GPU 1234.5 | TFLOP/s/GPU 12.34 | mem alloc GiB 1.23 | mem peak GiB 2.34 | ms/iter 123.4
+[2026-11-30 01:02:06] eval iteration 10 | eval loss 2.100000E+00
+[2026-11-30 01:02:07] checkpoint saved | iteration 20 | path checkpoints/iter_0000020
+"""
+
+
+def _write(run_dir, name, text):
+    path = run_dir / "logs" / "rank-0" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_contract_example_parses(tmp_path):
+    _write(tmp_path, "debug.log", CONTRACT_LOG)
+    p = read_progress(tmp_path)
+    assert (p.iteration, p.train_iters, p.lm_loss) == (10, 100, 2.345678)
+    assert (p.tokens_per_s_gpu, p.tflops_gpu, p.mem_peak_gib) == (1234.5, 12.34, 2.34)
+    assert p.eval_loss == 2.1 and p.last_checkpoint == "checkpoints/iter_0000020"
+    assert p.eta_s == 90 * 0.1234 and not p.diverged and not p.finished
+
+
+def test_newest_attempt_wins_and_counts_restarts(tmp_path):
+    _write(tmp_path, "debug.log", CONTRACT_LOG)
+    _write(tmp_path, "debug.attempt-2.log", "[2026-11-30 02:00:00] iteration 50/100 | lm loss nan | ms/iter 1.0\n")
+    _write(tmp_path, "debug.attempt-10.log",
+           "[2026-11-30 03:00:00] iteration 60/100 | lm loss 1.5E+00 | ms/iter 1.0\n"
+           "[2026-11-30 03:00:01] training finished | iterations 100 | exit 0\n")
+    p = read_progress(tmp_path)
+    assert p.attempt == 10 and p.iteration == 60 and p.finished and p.exit_code == 0 and p.eta_s is None
+
+
+def test_nan_loss_or_diverged_line_is_diverged():
+    assert parse_lines(["[2026-11-30 01:00:00] iteration 3/9 | lm loss nan | ms/iter 1"], Progress()).diverged
+    assert parse_lines(["[2026-11-30 01:00:00] diverged | iteration 3 | lm loss inf"], Progress()).diverged
+    assert not parse_lines(["[2026-11-30 01:00:00] iteration 3/9 | lm loss 1.0E+00"], Progress()).diverged
+
+
+def test_derived_states():
+    running = {"state": "RUNNING"}
+    assert derive_state(running, Progress(), 10 * 60, 30) == "RUNNING"
+    assert derive_state(running, Progress(), 31 * 60, 30) == "STALLED"
+    assert derive_state({"state": "PENDING"}, Progress(), 99 * 60, 30) == "PENDING"
+    assert derive_state(running, Progress(diverged=True), 0, 30) == "DIVERGED"
+    assert derive_state(None, Progress(finished=True, exit_code=0), 0, 30) == "COMPLETED"
+    assert derive_state(None, Progress(), 0, 30) == "UNKNOWN"
+
+
+def test_stall_uses_log_mtime_for_a_live_local_job(tmp_path):
+    """A real background process stands in for a running local job whose log stopped moving."""
+    import subprocess
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        from primus_slurm.executors import _proc_start_ticks
+        run_dir = tmp_path / "run"
+        log = _write(run_dir, "debug.log", CONTRACT_LOG)
+        entry = {"run_id": "r", "run_dir": str(run_dir), "executor": "local", "job_id": f"local-{proc.pid}",
+                 "pid": proc.pid, "pid_start": _proc_start_ticks(proc.pid), "stall_minutes": 1}
+        assert collect([entry])[0]["state"] == "RUNNING"
+        old = time.time() - 120
+        os.utime(log, (old, old))
+        row = collect([entry])[0]
+        assert row["state"] == "STALLED" and row["seconds_since_log"] >= 119
+    finally:
+        proc.kill()
+        proc.wait()
+    assert collect([entry])[0]["state"] == "FAILED"  # gone without an exit code
