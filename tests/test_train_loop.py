@@ -1,0 +1,101 @@
+"""The real `python -m trainer` on the quickstart data (tiny Llama, CPU, one process)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from tests.test_train_support import ROOT, log_text, losses, run_trainer, trainer_cmd, trainer_env, write_recipe
+from trainer import checkpoint as ckpt
+
+
+def _adapter(run_dir, iteration):
+    state, _ = ckpt.load(str(run_dir / "checkpoints" / ckpt.iter_name(iteration)), rank=0, coords=(0, 0, 0),
+                         device=torch.device("cpu"))
+    return state
+
+
+@pytest.mark.slow
+def test_loss_goes_down_and_log_format(tmp_path):
+    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=40", "trainer.schedule.eval_interval=20",
+                       "trainer.schedule.eval_iters=2", "trainer.logging.log_interval=5")
+    run = tmp_path / "run"
+    res = run_trainer(cfg, run)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = log_text(run)
+    curve = losses(text)
+    assert sorted(curve) == list(range(5, 41, 5))
+    first, last = float(curve[5]), float(curve[40])
+    assert last < first - 0.5, curve
+    assert "] primus-trainer start | attempt 0 | world_size 1 | device cpu | resumed_from none" in text
+    assert "] arg model.num_layers = 2" in text
+    assert "] precision | " in text
+    assert "] eval iteration 20 | eval loss " in text and "] eval iteration 40 | eval loss " in text
+    assert "] checkpoint saved | iteration 40 | path checkpoints/iter_0000040" in text
+    assert text.rstrip().endswith("training finished | iterations 40 | exit 0")
+    assert (run / "checkpoints" / "latest").read_text() == "iter_0000040"
+
+
+def test_signal_checkpoint_then_resume_matches_uninterrupted(tmp_path):
+    iters = 8
+    cfg = write_recipe(tmp_path, f"trainer.schedule.train_iters={iters}")
+    straight = tmp_path / "straight"
+    res = run_trainer(cfg, straight)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref = losses(log_text(straight))
+
+    # attempt 0: SIGUSR2 (what the sbatch trap forwards) once iteration 2 is logged
+    run = tmp_path / "interrupted"
+    proc = subprocess.Popen(trainer_cmd(cfg, run), env=trainer_env(0), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "] iteration 2/" in line:
+            proc.send_signal(signal.SIGUSR2)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    first = log_text(run, 0)
+    stopped = max(losses(first))
+    assert 2 <= stopped < iters, first
+    assert f"stop signal | signal SIGUSR2 | iteration {stopped}" in first
+    assert f"checkpoint saved | iteration {stopped}" in first
+    assert first.rstrip().endswith(f"training finished | iterations {stopped} | exit 75")
+
+    # attempt 1 (requeue): resumes from latest, writes its own log, finishes
+    res = run_trainer(cfg, run, attempt=1)
+    assert res.returncode == 0, res.stderr[-3000:]
+    second = log_text(run, 1)
+    assert f"resumed_from checkpoints/{ckpt.iter_name(stopped)}" in second
+    assert log_text(run, 0) == first  # attempt 0's log untouched
+    resumed = losses(second)
+    assert sorted(resumed) == list(range(stopped + 1, iters + 1))
+    for it in resumed:
+        assert resumed[it] == ref[it], (it, resumed[it], ref[it])
+    a, b = _adapter(straight, iters), _adapter(run, iters)
+    for name, tensor in a["adapter"].items():
+        torch.testing.assert_close(b["adapter"][name], tensor, rtol=0, atol=1e-6)
+    assert b["data"]["consumed_samples"] == iters * 4
+
+
+def test_nan_loss_stops_with_exit_3_without_overwriting_checkpoint(tmp_path):
+    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=20", "trainer.schedule.warmup_iters=0",
+                       "trainer.schedule.lr_decay=constant", "trainer.schedule.clip_grad=0.0",
+                       "trainer.checkpoint.save_interval=1", "trainer.logging.log_interval=4",
+                       raw={"trainer.schedule.lr": 1.0e30, "trainer.schedule.min_lr": 1.0e30})
+    run = tmp_path / "run"
+    res = run_trainer(cfg, run)
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    text = log_text(run)
+    diverged = [ln for ln in text.splitlines() if "] diverged | iteration " in ln]
+    assert len(diverged) == 1, text
+    bad = int(diverged[0].split("iteration ")[1].split(" ")[0])
+    assert "lm loss nan" in diverged[0] or "lm loss inf" in diverged[0] or "grad norm" in diverged[0]
+    saved = sorted(int(ln.split("iteration ")[1].split(" ")[0]) for ln in text.splitlines() if "checkpoint saved" in ln)
+    assert all(it < bad for it in saved)
+    latest = (run / "checkpoints" / "latest").read_text() if saved else None
+    assert latest == (ckpt.iter_name(saved[-1]) if saved else None)
+    assert not (run / "checkpoints" / ckpt.iter_name(bad)).exists()
+    assert text.rstrip().endswith(f"exit 3")
