@@ -17,6 +17,7 @@ untouched; the temp directory is removed when possible and CheckpointError is ra
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import random
@@ -152,7 +153,11 @@ def save(ckpt_dir: str, iteration: int, state: dict, *, rank: int, coords: tuple
         raise CheckpointError(_reason("preparing", error))
 
     try:
-        _write_durable(os.path.join(tmp, shard_name(rank, *coords)), lambda fh: torch.save(state, fh))
+        # serialise in memory first so a failing write surfaces as the OS error (ENOSPC, EFBIG, EDQUOT)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        _write_durable(os.path.join(tmp, shard_name(rank, *coords)), lambda fh: fh.write(buf.getbuffer()))
+        del buf
     except Exception as err:  # noqa: BLE001
         error = err
     failed = _agree(error is None, device)
