@@ -148,5 +148,6 @@ def build_model(cfg, device: torch.device):
                tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
                seed=int(cfg.experiment.seed))
     model.to(device)
-    _require_input_grads(model)
+    if config.recompute_granularity is not None:
+        _require_input_grads(model)
     return model
