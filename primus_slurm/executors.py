@@ -5,6 +5,8 @@ knows about recipes: the caller renders, this module only runs and watches.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -54,7 +56,10 @@ def submit_slurm(script: str, run_dir: Path) -> tuple[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     executor = _RawScriptExecutor(folder, script)
     try:
-        job = executor._submit_command("primus-slurm")  # submitit's own path from text to sbatch to job id
+        # submitit's own path from text to sbatch to job id; it echoes sbatch's stderr on failure, which
+        # we fold into our one error line instead
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor._submit_command("primus-slurm")
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError,
             submitit.core.utils.FailedSubmissionError) as exc:
         detail = " ".join(str(getattr(exc, "stderr", "") or exc).split())

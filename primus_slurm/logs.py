@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import executors, runs
 from .errors import UserError
-from .progress import rank_logs
+from .progress import rank_logs, read_progress
 from .status import TERMINAL
 
 POLL_S = 0.5
@@ -69,6 +69,11 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
             break
         time.sleep(POLL_S)
         state = scheduler_state(run_dir, info)
+        if state.get("state") == "UNKNOWN":  # scheduler forgot the job (no accounting): ask the trainer log
+            progress = read_progress(run_dir)
+            if progress.finished:
+                state = {"state": "COMPLETED" if progress.exit_code == 0 else "FAILED",
+                         "exit_code": progress.exit_code}
     if current is None and not stdout:  # the trainer never started: show why
         tail = job_stdout(run_dir, info)
         if tail.exists():

@@ -26,6 +26,7 @@ def test_local_job_completes_with_follow_and_status(job_env, job_recipe):
     run_id = "20260101-000000-def456"
     dry = cli(job_env, "submit", str(recipe), "--dry-run", "--run-id", run_id, *LOCAL)
     assert dry.returncode == 0 and "#SBATCH" not in dry.stdout and "srun" not in dry.stdout
+    assert not list((recipe.parent / "ws").rglob(run_id)) and cli(job_env, "list", "--json").stdout.strip() == "[]"
     proc = subprocess.Popen([str(CLI), "submit", str(recipe), "--run-id", run_id, "--follow", *LOCAL],
                             env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     line = ""

@@ -43,3 +43,12 @@ def test_status_falls_back_to_squeue_when_accounting_is_off(local_slurm, job_env
         assert cli(job_env, "cancel", entry["run_id"]).returncode == 0
     row = wait_state(job_env, entry["run_id"], {"CANCELLED"}, timeout=20)
     assert row["state_source"] in ("sacct", "squeue")
+
+
+def test_sbatch_rejection_is_one_error_line_and_leaves_no_run(local_slurm, job_env, job_recipe):
+    recipe = job_recipe("ok", partition="nosuchpartition")
+    out = cli(job_env, "submit", str(recipe))
+    assert out.returncode == 2, out
+    assert out.stderr.startswith("error: sbatch rejected the job:") and len(out.stderr.splitlines()) == 1
+    assert not list((recipe.parent / "ws").rglob("job.sbatch"))
+    assert cli(job_env, "list", "--json").stdout.strip() == "[]"
