@@ -17,16 +17,16 @@ def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, dev
     """PackedSeqParams for THD attention; a trailing segment covers any rows past cu_seqlens[-1]."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = cu_seqlens.detach().reshape(-1).to(torch.int32)
-    if cu.device.type == "cpu":  # validate/extend on the host copy: no device syncs
-        if cu.numel() == 0 or int(cu[0]) != 0:
-            cu = torch.cat([torch.zeros(1, dtype=torch.int32), cu])
-        last = int(cu[-1])
-        if last < total:
-            cu = torch.cat([cu, torch.tensor([total], dtype=torch.int32)])
-            max_seqlen = max(int(max_seqlen), total - last)
-        elif last > total:
-            raise ValueError(f"cu_seqlens ends at {last} but the batch has {total} tokens")
+    # Validate/extend on a host copy (a few int32s; at most one tiny sync if already on the GPU).
+    cu = cu_seqlens.detach().reshape(-1).to("cpu", torch.int32)
+    if cu.numel() == 0 or int(cu[0]) != 0:
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), cu])
+    last = int(cu[-1])
+    if last < total:
+        cu = torch.cat([cu, torch.tensor([total], dtype=torch.int32)])
+        max_seqlen = max(int(max_seqlen), total - last)
+    elif last > total:
+        raise ValueError(f"cu_seqlens ends at {last} but the batch has {total} tokens")
     cu = cu.to(device=device, non_blocking=True)
     max_seqlen = int(max_seqlen)
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
