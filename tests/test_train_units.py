@@ -1,0 +1,93 @@
+"""Config view, LR schedule, clipping and signal/log helpers of the training loop."""
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+
+import pytest
+import torch
+
+from trainer.config import Config, load_config
+from trainer.logger import TrainLogger, format_iteration, log_path
+from trainer.optim import build_optimizer, clip_gradients
+from trainer.schedule import LRSchedule
+from trainer.signals import StopSignal
+
+
+def test_config_view_is_read_only_and_names_missing_keys(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("trainer:\n  model: {hidden_size: 128}\n  data: {train: {path: /x}}\n  lora: {target_modules: [a, b]}\n")
+    cfg = load_config(str(p))
+    assert cfg.trainer.model.hidden_size == 128 and cfg["trainer"]["model"]["hidden_size"] == 128
+    assert cfg.trainer.data.train.path == "/x"  # a key named `path` is a key
+    assert cfg.trainer.lora.target_modules == ("a", "b")
+    with pytest.raises(AttributeError, match="no key 'trainer.model.ffn_hidden_size'"):
+        cfg.trainer.model.ffn_hidden_size
+    with pytest.raises(AttributeError, match="read-only"):
+        cfg.trainer.model.hidden_size = 3
+    assert cfg.to_dict()["trainer"]["lora"]["target_modules"] == ["a", "b"]
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert ("trainer.model.hidden_size", 128) in cfg.flatten()
+    assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+def test_lr_schedule_hand_values():
+    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_iters=4, train_iters=14, decay="cosine")
+    assert [s.lr_at(i) for i in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert s.lr_at(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert s.lr_at(14) == pytest.approx(0.1) and s.lr_at(20) == pytest.approx(0.1)
+    lin = LRSchedule(1.0, 0.0, 0, 10, "linear")
+    assert lin.lr_at(5) == pytest.approx(0.5)
+    assert LRSchedule(1.0, 0.0, 2, 10, "constant").lr_at(7) == 1.0
+    with pytest.raises(ValueError):
+        LRSchedule(1.0, 0.0, 0, 10, "exp")
+
+
+def test_clip_to_global_norm_and_no_decay_on_vectors():
+    a = torch.nn.Parameter(torch.zeros(2, 2))
+    b = torch.nn.Parameter(torch.zeros(3))
+    a.grad, b.grad = torch.full((2, 2), 3.0), torch.full((3,), 4.0)
+    expected = math.sqrt(4 * 9 + 3 * 16)
+    norm = clip_gradients([a, b], 1.0)
+    assert float(norm) == pytest.approx(expected)
+    clipped = math.sqrt(float(a.grad.pow(2).sum() + b.grad.pow(2).sum()))
+    assert clipped == pytest.approx(1.0, rel=1e-5)
+    sched = Config({"lr": 1e-3, "weight_decay": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.95, "adam_eps": 1e-6})
+    opt = build_optimizer([a, b], sched)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    assert opt.param_groups[0]["betas"] == (0.8, 0.95) and opt.param_groups[0]["eps"] == 1e-6
+
+
+def test_stop_signal_records_sigterm_and_sigusr2_only():
+    stop = StopSignal().install()
+    try:
+        assert signal.getsignal(signal.SIGUSR1) != stop._handler  # SIGUSR1 is never taken
+        assert signal.getsignal(signal.SIGTERM) == stop._handler
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.requested and stop.name == "SIGUSR2"
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.name == "SIGUSR2"  # first one wins
+    finally:
+        stop.uninstall()
+
+
+def test_log_files_per_attempt_and_line_format(tmp_path):
+    assert log_path(str(tmp_path), 0, 0).endswith("logs/rank-0/debug.log")
+    assert log_path(str(tmp_path), 0, 2).endswith("logs/rank-0/debug.attempt-2.log")
+    line = format_iteration(10, 100, 2.345678, 1e-4, 0.1234, 1234.5, 12.345, 1.234, 2.345, 123.44)
+    assert line == ("iteration 10/100 | lm loss 2.345678E+00 | lr 1.000000E-04 | grad norm 1.234E-01 | "
+                    "tokens/s/GPU 1234.5 | TFLOP/s/GPU 12.35 | mem alloc GiB 1.23 | mem peak GiB 2.35 | ms/iter 123.4")
+    class Sink(list):
+        def write(self, s): self.append(s)
+        def flush(self): pass
+    sink = Sink()
+    log = TrainLogger(str(tmp_path), rank=0, attempt=1, stream=sink)
+    log.line("hello | x 1")
+    log.close()
+    text = (tmp_path / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
+    assert text == sink[0] and text.startswith("[") and text.endswith("] hello | x 1\n")
+    silent = TrainLogger(str(tmp_path / "r1"), rank=1, attempt=0, stream=sink)
+    silent.line("nothing")
+    assert len(sink) == 1 and not (tmp_path / "r1").exists()
