@@ -67,7 +67,8 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
         stall_minutes = _stall_minutes(info, run_dir)
         activity = _last_activity(run_dir, progress, info)
         stalled_for = (now - activity) if activity is not None else None
-        exit_code = (base or {}).get("exit_code")
+        # sacct reports 0:0 for jobs that have not ended; an exit code only means something at the end
+        exit_code = (base or {}).get("exit_code") if (base or {}).get("state") in TERMINAL else None
         rows.append({
             "run_id": info["run_id"], "name": info.get("name"), "executor": info.get("executor"),
             "job_id": info.get("job_id"), "run_dir": str(run_dir), "submit_time": info.get("submit_time"),
