@@ -48,7 +48,7 @@ def _hand_grads(model, micro_batches):
     loss.backward()
     naive = sum(float(p.detach().mean()) for p in picked) / len(picked)  # mean of micro-batch means (wrong)
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
-    return float(loss), sum(len(p) for p in picked), naive, grads
+    return float(loss.detach()), sum(len(p) for p in picked), naive, grads
 
 
 def _build():

@@ -18,7 +18,6 @@ def _adapter(run_dir, iteration):
     return state
 
 
-@pytest.mark.slow
 def test_loss_goes_down_and_log_format(tmp_path):
     cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=40", "trainer.schedule.eval_interval=20",
                        "trainer.schedule.eval_iters=2", "trainer.logging.log_interval=5")
