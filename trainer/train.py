@@ -5,11 +5,9 @@
   1. step header: one world all-reduce of [loss tokens N, tokens, sum L_i^2, stop flag]
      (trainer.loss.step_header); a stop flag set on any rank ends the loop on every rank at the
      same iteration, before this step's compute;
-  2. per micro-batch: forward_losses -> backward of sum(ce*mask)/N (gradient accumulation);
+  2. per micro-batch: forward_losses -> backward of sum(ce*mask)/N (gradient accumulation; with
+     pipeline parallelism megatron's 1F1B schedule, trainer.pipeline.accumulate_gradients);
   3. TP sum of sequence-parallel grads, DP(+CP) SUM of grads, global-norm clip, AdamW step.
-
-With pipeline parallelism, steps 2 would be megatron's get_forward_backward_func over the same
-micro-batches and the same per-micro-batch objective; only PP=1 is wired today.
 
 Host syncs: the step header (one small all-reduce read per step) and the log points (cuda
 synchronize + .item() of the interval's losses); NaN/Inf is detected at log points, before every
@@ -26,11 +24,12 @@ from typing import Callable, Optional
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer.evaluate import evaluate, move_batch
+from trainer.evaluate import evaluate
 from trainer.flops import doc_length_stats, step_flops
 from trainer.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
-from trainer.loss import all_reduce_sum, local_token_count, micro_batch_objective, step_header
+from trainer.loss import all_reduce_sum, local_token_count, step_header
 from trainer.optim import clip_gradients, reduce_gradients
+from trainer.pipeline import accumulate_gradients
 from trainer.schedule import LRSchedule
 from trainer.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
 
@@ -139,12 +138,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        for mb in micro_batches:
-            batch = move_batch(mb, self.device)
-            objective, s = micro_batch_objective(self.forward_losses(self.model, batch), batch["loss_mask"], n)
-            objective.backward()
-            loss_sum += s
+        loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device)
         from trainer.model import allreduce_sequence_parallel_grads
 
         allreduce_sequence_parallel_grads(self.model)

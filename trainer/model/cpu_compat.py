@@ -6,7 +6,9 @@
    `device=torch.cuda.current_device()` in many spots; "cpu" is a valid device argument there);
 2. replaces the model-parallel CUDA RNG tracker with one that forks the CPU generator, and points
    megatron's `_get_cuda_rng_state/_set_cuda_rng_state` (used by activation recompute) at the CPU
-   generator, so `model_parallel_cuda_manual_seed`, dropout forks and recompute replay all work.
+   generator, so `model_parallel_cuda_manual_seed`, dropout forks and recompute replay all work;
+3. gives megatron's pipeline schedules (which allocate their token counter with device="cuda") a
+   `torch` whose `zeros` maps a CUDA device to the CPU.
 
 The packed (THD) attention on CPU is a separate module (trainer.model.sdpa_attention) selected by
 trainer.model.specs; nothing here changes numerics.
@@ -14,6 +16,7 @@ trainer.model.specs; nothing here changes numerics.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 
@@ -58,6 +61,22 @@ def _make_tracker_class():
     return CpuRNGStatesTracker
 
 
+class _CpuTorch(types.ModuleType):
+    """`torch` for a megatron module that hard-codes device="cuda" in torch.zeros."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "cuda":
+            device = "cpu"
+        return torch.zeros(*args, device=device, **kwargs)
+
+
 def install() -> bool:
     """Apply the CPU adaptations once; returns True when they are active."""
     global _INSTALLED
@@ -72,6 +91,9 @@ def install() -> bool:
     mrandom._set_cuda_rng_state = _cpu_set_rng_state
     mrandom._CUDA_RNG_STATE_TRACKER = _make_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _CpuTorch()
     _INSTALLED = True
     return True
 

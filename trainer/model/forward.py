@@ -6,7 +6,8 @@ The batch (trainer.data.collate) has tokens/labels/loss_mask/position_ids [B, S]
 (int32 document boundaries over the flattened B*S tokens) + max_seqlen. The model always runs the
 packed THD layout: [B, S] is flattened to [1, B*S] and PackedSeqParams carries cu_seqlens, so no
 token attends across a document (or a micro-batch row) boundary. TE gets qkv_format="thd"; the CPU
-/ local path gets the same params and SDPACoreAttention masks block-diagonally.
+/ local path gets the same params and SDPACoreAttention masks block-diagonally. `model_inputs` is the
+same preparation for callers that run the model themselves (trainer.pipeline's schedule).
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, dev
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
 
 
-def forward_losses(model, batch) -> torch.Tensor:
-    """Per-token CE loss [B, S] in fp32 (labels < 0 are replaced by 0; mask them with loss_mask)."""
+def model_inputs(model, batch) -> dict:
+    """GPTModel.forward kwargs for a collated batch: THD-flattened [1, B*S] tokens/labels/positions
+    and PackedSeqParams. Every pipeline stage passes the same kwargs (only the first stage embeds the
+    tokens, only the last one uses the labels; every stage's attention needs cu_seqlens)."""
     tokens = batch["tokens"]
     b, s = tokens.shape
     device = next(model.parameters()).device
@@ -52,6 +55,22 @@ def forward_losses(model, batch) -> torch.Tensor:
     if cu is None:  # no packing info: each row is one document
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32)
     psp = packed_seq_params(cu, max_seqlen, b * s, device)
-    out = model(input_ids=tokens, position_ids=position_ids, attention_mask=None,
-                labels=labels, packed_seq_params=psp)
+    return dict(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels,
+                packed_seq_params=psp)
+
+
+def forward_losses(model, batch) -> torch.Tensor:
+    """Per-token CE loss [B, S] in fp32 (labels < 0 are replaced by 0; mask them with loss_mask).
+
+    With pipeline parallelism this is a forward-only pass through all stages (no autograd graph;
+    for evaluation): every stage returns the last stage's losses. Training steps with pipeline
+    parallelism go through trainer.pipeline.accumulate_gradients instead."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1:
+        from trainer.pipeline import pipelined_losses
+
+        return pipelined_losses(model, batch)
+    b, s = batch["tokens"].shape
+    out = model(**model_inputs(model, batch))
     return out.float().reshape(b, s)

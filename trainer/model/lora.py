@@ -186,6 +186,9 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
     names = lora_targets(model, tuple(lcfg.target_modules), tuple(lcfg.exclude_modules or ()))
     if not names:
         raise ValueError(f"lora.target_modules {list(lcfg.target_modules)} matched no linear layer")
+    from trainer.model.layout import namer
+
+    global_name = namer(model)  # seeds follow the global layer/expert, so any PP/EP layout inits alike
     for name in names:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -194,7 +197,7 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             base, leaf, dim=int(lcfg.dim), alpha=float(lcfg.alpha), dropout=float(lcfg.dropout or 0.0),
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
-            seed=seed * 1_000_003 + zlib.crc32(name.encode()))
+            seed=seed * 1_000_003 + zlib.crc32(global_name(name).encode()))
         setattr(parent, leaf, wrapped)
     return names
 

@@ -1,0 +1,133 @@
+"""Helpers for the parallel-equivalence tests (no tests here): a loop-ready tiny recipe, synthetic
+packed samples with uneven documents, the real trainer.train.Trainer step, and gloo rank setup."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from tests.model_helpers import tiny_cfg
+
+LOOP = {"schedule": {"train_iters": 10, "micro_batch_size": 1, "global_batch_size": 4, "lr": 2e-2,
+                     "min_lr": 0.0, "warmup_iters": 0, "lr_decay": "constant", "weight_decay": 0.0,
+                     "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "clip_grad": 1.0,
+                     "eval_interval": None, "eval_iters": 1, "target_eval_loss": None},
+        "data": {"shuffle": True, "seq_length": 32},
+        "logging": {"log_interval": 1, "log_avg_skip_iterations": 0, "tensorboard": False}}
+
+
+def loop_cfg(model: dict | None = None, **trainer):
+    """tiny_cfg plus the schedule/data/logging sections the Trainer reads; `trainer` overrides
+    sections (e.g. parallelism={"pipeline": 2})."""
+    sections = {k: dict(v) for k, v in LOOP.items()}
+    sections.update(trainer)
+    if model:
+        sections["model"] = model
+    return tiny_cfg(trainer=sections)
+
+
+def synthetic_packs(n: int, seq: int, vocab: int, seed: int = 0) -> list[dict]:
+    """Packs as trainer.data builds them: 1-3 documents per pack, the rest padding, so loss-token
+    counts differ a lot between packs (a mean of per-pack means would differ from the token mean)."""
+    rng = np.random.default_rng(seed)
+    packs = []
+    for _ in range(n):
+        lengths = []
+        while sum(lengths) < seq // 2 or (len(lengths) < 3 and rng.random() < 0.5):
+            room = seq - sum(lengths)
+            if room < 4:
+                break
+            lengths.append(int(rng.integers(3, min(room, seq // 2) + 1)))
+        ids = rng.integers(0, vocab, seq).astype(np.int64)
+        labels = np.full(seq, -100, dtype=np.int64)
+        mask = np.zeros(seq, dtype=np.float32)
+        pos = np.zeros(seq, dtype=np.int64)
+        cu, start = [0], 0
+        for length in lengths:
+            labels[start:start + length - 1] = ids[start + 1:start + length]
+            mask[start:start + length - 1] = 1.0
+            pos[start:start + length] = np.arange(length)
+            start += length
+            cu.append(start)
+        packs.append({"input_ids": ids, "labels": labels, "loss_mask": mask, "position_ids": pos,
+                      "cu_seqlens": np.asarray(cu, dtype=np.int64), "num_tokens": start})
+    return packs
+
+
+def make_trainer(cfg, info, model, run_dir: str, packs):
+    """The real trainer.train.Trainer around `model` (AdamW over its adapters)."""
+    from trainer.logger import TrainLogger
+    from trainer.model import adapter_state_dict, forward_losses
+    from trainer.optim import build_optimizer, trainable_parameters
+    from trainer.signals import StopSignal
+    from trainer.train import Trainer
+
+    params = trainable_parameters(model)
+    optimizer = build_optimizer(params, cfg.trainer.schedule)
+    logger = TrainLogger(run_dir, info.rank, 0, stream=open(os.devnull, "w"))
+    return Trainer(cfg, run_dir, info, model, optimizer, params, packs, None, forward_losses, logger,
+                   StopSignal(), adapter_state_dict)
+
+
+def trajectory(trainer, steps: int) -> list[tuple[float, float]]:
+    """(global token-mean loss, grad norm) of `steps` real optimizer steps."""
+    out = []
+    for it in range(steps):
+        lr = trainer.schedule.lr_at(it + 1)
+        result = trainer.step(trainer.micro_batches(it), lr)
+        trainer.iteration = it + 1
+        out.append((float(result.loss_sum) / result.num_loss_tokens, float(result.grad_norm)))
+    return out
+
+
+def set_rank_env(rank: int, world: int, port: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def probe_losses(model, packs) -> torch.Tensor:
+    """Per-token losses of the first two packs without autograd (the evaluation path)."""
+    from trainer.data.batching import collate
+    from trainer.model import forward_losses
+
+    with torch.no_grad():
+        return forward_losses(model, collate(packs[:2]))
+
+
+def run_layout(cfg, full: dict, packs, run_dir: str, steps: int):
+    """Build the model for cfg's layout in the current (gloo) world, load the global full state
+    dict `full` (base + adapters), run `steps` Trainer steps; returns (trajectory, probe, info)."""
+    from tests.model_helpers import dist_session
+    from trainer.model import build_model
+    from trainer.model.layout import load_full_global_state_dict
+
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        load_full_global_state_dict(model, full)
+        probe = probe_losses(model, packs)
+        trainer = make_trainer(cfg, info, model, run_dir, packs)
+        return trajectory(trainer, steps), probe, info
+
+
+def reference(cfg, packs, run_dir: str, steps: int, perturb_seed: int = 7):
+    """Single-process run: (global full state dict at start, trajectory, probe losses)."""
+    from tests.model_helpers import dist_session, perturb_adapters
+    from trainer.model import build_model
+    from trainer.model.layout import full_global_state_dict
+
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        perturb_adapters(model, seed=perturb_seed)
+        full = {k: v.clone() for k, v in full_global_state_dict(model).items()}
+        probe = probe_losses(model, packs)
+        trainer = make_trainer(cfg, info, model, run_dir, packs)
+        return full, trajectory(trainer, steps), probe
+
+
+def assert_same_trajectory(got, ref, rtol: float, label: str) -> None:
+    assert len(got) == len(ref), label
+    for i, ((loss, norm), (rloss, rnorm)) in enumerate(zip(got, ref)):
+        assert abs(loss - rloss) <= rtol * abs(rloss), f"{label} step {i + 1}: loss {loss} vs {rloss}"
+        assert abs(norm - rnorm) <= 10 * rtol * abs(rnorm), f"{label} step {i + 1}: grad norm {norm} vs {rnorm}"
+    assert ref[-1][0] < ref[0][0], f"reference loss did not fall: {ref}"
