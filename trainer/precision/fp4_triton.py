@@ -17,8 +17,9 @@ try:
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
-FLT_MAX = 3.4028234663852886e38
-RCP6 = 0.1666666716337204       # fp32(1/6), what torch.reciprocal(6.0) gives
+# Globals a @triton.jit kernel reads must be constexpr (compiled kernels reject plain module globals).
+FLT_MAX = tl.constexpr(3.4028234663852886e38) if triton is not None else 3.4028234663852886e38
+RCP6 = tl.constexpr(0.1666666716337204) if triton is not None else 0.1666666716337204  # fp32(1/6)
 
 
 @functools.lru_cache(maxsize=1)
