@@ -93,15 +93,18 @@ def test_dropout_is_active_in_train_mode_only(position):
         assert not torch.allclose(a, c)
 
 
-def test_bf16_model_keeps_adapters_in_bf16():
+def test_bf16_model_keeps_fp32_master_adapters():
+    """Base weights bf16; adapter params (what AdamW updates) fp32 with fp32 grads; GEMMs run in bf16."""
     cfg = tiny_cfg(trainer={"precision": {"bf16": True}})
     batch = packed_batch(2, 32, [40, 24], vocab=128, seed=6)
     with dist_session(cfg) as info:
         model = build_model(cfg, info.device)
-        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+        trainable = {p.dtype for p in model.parameters() if p.requires_grad}
+        assert frozen == {torch.bfloat16} and trainable == {torch.float32}
         losses = forward_losses(model, batch)
         assert losses.dtype == torch.float32 and losses.shape == (2, 32)
         assert torch.isfinite(losses).all()
         _loss(model, batch).backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
-        assert grads and all(g is not None and g.dtype == torch.bfloat16 for g in grads)
+        assert grads and all(g is not None and g.dtype == torch.float32 for g in grads)

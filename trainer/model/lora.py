@@ -95,9 +95,7 @@ class LoRALinear(nn.Module):
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
-        dtype, device = weight.dtype, weight.device
-        if getattr(weight, "dtype", None) not in (torch.float32, torch.bfloat16, torch.float16):
-            dtype = torch.bfloat16  # quantized (fp8/fp4) base weights: adapters stay in bf16
+        device = weight.device
         if self.mode == COLUMN:
             a_full = _seeded_init((dim, in_local), a_init, seed)
             b_full = _seeded_init((out_local * tp_size, dim), b_init, seed + 1)
@@ -108,8 +106,9 @@ class LoRALinear(nn.Module):
             b_full = _seeded_init((out_local, dim), b_init, seed + 1)
             a = a_full[:, tp_rank * in_local:(tp_rank + 1) * in_local]
             b = b_full
-        self.lora_a = nn.Parameter(a.to(device=device, dtype=dtype).contiguous())
-        self.lora_b = nn.Parameter(b.to(device=device, dtype=dtype).contiguous())
+        # fp32 master weights (the optimizer updates these); the GEMMs run in the activation dtype.
+        self.lora_a = nn.Parameter(a.to(device=device, dtype=torch.float32).contiguous())
+        self.lora_b = nn.Parameter(b.to(device=device, dtype=torch.float32).contiguous())
         # Megatron's tensor-parallel attributes: which dim is sharded (checkpointing, grad norm).
         sharded, replicated = (self.lora_b, self.lora_a) if self.mode == COLUMN else (self.lora_a, self.lora_b)
         sharded.tensor_model_parallel = tp_size > 1
@@ -131,7 +130,7 @@ class LoRALinear(nn.Module):
 
         if self.dropout is not None and self.dropout_position == "pre":
             x = self.dropout(x)
-        h = F.linear(x, self.lora_a)
+        h = F.linear(x, self.lora_a.to(x.dtype))
         if self.tp_size > 1:
             if self.mode == COLUMN:
                 h = (tpm.gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True)
@@ -139,7 +138,7 @@ class LoRALinear(nn.Module):
             else:
                 h = (tpm.reduce_scatter_to_sequence_parallel_region(h)
                      if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
-        out = F.linear(h * self.scale, self.lora_b)
+        out = F.linear(h * self.scale, self.lora_b.to(h.dtype))
         if self.dropout is not None and self.dropout_position == "post":
             out = self.dropout(out)
         return out
