@@ -12,6 +12,7 @@ import sys
 import traceback
 
 from trainer import checkpoint as ckpt
+from trainer import precision
 from trainer.config import ConfigError, load_config
 from trainer.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal
 
@@ -31,43 +32,13 @@ def _say(msg: str, logger=None) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _precision():
-    try:
-        from trainer import precision
-    except ImportError:
-        return None
-    return precision
-
-
-def _precision_fn(name: str):
-    """trainer.precision.<name> if that part has landed, else None."""
-    precision = _precision()
-    try:
-        return getattr(precision, name, None) if precision is not None else None
-    except ImportError:
-        return None
-
-
 def _check_precision(cfg) -> None:
-    precision = _precision()
-    if precision is None:
-        return
+    """Refuse (one line, exit 2) a precision this machine cannot run; never fall back silently."""
+    os.environ.update(precision.te_environment(cfg))  # read by TE at import: set before anything imports it
     try:
         precision.check_capabilities(cfg)
     except precision.PrecisionError as err:
         raise SetupError(str(err).splitlines()[0] if str(err) else "precision not supported here") from None
-
-
-def _precision_line(cfg, model) -> str:
-    describe = _precision_fn("describe")
-    if describe is not None:
-        text = describe(cfg, model)
-        return text if text.startswith("precision") else f"precision | {text}"
-    p = cfg.trainer.precision
-    weight = next((m.weight for m in model.modules() if hasattr(m, "weight") and m.weight is not None), None)
-    cls = f"{type(weight).__module__}.{type(weight).__name__}" if weight is not None else "none"
-    return (f"precision | fp4 {p.fp4} | fp8 {p.fp8} | recipe {p.fp8_recipe if p.fp8 else 'none'} | "
-            f"tensor_class {cls.replace('torch.nn.parameter.Parameter', 'torch.Tensor')}")
 
 
 def find_resume(cfg, run_dir: str, rhash: str):
@@ -154,10 +125,8 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
             logger.line(f"data | split {split} | " + " | ".join(
                 f"{k} {v}" for k, v in st.items() if isinstance(v, (int, float, str)) and k != "cache_path"))
     model = build_model(cfg, info.device)
-    apply_emulation = _precision_fn("apply_emulation")
-    if apply_emulation is not None:
-        model = apply_emulation(model, cfg) or model
-    logger.line(_precision_line(cfg, model))
+    precision.apply_emulation(model, cfg)
+    logger.line(precision.describe(cfg, model))
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, cfg.trainer.schedule)
     start = 0

@@ -8,6 +8,7 @@ importable without torch):
     ddp_config_kwargs(cfg)           kwargs for megatron-core DistributedDataParallelConfig (fp4_param_gather)
     apply_emulation(model, cfg)      wrap megatron local linears with FP4 quantize-dequantize (no-TE path)
     describe(cfg, model)             the `precision | ...` log line (docs/contract.md section 3)
+    te_environment(cfg)              NVTE_* variables native NVFP4 needs before TE is imported
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ _LAZY = {
     "Environment": "capabilities",
     "transformer_config_kwargs": "config_kwargs",
     "ddp_config_kwargs": "config_kwargs",
+    "te_environment": "config_kwargs",
     "apply_emulation": "emulation",
     "describe": "logline",
     "PrecisionSettings": "settings",
