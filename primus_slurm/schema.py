@@ -232,6 +232,8 @@ def _check_text(path: str, value: str) -> None:
         raise UserError(f"`{path}` is {len(value)} characters long; at most {MAX_STR} are allowed")
     if any(ord(c) < 32 and c != "\t" for c in value) or "\x7f" in value:
         raise UserError(f"`{path}` contains a newline or control character; use a single-line value")
+    if any("\ud800" <= c <= "\udfff" for c in value):  # how Python decodes non-UTF-8 argv/environment bytes
+        raise UserError(f"`{path}` contains bytes that are not valid UTF-8")
 
 
 def _coerce(path: str, f: Field, value: Any) -> Any:
