@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU benchmarks, in groups, each line of output one JSON object (appended to $OUT/<group>.jsonl).
+#   bash bench/gpu_suite.sh 8b        Llama-3-8B shape, one GPU: ours (bf16/fp8/fp4-emulated, packed and
+#                                     single-document) vs HF transformers + PEFT (single-document), GEMM peak
+#   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
+#   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
+#   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
+#   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/bench-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+TP="python3 bench/trainer_throughput.py --workdir /tmp/bench-work"
+R8=bench/recipes/llama3_8b_h200.yaml
+R70=bench/recipes/llama2_70b_tp2.yaml
+
+peak() {  # measured bf16 GEMM peak of this GPU, the MFU denominator
+  python3 - <<'PY'
+import json, torch, time
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+for _ in range(3): a @ b
+torch.cuda.synchronize(); t = time.perf_counter(); n = 20
+for _ in range(n): a @ b
+torch.cuda.synchronize(); dt = (time.perf_counter() - t) / n
+print(json.dumps({"bench": "bf16_gemm_peak", "shape": [8192, 8192, 8192], "tflops": round(2 * 8192**3 / dt / 1e12, 1),
+                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}))
+PY
+}
+
+case "${1:-}" in
+  8b)
+    { peak
+      $TP --recipe $R8 --docs packed --label 8b-bf16-packed
+      $TP --recipe $R8 --docs single --label 8b-bf16-single
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs single --label 8b-fp8-single --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs single --label 8b-fp4emu-single --set trainer.precision.fp4=e2m1 \
+          --set trainer.precision.fp4_emulation=true --set trainer.schedule.train_iters=12
+      python3 bench/hf_peft_baseline.py --preset llama3_8b --seq 8192 --iters 10 --warmup 3
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8b.jsonl" ;;
+  8bmem)
+    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-recompute8 --set trainer.recompute.granularity=full \
+          --set trainer.recompute.method=block --set trainer.recompute.num_layers=8
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-recompute8 --set trainer.precision.fp8=hybrid \
+          --set trainer.recompute.granularity=full --set trainer.recompute.method=block --set trainer.recompute.num_layers=8
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8bmem.jsonl" ;;
+  fp4)
+    timeout 400 python3 bench/fp4_gpu_check.py --out "$OUT/fp4_gpu_check.json" > /dev/null 2>"$OUT/fp4_gpu_check.err"
+    python3 -c "import json;d=json.load(open('$OUT/fp4_gpu_check.json'));print(json.dumps({k:(v if k!='nvfp4_bitexact' else {kk:vv for kk,vv in v.items() if kk!='failing_cases'}) for k,v in d.items()})[:4000])" ;;
+  70b)
+    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-packed --timeout 560
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
+  70bbf16)
+    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-packed --set trainer.precision.fp8=null --timeout 560
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
+  moe)
+    { for r in recipes/proxies/*.yaml; do
+        $TP --recipe "$r" --nproc "${NPROC:-1}" --docs packed --label "$(basename "$r" .yaml)" \
+            --set cluster.nproc_per_node="${NPROC:-1}" --set trainer.distributed.device=cuda \
+            --set trainer.distributed.backend=nccl --timeout 300
+      done
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/moe.jsonl" ;;
+  compare)
+    for p in bf16 fp8 fp4emu; do
+      case $p in
+        bf16) set_p=() ;;
+        fp8) set_p=(--set trainer.precision.fp8=hybrid) ;;
+        fp4emu) set_p=(--set trainer.precision.fp4=e2m1 --set trainer.precision.fp4_emulation=true) ;;
+      esac
+      python3 -m primus_slurm submit recipes/quickstart.yaml --executor local --follow --run-id "cmp-$p" \
+        --set experiment.workspace=/tmp/cmp --set trainer.precision.bf16=true --set trainer.distributed.device=cuda \
+        --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 "${set_p[@]}" > "$OUT/cmp-$p.log" 2>&1
+      echo "{\"bench\": \"compare-run\", \"precision\": \"$p\", \"rc\": $?}"
+    done | tee -a "$OUT/compare.jsonl"
+    python3 -m primus_slurm compare /tmp/cmp/quickstart/cmp-bf16 /tmp/cmp/quickstart/cmp-fp8 /tmp/cmp/quickstart/cmp-fp4emu \
+      --plot "$OUT/compare.png" | tee "$OUT/compare.txt" ;;
+  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|moe|compare" >&2; exit 2 ;;
+esac
