@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import executors, registry, runs
+from . import executors, paths, registry, runs
 from .errors import UserError
 from .recipe import Recipe, dump, load_recipe
 from .render import render_script
@@ -47,6 +47,7 @@ def dry_run_text(p: Prepared) -> str:
 
 def submit(p: Prepared) -> dict:
     """Create the run dir, start the job, record it. Returns the registry entry."""
+    paths.check_paths(p.recipe.resolved, p.executor)  # data/tokenizer/checkpoint paths visible from here
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
     runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
