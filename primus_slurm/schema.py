@@ -283,6 +283,8 @@ def _coerce_dict(path: str, f: Field, value: dict) -> dict:
         if f.item == "number":
             if isinstance(v, bool) or not isinstance(v, (int, float, str)):
                 raise UserError(f"`{path}.{k}` must be a number or string")
+            if isinstance(v, str):
+                _check_text(f"{path}.{k}", v)
         else:
             if isinstance(v, bool):
                 v = "1" if v else "0"
