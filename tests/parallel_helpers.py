@@ -27,9 +27,10 @@ def loop_cfg(model: dict | None = None, **trainer):
     return tiny_cfg(trainer=sections)
 
 
-def synthetic_packs(n: int, seq: int, vocab: int, seed: int = 0) -> list[dict]:
+def synthetic_packs(n: int, seq: int, vocab: int, seed: int = 0, active: int = 8) -> list[dict]:
     """Packs as trainer.data builds them: 1-3 documents per pack, the rest padding, so loss-token
-    counts differ a lot between packs (a mean of per-pack means would differ from the token mean)."""
+    counts differ a lot between packs (a mean of per-pack means would differ from the token mean).
+    Tokens come from the first `active` ids only, so a few LoRA steps visibly lower the loss."""
     rng = np.random.default_rng(seed)
     packs = []
     for _ in range(n):
@@ -39,7 +40,7 @@ def synthetic_packs(n: int, seq: int, vocab: int, seed: int = 0) -> list[dict]:
             if room < 4:
                 break
             lengths.append(int(rng.integers(3, min(room, seq // 2) + 1)))
-        ids = rng.integers(0, vocab, seq).astype(np.int64)
+        ids = rng.integers(0, min(active, vocab), seq).astype(np.int64)
         labels = np.full(seq, -100, dtype=np.int64)
         mask = np.zeros(seq, dtype=np.float32)
         pos = np.zeros(seq, dtype=np.int64)

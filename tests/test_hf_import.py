@@ -8,9 +8,9 @@ from trainer.model.hf_import import fuse_qkv, split_qkv
 from trainer.model.lora import lora_modules
 
 
-def make_hf_llama(path, seed=0, rope_base=10000.0):
+def make_hf_llama(path, seed=0, rope_base=10000.0, layers=2):
     torch.manual_seed(seed)
-    hf_cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+    hf_cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          rms_norm_eps=1e-5, rope_theta=rope_base, tie_word_embeddings=False,
                          attention_bias=False, mlp_bias=False)

@@ -1,7 +1,8 @@
 """DP=2, TP=2 (+ sequence parallel) and PP=2 (megatron's 1F1B schedule) on two gloo ranks follow the
 single-process loss trajectory: the real Trainer.step (step header, global token-mean objective, DP
-grad SUM, TP-aware clipping, AdamW) for 4 steps of 4 packed micro-batches with uneven documents,
-and the forward-only (evaluation) per-token losses match on every rank.
+grad SUM, TP-aware clipping, AdamW) for 4 steps of 2 packed micro-batches (2 packs each) with uneven documents,
+and the forward-only (evaluation) per-token losses match on every rank. The same spawn checks PP=2
+HF import (layer offsets), LoRA init and PEFT export against PP=1.
 
 Tolerance: fp32 on CPU; the layouts differ only in reduction order, so losses agree to rtol 1e-5 and
 grad norms to 1e-4 (measured: ~1e-7 relative).
@@ -12,8 +13,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.model_helpers import free_port
-from tests.parallel_helpers import (assert_same_trajectory, loop_cfg, reference, run_layout, set_rank_env,
+from safetensors.torch import load_file
+
+from tests.model_helpers import dist_session, free_port
+from tests.parallel_helpers import (LOOP, assert_same_trajectory, loop_cfg, reference, run_layout, set_rank_env,
                                     synthetic_packs)
 
 STEPS = 4
@@ -25,13 +28,35 @@ LAYOUTS = {
 }
 
 
-def _cfg(par: dict):
+def _cfg(par: dict, **sections):
+    # global batch 4 = 2 micro-batches of 2 packs (DP=2: one per rank; PP=2: a real 1F1B pipeline)
+    schedule = {**LOOP["schedule"], "micro_batch_size": 2}
     return loop_cfg(model=MODEL, parallelism={"tensor": 1, "pipeline": 1, "context": 1, "expert": 1,
-                                               "sequence_parallel": False, **par})
+                                               "sequence_parallel": False, **par}, schedule=schedule, **sections)
+
+
+def _hf_cfg(run_dir, par: dict):
+    ckpt = {"save_interval": None, "keep_last": 2, "resume": "auto", "pretrained": f"{run_dir}/hf",
+            "disable_last_saving": False, "export_peft": True}
+    return _cfg(par, checkpoint=ckpt)
+
+
+def _import_export(cfg, adapter_dir):
+    """Build (HF import inside build_model), return this rank's global base+adapter state; export PEFT."""
+    from trainer.model import build_model, export_peft
+    from trainer.model.layout import full_global_state_dict
+
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        state = full_global_state_dict(model)
+        export_peft(model, cfg, adapter_dir)
+    return state
 
 
 def _worker(rank, world, ports, full, packs, run_dir, out):
     results = {}
+    set_rank_env(rank, world, ports[-1])
+    results["import"] = _import_export(_hf_cfg(run_dir, {"pipeline": 2}), f"{run_dir}/pp2_adapter")
     for (name, par), port in zip(LAYOUTS.items(), ports):
         set_rank_env(rank, world, port)
         traj, probe, info = run_layout(_cfg(par), full, packs, f"{run_dir}/{name}", STEPS)
@@ -42,16 +67,33 @@ def _worker(rank, world, ports, full, packs, run_dir, out):
 
 @pytest.mark.slow
 def test_dp2_tp2_pp2_match_single_process(tmp_path):
+    from tests.test_hf_import import make_hf_llama  # transformers: parent only, not the spawned ranks
+
     packs = synthetic_packs(24, 32, vocab=128, seed=5)
     full, ref, ref_probe = reference(_cfg({}), packs, str(tmp_path / "ref"), STEPS)
     out = tmp_path / "res"
-    ports = [free_port() for _ in LAYOUTS]
+    make_hf_llama(tmp_path / "hf", seed=9, layers=MODEL["num_layers"])
+    ref_state = _import_export(_hf_cfg(tmp_path, {}), tmp_path / "ref_adapter")
+    ports = [free_port() for _ in range(len(LAYOUTS) + 1)]
     mp.start_processes(_worker, args=(2, ports, full, packs, str(tmp_path), str(out)), nprocs=2, join=True,
                        start_method="spawn")
-    for rank in range(2):
-        results = torch.load(f"{out}.{rank}")
-        assert (results["pp2"]["pp"], results["tp2_sp"]["tp"], results["dp2"]["dp"]) == (2, 2, 2)
-        for name, got in results.items():
+    results = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    # PP=2 HF import (layer offsets) + LoRA init (global seeds): the two stages hold exactly the
+    # PP=1 model; the PEFT export written by the PP=2 job is the PP=1 one, bit for bit
+    stages = [r["import"] for r in results]
+    assert not set(stages[0]) & {k for k in stages[1] if k.startswith("decoder.layers.")}
+    merged = {**stages[1], **stages[0]}
+    assert merged.keys() == ref_state.keys()
+    for name, tensor in ref_state.items():
+        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=0, msg=name)
+    got, want = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("pp2_adapter", "ref_adapter"))
+    assert got.keys() == want.keys() and len(want) == 4 * 7 * 2
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
+    for rank, rank_results in enumerate(results):
+        rank_results.pop("import")
+        assert (rank_results["pp2"]["pp"], rank_results["tp2_sp"]["tp"], rank_results["dp2"]["dp"]) == (2, 2, 2)
+        for name, got in rank_results.items():
             assert_same_trajectory(got["trajectory"], ref, rtol=1e-5, label=f"{name} rank {rank}")
             # forward-only path (evaluation): with PP every stage returns the last stage's losses
             torch.testing.assert_close(got["probe"], ref_probe, rtol=1e-5, atol=1e-6)
