@@ -16,11 +16,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from tests.model_helpers import dist_session, free_port
-from tests.parallel_helpers import (LOOP, assert_same_trajectory, loop_cfg, reference, run_layout, set_rank_env,
+from tests.parallel_helpers import (assert_same_trajectory, initial_state, layout_cfg, run_layout, set_rank_env,
                                     synthetic_packs)
 
 STEPS = 4
-MODEL = {"num_layers": 4}
 LAYOUTS = {
     "dp2": {},
     "tp2_sp": {"tensor": 2, "sequence_parallel": True},
@@ -28,17 +27,10 @@ LAYOUTS = {
 }
 
 
-def _cfg(par: dict, **sections):
-    # global batch 4 = 2 micro-batches of 2 packs (DP=2: one per rank; PP=2: a real 1F1B pipeline)
-    schedule = {**LOOP["schedule"], "micro_batch_size": 2}
-    return loop_cfg(model=MODEL, parallelism={"tensor": 1, "pipeline": 1, "context": 1, "expert": 1,
-                                               "sequence_parallel": False, **par}, schedule=schedule, **sections)
-
-
 def _hf_cfg(run_dir, par: dict):
     ckpt = {"save_interval": None, "keep_last": 2, "resume": "auto", "pretrained": f"{run_dir}/hf",
             "disable_last_saving": False, "export_peft": True}
-    return _cfg(par, checkpoint=ckpt)
+    return layout_cfg(par, checkpoint=ckpt)
 
 
 def _import_export(cfg, adapter_dir):
@@ -59,9 +51,7 @@ def _worker(rank, world, ports, full, packs, run_dir, out):
     results["import"] = _import_export(_hf_cfg(run_dir, {"pipeline": 2}), f"{run_dir}/pp2_adapter")
     for (name, par), port in zip(LAYOUTS.items(), ports):
         set_rank_env(rank, world, port)
-        traj, probe, info = run_layout(_cfg(par), full, packs, f"{run_dir}/{name}", STEPS)
-        results[name] = {"trajectory": traj, "probe": probe, "pp": info.pp_size, "tp": info.tp_size,
-                         "dp": info.dp_size}
+        results[name] = run_layout(layout_cfg(par), full, packs, f"{run_dir}/{name}", STEPS)
     torch.save(results, f"{out}.{rank}")
 
 
@@ -70,9 +60,11 @@ def test_dp2_tp2_pp2_match_single_process(tmp_path):
     from tests.test_hf_import import make_hf_llama  # transformers: parent only, not the spawned ranks
 
     packs = synthetic_packs(24, 32, vocab=128, seed=5)
-    full, ref, ref_probe = reference(_cfg({}), packs, str(tmp_path / "ref"), STEPS)
+    full = initial_state(layout_cfg({}))
+    single = run_layout(layout_cfg({}), full, packs, str(tmp_path / "ref"), STEPS)
+    ref, ref_probe = single["trajectory"], single["probe"]
     out = tmp_path / "res"
-    make_hf_llama(tmp_path / "hf", seed=9, layers=MODEL["num_layers"])
+    make_hf_llama(tmp_path / "hf", seed=9, layers=4)
     ref_state = _import_export(_hf_cfg(tmp_path, {}), tmp_path / "ref_adapter")
     ports = [free_port() for _ in range(len(LAYOUTS) + 1)]
     mp.start_processes(_worker, args=(2, ports, full, packs, str(tmp_path), str(out)), nprocs=2, join=True,

@@ -114,8 +114,7 @@ def _train(cfg, run_dir: str, attempt: int) -> int:
 
 def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
     from trainer.data import build_datasets
-    from trainer.model import (adapter_state_dict, build_model, export_peft, forward_losses,
-                               load_adapter_state_dict)
+    from trainer.model import adapter_state_dict, build_model, export_peft, forward_losses
     from trainer.optim import build_optimizer, trainable_parameters
     from trainer.train import Trainer
 
@@ -131,16 +130,11 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
     optimizer = build_optimizer(params, cfg.trainer.schedule)
     start = 0
     if resume_path is not None:
-        state, meta = ckpt.load(resume_path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank),
-                                device=info.device)
-        if int(meta.get("world_size", info.world_size)) != info.world_size:
-            raise SetupError(f"resume refused | {os.path.relpath(resume_path, run_dir)} was saved with world size "
-                             f"{meta.get('world_size')}, this job has {info.world_size}")
-        load_adapter_state_dict(model, state["adapter"])
-        optimizer.load_state_dict(state["optimizer"])
-        ckpt.set_rng_state(state["rng"], info.device)
-        start = int(state["iteration"])
-        logger.line(f"checkpoint loaded | iteration {start} | path {os.path.relpath(resume_path, run_dir)}")
+        from trainer.reshard import restore  # same layout: this rank's file; else resharded adapters + AdamW
+
+        start, note = restore(resume_path, model, optimizer, info)
+        logger.line(f"checkpoint loaded | iteration {start} | path {os.path.relpath(resume_path, run_dir)}"
+                    + (f" | {note}" if note else ""))
     return Trainer(cfg, run_dir, info, model, optimizer, params, train_packs, val_packs, forward_losses, logger, stop,
                    adapter_state_dict, start_iteration=start, last_saved=start if resume_path else 0,
                    export_peft=export_peft, recipe_hash=rhash)

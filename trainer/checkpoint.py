@@ -3,7 +3,8 @@
 Layout:  checkpoints/iter_0000020/rank-00000_tp0_pp0_dp0.pt ... + metadata.json,  checkpoints/latest
 
 Every rank writes its own file (adapter shard, optimizer, scheduler, data position, RNG states,
-iteration, recipe hash), so any TP/PP/DP/CP/EP layout round-trips; resume needs the same layout.
+iteration, recipe hash), so any TP/PP/DP/CP/EP layout round-trips; a resume on another layout
+reshards the adapters and optimizer state (trainer/reshard.py).
 
 Save protocol (collective; every rank calls save()):
  1. rank 0 creates checkpoints/.tmp-iter_N (removing a stale one);
@@ -31,8 +32,9 @@ import torch.distributed as dist
 
 LATEST = "latest"
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
-# Fields that may change on resume without changing the training trajectory's state.
-RESUME_MUTABLE = (("schedule", "train_iters"), ("logging",), ("checkpoint", "save_interval"),
+# Fields that may change on resume without changing the training trajectory's state (the parallel
+# layout too: trainer.reshard reshards adapters and optimizer state on a layout change).
+RESUME_MUTABLE = (("schedule", "train_iters"), ("logging",), ("parallelism",), ("checkpoint", "save_interval"),
                   ("checkpoint", "keep_last"), ("checkpoint", "resume"), ("checkpoint", "disable_last_saving"),
                   ("checkpoint", "export_peft"), ("distributed", "timeout_minutes"))
 

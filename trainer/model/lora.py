@@ -111,7 +111,7 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(b.to(device=device, dtype=torch.float32).contiguous())
         # Megatron's tensor-parallel attributes: which dim is sharded (checkpointing, grad norm).
         sharded, replicated = (self.lora_b, self.lora_a) if self.mode == COLUMN else (self.lora_a, self.lora_b)
-        sharded.tensor_model_parallel = tp_size > 1
+        sharded.tensor_model_parallel = True  # as megatron marks its parallel linears, also at TP=1
         sharded.partition_dim = 0 if self.mode == COLUMN else 1
         sharded.partition_stride = 1
         replicated.tensor_model_parallel = False
@@ -205,13 +205,23 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
+def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """This rank's LoRA factors keyed by global name (trainer.model.layout), in parameter order."""
+    from trainer.model.layout import namer
+
+    rename = namer(model)
+    return {rename(n): p for n, p in model.named_parameters() if n.endswith((".lora_a", ".lora_b"))}
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the LoRA parameters (this rank's TP shards), detached."""
-    return {n: p.detach() for n, p in model.named_parameters() if n.endswith((".lora_a", ".lora_b"))}
+    """Only the LoRA parameters (this rank's TP shards), detached, in parameter order, keyed by global
+    name (trainer.model.layout: the same name for the same layer/expert under any PP/EP layout)."""
+    return {n: p.detach() for n, p in adapter_parameters(model).items()}
 
 
 def load_adapter_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
-    own = {n: p for n, p in model.named_parameters() if n.endswith((".lora_a", ".lora_b"))}
+    """Inverse of adapter_state_dict for the same TP size (trainer.reshard handles a TP change)."""
+    own = adapter_parameters(model)
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
     if strict and (missing or unexpected):

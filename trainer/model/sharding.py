@@ -62,6 +62,14 @@ def to_full(name: str, local: torch.Tensor, param: torch.Tensor, tp_group=None,
         return local
     parts = [torch.empty_like(local) for _ in range(tp_size)]
     dist.all_gather(parts, local.contiguous(), group=tp_group)
+    return merge_shards(name, parts, dim, gated)
+
+
+def merge_shards(name: str, parts: list[torch.Tensor], dim: Optional[int], gated: bool = True) -> torch.Tensor:
+    """Full tensor from the TP-rank-ordered shards of a parameter sharded along `dim` (inverse of
+    to_local; None = replicated, parts[0] is the tensor)."""
+    if dim is None or len(parts) == 1:
+        return parts[0]
     if gated and _is_swiglu_rows(name, dim):
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0)
