@@ -1,0 +1,226 @@
+"""Bad input through `primus-slurm submit` with the Slurm executor of the real local cluster.
+
+Every case: exit 2, exactly one `error:` line on stderr that names the field (or option, or file), nothing
+on stdout, no traceback, nothing submitted (no registry entry; at the end Slurm knows no job started from
+any case's directory) and nothing written: each case runs with its working directory, HOME and state dir
+in a fresh temp dir that afterwards holds only the case's own input files.
+
+Shell-injection strings go into every free-text field of the schema: each field either refuses them
+(exit 2 naming it) or is one of INERT, which are proven inert by running the rendered script's set-up
+(everything before the launch) with bash and checking that the text arrives literally and ran nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI
+from primus_slurm import schema
+from primus_slurm.cli import run
+from test_bad_recipes import BAD, QS
+
+pytestmark = pytest.mark.slurm
+
+# accepted injection text, and why it is harmless: the first group never reaches the job script (only the
+# resolved YAML, which the trainer reads as data); the second is in the script, shell-quoted
+NOT_IN_SCRIPT = {"experiment.description", "trainer.model.rope_scaling", "trainer.tokenizer.path",
+                 "trainer.data.train.path", "trainer.data.train.hf_name", "trainer.data.validation.path",
+                 "trainer.data.validation.hf_name", "trainer.data.cache_dir", "trainer.checkpoint.pretrained"}
+QUOTED_IN_SCRIPT = {"cluster.env", "cluster.container.workdir", "cluster.container.extra_args"}
+INERT = NOT_IN_SCRIPT | QUOTED_IN_SCRIPT
+CONTAINER = ["--set", "cluster.container.runtime=docker", "--set", "cluster.container.image=img:1"]
+
+
+def text_fields(spec=schema.SCHEMA, prefix=""):
+    for key, sub in spec.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(sub, dict):
+            yield from text_fields(sub, path)
+        elif sub.kind in ("str", "list", "dict"):
+            yield path, sub.kind
+
+
+FIELDS = dict(text_fields())
+
+
+def _argv(field: str, text: str) -> list[str]:
+    """submit arguments that put `text` into `field` (the string, the list's item, the mapping's value A)."""
+    kind = FIELDS[field]
+    value = json.dumps(text if kind == "str" else [text] if kind == "list" else {"A": text})
+    executor = [] if field == "cluster.executor" else ["--executor", "slurm"]  # --executor would override it
+    container = CONTAINER if field.startswith("cluster.container.") and field != "cluster.container.image" else []
+    return [QS, *executor, *container, "--set", f"{field}={value}"]
+
+
+@pytest.fixture(scope="module")
+def sandbox(local_slurm, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-submit")
+    yield root
+    jobs = subprocess.run(["squeue", "--states=all", "-h", "-O", "JobID,WorkDir:600,STDOUT:600"],
+                          capture_output=True, text=True)
+    assert jobs.returncode == 0 and str(root) not in jobs.stdout, jobs.stdout
+
+
+@pytest.fixture
+def case(sandbox, monkeypatch):
+    """A fresh directory that is the cwd, HOME and state dir of one case; PRIMUS_WORKSPACE unset so the
+    quickstart's ./runs lands here too."""
+    d = Path(tempfile.mkdtemp(dir=sandbox))
+    monkeypatch.chdir(d)
+    monkeypatch.setenv("HOME", str(d / "home"))
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(d / "state"))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    for name in ("PRIMUS_WORKSPACE", "PRIMUS_UNSET_VAR_XYZ", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    return d
+
+
+def _listing(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+def submit_fails(d: Path, capsys, argv: list[str], expect: str) -> str:
+    before = _listing(d)
+    rc = run(["submit", *argv])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "", (argv[:6], rc, out[-500:], err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err[-2000:]
+    assert expect in lines[0], lines[0]
+    assert _listing(d) == before  # nothing written: no run dir, no registry, no HOME files
+    return lines[0]
+
+
+def _recipe(d: Path, text, name: str = "r.yaml") -> str:
+    path = d / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+@pytest.mark.parametrize("body,expect", BAD[::3], ids=[f"bad{i}" for i in range(0, len(BAD), 3)])
+def test_validate_corpus_sample_through_submit(body, expect, case, capsys):
+    submit_fails(case, capsys, [_recipe(case, f"extends: {QS}\n{body}\n"), "--executor", "slurm"], expect)
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_newline_in_every_text_field(field, case, capsys):
+    submit_fails(case, capsys, _argv(field, "ok\nevil"), f"`{field}")
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_shell_injection_in_every_text_field(field, case, capsys):
+    marker = case / "PWNED"
+    text = f"x$(touch {marker})`touch {marker}`;touch {marker}|&<>'\" {{a,b}} *"
+    argv = _argv(field, text)
+    if field not in INERT:
+        submit_fails(case, capsys, argv, f"`{field}")
+        return
+    assert run(["submit", *argv, "--dry-run", "--json"]) == 0
+    script = json.loads(capsys.readouterr().out)["script"]
+    if field in NOT_IN_SCRIPT:
+        assert f"touch {marker}" not in script
+        return
+    # run the script's set-up for real (everything before the launch), then print what it would launch
+    setup = script.split("# Run in the background and wait")[0]
+    probe = setup + "printf '%s\\0' \"${LAUNCH[@]}\"; printf 'A=%s\\0' \"${A:-}\"\n"
+    env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node1")
+    proc = subprocess.run(["bash", "-c", probe], capture_output=True, env=env, cwd=case)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.decode().split("\0")
+    assert (f"A={text}" if field == "cluster.env" else text) in words, words
+    assert not marker.exists()
+
+
+def test_every_injection_outcome_is_known():
+    """The sets above name real fields; a new free-text field must be classified when it is added."""
+    assert INERT <= set(FIELDS)
+
+
+def _chain(d: Path, names: list[str]) -> str:
+    """names[i] extends names[i+1] (the last extends nothing); returns the first."""
+    for name, parent in zip(names, names[1:]):
+        _recipe(d, f"extends: {parent}\n", name)
+    return str(d / names[0])
+
+
+SUBMIT_CASES = {
+    "missing-train-path": lambda d: ([QS, "--set", f"trainer.data.train.path={d}/missing.jsonl"],
+                                     "`trainer.data.train.path`"),
+    "missing-validation-path": lambda d: ([QS, "--set", f"trainer.data.validation.path={d}/val.jsonl"],
+                                          "`trainer.data.validation.path`"),
+    "missing-tokenizer": lambda d: ([QS, "--set", f"trainer.tokenizer.path={d}/no-tokenizer"],
+                                    "`trainer.tokenizer.path`"),
+    "missing-pretrained": lambda d: ([QS, "--set", f"trainer.checkpoint.pretrained={d}/no-ckpt"],
+                                     "`trainer.checkpoint.pretrained`"),
+    "missing-path-in-container": lambda d: ([QS, *CONTAINER, "--set", f"cluster.container.mounts=['{d}:/mnt/d']",
+                                             "--set", "trainer.data.train.path=/mnt/d/x.jsonl"],
+                                            f"on this machine: {d}/x.jsonl"),
+    "bad-run-id": lambda d: ([QS, "--run-id", "../../../tmp/x"], "--run-id"),
+    "unknown-executor": lambda d: ([QS, "--executor", "pbs"], "pbs"),
+    "set-without-value": lambda d: ([QS, "--set", "trainer.schedule.lr"], "expected key=value"),
+    "set-unknown-key": lambda d: ([QS, "--set", "trainer.sched.lr=1"], "did you mean `schedule`"),
+    "infinite-lr": lambda d: ([QS, "--set", "trainer.schedule.lr=1.0e999"], "`trainer.schedule.lr`"),
+    "huge-int": lambda d: ([QS, "--set", "trainer.schedule.global_batch_size=" + "9" * 40],
+                           "`trainer.schedule.global_batch_size`"),
+    "huge-string": lambda d: ([QS, "--set", "experiment.description=" + "x" * 100_000], "`experiment.description`"),
+    "non-utf8-set": lambda d: ([QS, "--set", "experiment.description=ok\udcff"], "not valid UTF-8"),
+    "secret-in-env": lambda d: ([QS, "--set", "cluster.env.WANDB_API_KEY=abc"], "`cluster.env.WANDB_API_KEY`"),
+    "local-multi-node": lambda d: ([QS, "--executor", "local", "--set", "cluster.nodes=2"], "`cluster.nodes`"),
+    "no-recipe": lambda d: ([], "RECIPE"),
+    "missing-recipe": lambda d: ([f"{d}/nope.yaml"], "does not exist"),
+    "recipe-is-a-directory": lambda d: ([_recipe(d, b"", "dir.yaml/x")[:-2]], "cannot read recipe"),
+    "empty-recipe": lambda d: ([_recipe(d, "")], "`trainer.data.train.path`"),
+    "top-level-list": lambda d: ([_recipe(d, "- a\n- b\n")], "must be a mapping"),
+    "non-utf8-file": lambda d: ([_recipe(d, f"extends: {QS}\nexperiment:\n  name: ".encode() + b"\xff\xfe\n")],
+                                "not valid UTF-8"),
+    "alias-bomb": lambda d: ([_recipe(d, "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, n in zip("abcdefgh", "bcdefghi")))],
+        "alias"),
+    "recursive-extends": lambda d: ([_chain(d, ["a.yaml", "b.yaml", "a.yaml"])], "recursive"),
+    "self-extends": lambda d: ([_recipe(d, "extends: self.yaml\n", "self.yaml")], "recursive"),
+    "deep-extends": lambda d: ([_chain(d, [f"e{i}.yaml" for i in range(20)])], "nested deeper"),
+    "missing-extends": lambda d: ([_recipe(d, "extends: no_such_preset\n")], "not found"),
+    "huge-file": lambda d: ([_recipe(d, f"extends: {QS}\n" + "#" * (2 << 20) + "\n")], "bytes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUBMIT_CASES))
+def test_submit_level_case(name, case, capsys):
+    argv, expect = SUBMIT_CASES[name](case)
+    if argv and "--executor" not in argv:
+        argv = [*argv, "--executor", "slurm"]
+    submit_fails(case, capsys, argv, expect)
+
+
+def test_existing_run_directory_is_never_reused(case, capsys):
+    run_id = "20260101-000000-abcdef"
+    taken = case / "runs" / "quickstart" / run_id
+    taken.mkdir(parents=True)
+    (taken / "run.json").write_text("{}")
+    submit_fails(case, capsys, [QS, "--executor", "slurm", "--run-id", run_id], "already exists")
+    assert (taken / "run.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("argv,expect", [
+    ([b"--set", b"experiment.description=\xff\xfe"], "not valid UTF-8"),
+    ([b"--set", b"experiment.name=x;touch PWNED"], "`experiment.name`"),
+    ([b"--set", b"trainer.data.train.path=/tmp/primus-no-such-dir/x.jsonl"], "`trainer.data.train.path`"),
+])
+def test_submit_process_exit_code_and_one_line(argv, expect, sandbox, tmp_path):
+    """The installed `primus-slurm` process: exit 2, stdout empty, one stderr line, no traceback, no files."""
+    d = Path(tempfile.mkdtemp(dir=sandbox))
+    env = dict(os.environ, HOME=str(d / "home"), PRIMUS_SLURM_STATE_DIR=str(d / "state"))
+    env.pop("PRIMUS_WORKSPACE", None)
+    proc = subprocess.run([os.fsencode(CLI), b"submit", os.fsencode(QS), b"--executor", b"slurm", *argv],
+                          capture_output=True, env=env, cwd=d)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 2 and proc.stdout == b"", err
+    assert err.startswith("error: ") and err.count("\n") == 1 and expect in err, err
+    assert list(d.iterdir()) == []
