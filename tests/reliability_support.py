@@ -84,7 +84,11 @@ def wait_requeued(job_id: str, restarts: int, timeout: float = 120) -> dict:
 
 
 def release(job_id: str) -> None:
-    """Skip the scheduler's delay (~120 s) before a requeued job may start again."""
+    """Skip the scheduler's delay (~120 s) before a requeued job may start again.
+
+    Not in the same second as the requeue: slurmd revokes the old incarnation's credential with a
+    one-second timestamp and refuses ("Job credential revoked") a new one issued in that second."""
+    time.sleep(2)
     scontrol("update", f"JobId={job_id}", "StartTime=now")
 
 

@@ -1,0 +1,119 @@
+"""Preemption and requeue of a real CPU training job on the project's local Slurm cluster.
+
+One job lives through three attempts:
+  attempt 0 hits its time limit: slurmctld sends USR2 to the batch shell `signal_grace_s` before the end, the
+            job script asks the trainer to stop, the trainer checkpoints and exits 75, the script requeues;
+  attempt 1 resumes from `latest` and is requeued by an operator (`scontrol requeue`, i.e. SIGTERM);
+  attempt 2 resumes from `latest` and finishes.
+The losses of the three attempts together equal an uninterrupted run of the same resolved recipe.
+
+Timing: slurmctld checks time limits every 30 s, so the warning arrives 45-75 s into a 2-minute job. To not
+spend that on the CPU, attempt 0's trainer is frozen (SIGSTOP) after a few iterations and thawed (SIGCONT)
+as soon as the batch shell reports the signal; the stop request then reaches it through the real path
+(trap -> srun -> torchrun -> trainer). A requeued job normally waits ~120 s before it may start again;
+`scontrol update StartTime=now` skips that wait.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from conftest import status_json, wait_state
+from reliability_support import (cancel, fingerprint, job_info, read, release, scontrol, submit, trainer_recipe,
+                                 wait_requeued, wait_text, worker_pids)
+from test_train_support import losses, run_trainer
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ITERS = 200
+REL_TOL = 1e-5  # losses are logged with 7 significant digits; in practice they are identical
+STOP_RE = re.compile(r"\] stop signal \| signal (SIG\w+) \| iteration (\d+)")
+
+
+def _stopped(text: str) -> int:
+    """The iteration an attempt stopped at; it must have checkpointed it and exited 75."""
+    m = STOP_RE.search(text)
+    assert m, text[-2000:]
+    it = int(m.group(2))
+    assert f"] checkpoint saved | iteration {it} | path checkpoints/iter_{it:07d}" in text
+    assert text.rstrip().endswith(f"training finished | iterations {it} | exit 75")
+    return it
+
+
+def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, job_env, tmp_path):
+    recipe = trainer_recipe(tmp_path, "requeue", time="00:02:00", signal_grace_s=45)
+    entry = submit(job_env, recipe, f"trainer.schedule.train_iters={ITERS}", "trainer.checkpoint.save_interval=50",
+                   "trainer.checkpoint.keep_last=100")
+    job, run_dir = entry["job_id"], Path(entry["run_dir"])
+    logs = run_dir / "logs"
+    out = logs / f"slurm-{job}.out"
+    attempt_log = [logs / "rank-0" / "debug.log"] + [logs / "rank-0" / f"debug.attempt-{n}.log" for n in (1, 2)]
+    frozen = None
+    try:
+        # ---- attempt 0: time limit -> USR2 -> checkpoint -> requeue
+        wait_text(attempt_log[0], "] iteration 3/", 240)
+        frozen = worker_pids(run_dir)[0]
+        os.kill(frozen, signal.SIGSTOP)
+        reference = run_trainer(run_dir / "recipe.resolved.yaml", tmp_path / "uninterrupted")  # CPU is free now
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        wait_text(out, "primus-slurm: caught SIGUSR2", 150)
+        os.kill(frozen, signal.SIGCONT)
+        frozen = None
+        wait_requeued(job, 1)
+        first = read(attempt_log[0])
+        k0 = _stopped(first)
+        assert "requeueing job" in read(out)
+        kept = {0: (read(attempt_log[0]), fingerprint(run_dir / "checkpoints" / f"iter_{k0:07d}"), read(out))}
+
+        # ---- attempt 1: resumes from latest; an operator requeues it (SIGTERM to every process of the job)
+        scontrol("update", f"JobId={job}", "TimeLimit=10")  # later attempts are not cut short by the 2-minute limit
+        release(job)
+        wait_text(attempt_log[1], f"] iteration {k0 + 3}/", 240)
+        assert status_json(job_env, entry["run_id"])["restarts"] == 1
+        scontrol("requeue", job)
+        wait_requeued(job, 2)
+        second = read(attempt_log[1])
+        k1 = _stopped(second)
+        assert f"resumed_from checkpoints/iter_{k0:07d}" in second and k0 < k1 < ITERS
+        kept[1] = (second, fingerprint(run_dir / "checkpoints" / f"iter_{k1:07d}"), read(out))
+
+        # ---- attempt 2: resumes and finishes
+        release(job)
+        row = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300,
+                         key="scheduler_state")
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        if job_info(job).get("JobState") not in (None, "COMPLETED"):
+            cancel(job)
+    third = read(attempt_log[2])
+    assert row["state"] == "COMPLETED" and row["trainer_exit_code"] == 0, (row, read(out)[-3000:])
+    assert row["exit_code"] == 0 or (row["exit_code"] is None and row["state_source"] == "squeue")  # no accounting
+    assert row["restarts"] == 2 and job_info(job).get("Restarts") in ("2", None)
+    assert row["iteration"] == ITERS and row["last_checkpoint"] == f"checkpoints/iter_{ITERS:07d}"
+    assert f"resumed_from checkpoints/iter_{k1:07d}" in third
+    assert third.rstrip().endswith(f"training finished | iterations {ITERS} | exit 0")
+
+    # nothing of attempt N was overwritten by a later attempt: logs byte-identical (Slurm's stdout file only
+    # appended to), the checkpoints each attempt stopped at untouched (content, mtime, inode)
+    final_out = read(out)
+    for n, (log, ckpt_files, out_then) in kept.items():
+        assert read(attempt_log[n]) == log
+        assert fingerprint(run_dir / "checkpoints" / f"iter_{(k0, k1)[n]:07d}") == ckpt_files
+        assert final_out.startswith(out_then)
+    assert [int(a) for a in re.findall(r"primus-slurm: run \S+ job \d+ attempt (\d+)", final_out)] == [0, 1, 2]
+
+    # the loss curve: every iteration logged by exactly one attempt, equal to the uninterrupted run's
+    parts = [losses(first), losses(second), losses(third)]
+    assert sorted(parts[0]) == list(range(1, k0 + 1))
+    assert sorted(parts[1]) == list(range(k0 + 1, k1 + 1))
+    assert sorted(parts[2]) == list(range(k1 + 1, ITERS + 1))
+    resumed = {**parts[0], **parts[1], **parts[2]}
+    ref = losses(read(tmp_path / "uninterrupted" / "logs" / "rank-0" / "debug.log"))
+    assert sorted(ref) == sorted(resumed) == list(range(1, ITERS + 1))
+    worst = max(abs(float(resumed[i]) - float(ref[i])) / abs(float(ref[i])) for i in ref)
+    assert worst <= REL_TOL, f"largest relative loss difference {worst:.3g}"
