@@ -4,7 +4,8 @@ run on quantize-dequantized operands, quantized on the same tensors and axes TE 
     fprop  y  = Q(x, 1xB along K)           @ Q(W along K)^T          W: 16x16 tiles (NVFP4) / 1x32 (MXFP4)
     dgrad  dx = Q(dy, 1xB along N, SR)      @ Q(W along N)
     wgrad  dW = Q(H dy^T, 1xB along M, SR)  @ Q(H x^T, 1xB along M)^T   H: RHT when fp4_random_hadamard
-GEMMs run in the input dtype (bf16 on GPU). Frozen (LoRA base) weights skip wgrad.
+GEMMs run in the input dtype (bf16 on GPU). Frozen (LoRA base) weights skip wgrad, and their quantized
+copies are computed once and reused every step (weight_cache: keyed on the weight's version).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from .errors import PrecisionError
 from .qdq import qdq
 from .settings import FIELD, PrecisionSettings
+from .weight_cache import cached
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,14 @@ class EmulationSpec:
         return qdq(dyt, self.fmt, rht=self.rht, stochastic=self.stochastic)
 
     def weight_fwd(self, w):
-        return qdq(w, "nvfp4", tile=(16, 16)) if self.fmt == "nvfp4" else qdq(w, "mxfp4")
+        if self.fmt == "nvfp4":
+            return cached(w, "nvfp4-16x16", lambda: qdq(w, "nvfp4", tile=(16, 16)))
+        return cached(w, "mxfp4-rows", lambda: qdq(w, "mxfp4"))
 
     def weight_bwd(self, w):
         if self.fmt == "nvfp4":  # 2-D tiles: the same quantized weight serves fprop and dgrad
-            return qdq(w, "nvfp4", tile=(16, 16))
-        return qdq(w.t(), "mxfp4").t()
+            return self.weight_fwd(w)
+        return cached(w, "mxfp4-cols", lambda: qdq(w.t(), "mxfp4").t())
 
 
 class FP4EmulatedMatmul(torch.autograd.Function):
@@ -56,7 +60,7 @@ class FP4EmulatedMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, spec: EmulationSpec):
         x2 = x.reshape(-1, x.shape[-1])
-        ctx.save_for_backward(x2, weight)
+        ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, weight)   # x only feeds wgrad
         ctx.spec, ctx.x_shape = spec, x.shape
         y = spec.act(x2) @ spec.weight_fwd(weight).to(x2.dtype).t()
         return y.view(*x.shape[:-1], weight.shape[0])

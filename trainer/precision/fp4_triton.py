@@ -92,9 +92,50 @@ if triton is not None:
         tl.store(codes_ptr + rows[:, None] * (N // 2) + pcols[None, :], packed, mask=pmask)
 
     @triton.jit
+    def _nvfp4_globals(amax):
+        """(global encode, global decode) from the fp32 tensor amax, as TE's reference."""
+        ges = tl.math.div_rn(2688.0, amax)
+        ges = tl.where(ges != ges, ges, tl.minimum(ges, FLT_MAX))
+        ges = tl.where(ges == 0.0, 1.0, ges)
+        return ges, tl.math.div_rn(1.0, ges)
+
+    @triton.jit
+    def _nvfp4_block(vmax, ges, gds):
+        """Per-block (decode scale as fp32, its E4M3 code, encode scale) from the block amax."""
+        ds = vmax * (ges * RCP6)
+        ds = tl.where(ds != ds, ds, tl.minimum(ds, FLT_MAX))
+        dsf, ds8 = _e4m3_rne(_nan_clamp(ds, -448.0, 448.0))
+        es = tl.math.div_rn(tl.full(dsf.shape, 1.0, tl.float32), dsf * gds)
+        es = tl.where(es != es, es, tl.minimum(es, FLT_MAX))
+        return dsf, ds8, es
+
+    @triton.jit
+    def _block_nan_max(x, axis: tl.constexpr):
+        """(any NaN in the block as int, block amax with NaN propagated); tl.max alone drops NaNs."""
+        isnan = tl.max((x != x).to(tl.int32), axis=axis)
+        return isnan, tl.where(isnan > 0, float("nan"), tl.max(tl.abs(x), axis=axis))
+
+    @triton.jit
+    def _mx_block(vmax, isnan):
+        """OCP MX shared exponent: (e, biased exponent of the block amax (255 for NaN/Inf), 2^-e)."""
+        biased = (vmax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        biased = tl.where(isnan > 0, 255, biased)
+        e = tl.maximum(biased - 129, -127)
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)           # 2^-e, always a normal number
+        return e, biased, inv
+
+    @triton.jit
+    def _mx_deq(val, e, biased):
+        """val * 2^e for broadcast e/biased, exact down to 2^-127 and NaN for NaN/Inf blocks."""
+        p2 = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)   # 2^max(e,-126), normal
+        deq = val * p2
+        deq = tl.where(e == -127, deq * 0.5, deq)   # exact: 2^-127 = 2^-126 * 0.5
+        return tl.where(biased == 255, float("nan"), deq)
+
+    @triton.jit
     def _nvfp4_kernel(x_ptr, amax_ptr, out_ptr, codes_ptr, scale_ptr, M, N, stride_m, seed,
                       TILE_M: tl.constexpr, BLOCKS: tl.constexpr, TWO_D: tl.constexpr, WRITE_QDQ: tl.constexpr,
-                      WRITE_CODES: tl.constexpr, STOCHASTIC: tl.constexpr):
+                      WRITE_CODES: tl.constexpr, STOCHASTIC: tl.constexpr, GLOBAL: tl.constexpr):
         WIDTH: tl.constexpr = BLOCKS * 16
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         rows = pid_m * TILE_M + tl.arange(0, TILE_M)
@@ -103,29 +144,21 @@ if triton is not None:
         offs = rows[:, None] * stride_m + cols[None, :]
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         amax = tl.load(amax_ptr)
-        ges = tl.math.div_rn(2688.0, amax)
-        ges = tl.where(ges != ges, ges, tl.minimum(ges, FLT_MAX))
-        ges = tl.where(ges == 0.0, 1.0, ges)
-        gds = tl.math.div_rn(1.0, ges)
-        mult = ges * RCP6
+        ges, gds = _nvfp4_globals(amax)
         xb = tl.reshape(x, (TILE_M, BLOCKS, 16))
-        isnan = tl.max((xb != xb).to(tl.int32), axis=2)
-        vmax = tl.where(isnan > 0, float("nan"), tl.max(tl.abs(xb), axis=2))
+        isnan, vmax = _block_nan_max(xb, 2)
         if TWO_D:
             tile_nan = tl.max(isnan, axis=0)
             tile_max = tl.where(tile_nan > 0, float("nan"), tl.max(tl.where(isnan > 0, 0.0, vmax), axis=0))
             vmax = tl.broadcast_to(tile_max[None, :], (TILE_M, BLOCKS))
-        ds = vmax * mult
-        ds = tl.where(ds != ds, ds, tl.minimum(ds, FLT_MAX))
-        dsf, ds8 = _e4m3_rne(_nan_clamp(ds, -448.0, 448.0))
-        es = tl.math.div_rn(tl.full(dsf.shape, 1.0, tl.float32), dsf * gds)
-        es = tl.where(es != es, es, tl.minimum(es, FLT_MAX))
+        dsf, ds8, es = _nvfp4_block(vmax, ges, gds)
         v = _nan_clamp(xb * es[:, :, None], -6.0, 6.0)
         u = tl.rand(seed, tl.reshape(offs, (TILE_M, BLOCKS, 16))) if STOCHASTIC else v
         mag, sign = _e2m1_code(v, u, STOCHASTIC)
         if WRITE_QDQ:
-            gdec = tl.math.div_rn(amax, 2688.0)
-            deq = (_e2m1_value(mag, sign) * dsf[:, :, None]) * gdec
+            deq = _e2m1_value(mag, sign) * dsf[:, :, None]
+            if GLOBAL:
+                deq = deq * tl.math.div_rn(amax, 2688.0)
             tl.store(out_ptr + offs, _to_out(tl.reshape(deq, (TILE_M, WIDTH)), out_ptr), mask=mask)
         if WRITE_CODES:
             _store_codes(codes_ptr, tl.reshape(mag, (TILE_M, WIDTH)), tl.reshape(sign, (TILE_M, WIDTH)),
@@ -146,20 +179,13 @@ if triton is not None:
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         offs = rows[:, None] * stride_m + cols[None, :]
         xb = tl.reshape(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), (TILE_M, BLOCKS, 32))
-        isnan = tl.max((xb != xb).to(tl.int32), axis=2)
-        bits = tl.max(tl.abs(xb), axis=2).to(tl.int32, bitcast=True)
-        biased = (bits >> 23) & 0xFF
-        biased = tl.where(isnan > 0, 255, biased)
-        e = tl.maximum(biased - 129, -127)
-        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)           # 2^-e, always a normal number
+        isnan, vmax = _block_nan_max(xb, 2)
+        e, biased, inv = _mx_block(vmax, isnan)
         v = _nan_clamp(xb * inv[:, :, None], -6.0, 6.0)
         u = tl.rand(seed, tl.reshape(offs, (TILE_M, BLOCKS, 32))) if STOCHASTIC else v
         mag, sign = _e2m1_code(v, u, STOCHASTIC)
         if WRITE_QDQ:
-            p2 = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)   # 2^max(e,-126), normal
-            val = _e2m1_value(mag, sign) * p2[:, :, None]
-            deq = tl.where((e == -127)[:, :, None], val * 0.5, val)   # exact: 2^-127 = 2^-126 * 0.5
-            deq = tl.where((biased == 255)[:, :, None], float("nan"), deq)
+            deq = _mx_deq(_e2m1_value(mag, sign), e[:, :, None], biased[:, :, None])
             tl.store(out_ptr + offs, _to_out(tl.reshape(deq, (TILE_M, WIDTH)), out_ptr), mask=mask)
         if WRITE_CODES:
             _store_codes(codes_ptr, tl.reshape(mag, (TILE_M, WIDTH)), tl.reshape(sign, (TILE_M, WIDTH)),
@@ -169,9 +195,26 @@ if triton is not None:
             code = tl.where(biased == 255, 255, e + 127).to(tl.uint8)
             tl.store(scale_ptr + rows[:, None] * (N // 32) + scols[None, :], code, mask=smask)
 
-
 def _seed(stochastic: bool) -> int:
     return int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if stochastic else 0
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as fp32 [1] in one reduction pass (no |x| temporary); NaN propagates, -0.0 becomes +0.0."""
+    lo, hi = torch.aminmax(x)
+    return torch.maximum(lo.abs(), hi.abs()).float().view(1)
+
+
+def _nvfp4_launch(x: torch.Tensor, amax: torch.Tensor, tile, out, codes, scales, stochastic: bool, global_scale: bool):
+    m, n = x.shape
+    blocks = 8 if n % 128 == 0 else (2 if n % 32 == 0 else 1)
+    grid = (triton.cdiv(m, 16), triton.cdiv(n, blocks * 16))
+    write_qdq, write_codes = out is not None, codes is not None
+    dummy = codes if out is None else out
+    _nvfp4_kernel[grid](x, amax, out if write_qdq else dummy, codes if write_codes else dummy,
+                        scales if write_codes else dummy, m, n, x.stride(0), _seed(stochastic), TILE_M=16,
+                        BLOCKS=blocks, TWO_D=tile[0] == 16, WRITE_QDQ=write_qdq, WRITE_CODES=write_codes,
+                        STOCHASTIC=stochastic, GLOBAL=global_scale)
 
 
 def nvfp4_quantize(x: torch.Tensor, tile: Tuple[int, int] = (1, 16), rht: bool = False, qdq: bool = False,
@@ -184,41 +227,31 @@ def nvfp4_quantize(x: torch.Tensor, tile: Tuple[int, int] = (1, 16), rht: bool =
         x = apply_rht(x)
     x = x.contiguous()
     m, n = x.shape
-    amax = x.abs().amax().float().view(1)
-    tile_m = 16
+    amax = tensor_amax(x)
     m_pad = -(-m // 16) * 16 if tile[0] == 16 else m
     codes = torch.empty(m, n // 2, dtype=torch.uint8, device=x.device)
     scales = torch.zeros(m_pad, n // 16, dtype=torch.uint8, device=x.device)
-    out = torch.empty_like(x) if qdq else codes
-    blocks = 8 if n % 128 == 0 else (2 if n % 32 == 0 else 1)
-    grid = (triton.cdiv(m, tile_m), triton.cdiv(n, blocks * 16))
-    _nvfp4_kernel[grid](x, amax, out, codes, scales, m, n, x.stride(0), _seed(stochastic), TILE_M=tile_m,
-                        BLOCKS=blocks, TWO_D=tile[0] == 16, WRITE_QDQ=qdq, WRITE_CODES=True, STOCHASTIC=stochastic)
+    out = torch.empty_like(x) if qdq else None
+    _nvfp4_launch(x, amax, tile, out, codes, scales, stochastic, global_scale=True)
     if tile[0] == 16 and m_pad > m:
         scales[m:] = scales[m - m % 16: m - m % 16 + 1] if m % 16 else scales[m:]
-    return (out if qdq else None), codes, scales, amax
+    return out, codes, scales, amax
+
+
+def nvfp4_qdq_2d(x2: torch.Tensor, amax: torch.Tensor, tile=(16, 16), stochastic: bool = False,
+                 global_scale: bool = True, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """QDQ of a 2-D x2 (n % 16 == 0) with the tiled kernel (16x16 weight tiles); values without the tensor
+    scale amax/2688 when not global_scale (exact in bf16: E2M1 value times E4M3 block scale)."""
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    out = torch.empty(x2.shape, dtype=out_dtype or x2.dtype, device=x2.device)
+    _nvfp4_launch(x2, amax, tile, out, None, None, stochastic, global_scale)
+    return out
 
 
 def nvfp4_qdq(x: torch.Tensor, tile=(1, 16), rht: bool = False, stochastic: bool = False) -> torch.Tensor:
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if shape[-1] % 16:
-        from .nvfp4 import qdq_ref
+    from .fp4_rows import nvfp4_qdq as fast
 
-        return qdq_ref(x, tile=tile, rht=rht, stochastic=stochastic)
-    from .hadamard import apply_rht
-
-    if rht:
-        x2 = apply_rht(x2)
-    x2 = x2.contiguous()
-    m, n = x2.shape
-    amax = x2.abs().amax().float().view(1)
-    out = torch.empty_like(x2)
-    blocks = 8 if n % 128 == 0 else (2 if n % 32 == 0 else 1)
-    grid = (triton.cdiv(m, 16), triton.cdiv(n, blocks * 16))
-    _nvfp4_kernel[grid](x2, amax, out, out, out, m, n, x2.stride(0), _seed(stochastic), TILE_M=16, BLOCKS=blocks,
-                        TWO_D=tile[0] == 16, WRITE_QDQ=True, WRITE_CODES=False, STOCHASTIC=stochastic)
-    return out.view(shape)
+    return fast(x, tile=tile, rht=rht, stochastic=stochastic)
 
 
 def mxfp4_quantize(x: torch.Tensor, qdq: bool = False, stochastic: bool = False):
@@ -236,10 +269,6 @@ def mxfp4_quantize(x: torch.Tensor, qdq: bool = False, stochastic: bool = False)
 
 
 def mxfp4_qdq(x: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
-    shape = x.shape
-    if shape[-1] % 32:
-        from .mxfp4 import qdq_ref
+    from .fp4_rows import mxfp4_qdq as fast
 
-        return qdq_ref(x, stochastic=stochastic)
-    out, _, _ = mxfp4_quantize(x.reshape(-1, shape[-1]), qdq=True, stochastic=stochastic)
-    return out.view(shape)
+    return fast(x, stochastic=stochastic)
