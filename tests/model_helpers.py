@@ -115,3 +115,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Tiny MoE / MLA architectures (model-section overrides for tiny_cfg / parallel_helpers.layout_cfg).
+QWEN3_MOE = {"family": "qwen3", "qk_layernorm": True, "kv_channels": 16, "num_moe_experts": 4,
+             "moe_router_topk": 2, "moe_ffn_hidden_size": 32}
+DEEPSEEK_MLA = {"family": "deepseek", "num_query_groups": None, "multi_latent_attention": True,
+                "kv_lora_rank": 16, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16,
+                "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32,
+                "moe_shared_expert_intermediate_size": 64, "moe_first_k_dense": 1}
+MLA_TARGETS = ["linear_q_proj", "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj", "linear_fc1", "linear_fc2"]
+
+
+def arch_sections(arch: dict) -> dict:
+    """trainer sections for a tiny MoE/MLA model: the model overrides and, for MLA, its LoRA targets."""
+    out = {"model": dict(arch)}
+    if arch.get("multi_latent_attention"):
+        out["lora"] = {**BASE["trainer"]["lora"], "target_modules": MLA_TARGETS}
+    return out

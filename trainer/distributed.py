@@ -119,6 +119,7 @@ def init_distributed(cfg) -> DistInfo:
             pipeline_model_parallel_size=pp,
             context_parallel_size=cp,
             expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=1,  # experts are never tensor-parallel (trainer.model.arch)
             # a float: int() would turn a sub-minute timeout (schema min 0.05) into 0 ms for every subgroup
             distributed_timeout_minutes=float(dcfg.timeout_minutes or 30),
             create_gloo_process_groups=backend == "gloo",

@@ -42,8 +42,27 @@ def _world(group) -> int:
     return dist.get_world_size(group=group)
 
 
+def _expert_split(params):
+    """(dense, expert) params: MoE expert adapters are marked `allreduce = False` (megatron's mark for
+    expert-parallel weights; trainer.model.lora sets it on every expert adapter)."""
+    dense = [p for p in params if getattr(p, "allreduce", True)]
+    return dense, [p for p in params if not getattr(p, "allreduce", True)]
+
+
 def reduce_gradients(params: list[torch.nn.Parameter], dp_group=None) -> None:
-    """SUM gradients over the data-parallel group in one coalesced all-reduce (missing grads count as 0)."""
+    """SUM gradients over the data-parallel group in one coalesced all-reduce (missing grads count as 0).
+    Expert params are summed over the expert data-parallel group instead: the ranks holding the same
+    experts (expert-parallel ranks hold different ones; with experts not tensor-parallel, TP peers
+    hold the same experts but feed them different tokens)."""
+    dense, expert = _expert_split(params)
+    if expert:
+        from megatron.core import parallel_state as ps
+
+        _sum_gradients(expert, ps.get_expert_data_parallel_group())
+    _sum_gradients(dense, dp_group)
+
+
+def _sum_gradients(params: list[torch.nn.Parameter], dp_group) -> None:
     if _world(dp_group) == 1:
         return
     for p in params:
@@ -71,14 +90,33 @@ def global_grad_norm(params: list[torch.nn.Parameter], tp_rank: int = 0, mp_grou
 
     Returns a 0-dim fp32 tensor on the params' device (no host sync)."""
     device = params[0].device if params else torch.device("cpu")
+    dense, expert = _expert_split(params)
+    total = _sum_squares(dense, tp_rank, device)
+    if _world(mp_group) > 1:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mp_group)
+    group = _expert_model_group()
+    if group is not None:  # every rank calls it (a pipeline stage may hold no MoE layer)
+        experts = _sum_squares(expert, 0, device)  # distinct experts on the ranks of this group
+        if _world(group) > 1:
+            dist.all_reduce(experts, op=dist.ReduceOp.SUM, group=group)
+        total = total + experts
+    return total.sqrt()
+
+
+def _expert_model_group():
+    """megatron's expert tensor x expert x pipeline group, or None without megatron parallel state."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_expert_tensor_model_pipeline_parallel_group() if ps.model_parallel_is_initialized() else None
+
+
+def _sum_squares(params, tp_rank: int, device) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32, device=device)
     for p in params:
         if p.grad is None or _is_tp_duplicate(p, tp_rank):
             continue
         total = total + p.grad.detach().float().pow(2).sum()
-    if _world(mp_group) > 1:
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mp_group)
-    return total.sqrt()
+    return total
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: Optional[float], tp_rank: int = 0,

@@ -3,7 +3,7 @@
     model = build_model(cfg, device)
 
 TransformerConfig comes from cfg.trainer.model (Llama family: GQA, RoPE, RMSNorm, SwiGLU, no biases,
-untied embeddings), cfg.trainer.parallelism, cfg.trainer.recompute and cfg.trainer.precision (merged
+untied embeddings; MoE / MLA / RoPE scaling keywords from trainer.model.arch), cfg.trainer.parallelism, cfg.trainer.recompute and cfg.trainer.precision (merged
 with trainer.precision.transformer_config_kwargs(cfg) when that module exists). The layer spec is TE's
 on a GPU with Transformer Engine, megatron's local spec + SDPACoreAttention otherwise.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.model import specs
+from trainer.model import arch, specs
 from trainer.model.lora import apply_lora
 
 
@@ -36,35 +36,9 @@ def _recompute_kwargs(rcfg) -> dict:
     raise ValueError(f"trainer.recompute.granularity must be null|full|selective, got {gran!r}")
 
 
-def _moe_kwargs(mcfg, use_te: bool) -> dict:
-    if not mcfg.num_moe_experts:
-        return {}
-    freq = mcfg.moe_layer_freq
-    first_dense = int(mcfg.moe_first_k_dense or 0)
-    if first_dense:
-        freq = [0] * first_dense + [1] * (int(mcfg.num_layers) - first_dense)
-    elif isinstance(freq, (list, tuple)):
-        freq = list(freq)
-    return {
-        "num_moe_experts": int(mcfg.num_moe_experts),
-        "moe_router_topk": int(mcfg.moe_router_topk or 1),
-        "moe_ffn_hidden_size": int(mcfg.moe_ffn_hidden_size or mcfg.ffn_hidden_size),
-        "moe_shared_expert_intermediate_size": mcfg.moe_shared_expert_intermediate_size,
-        "moe_layer_freq": freq,
-        "moe_grouped_gemm": use_te,
-        "moe_token_dispatcher_type": "alltoall",
-        "moe_router_load_balancing_type": "aux_loss",
-        "moe_aux_loss_coeff": 0.0,
-    }
-
-
 def make_transformer_config(cfg, device: torch.device, use_te: bool):
     """TransformerConfig for the recipe; fusions only where their kernels exist (GPU)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     m, par, prec = cfg.trainer.model, cfg.trainer.parallelism, cfg.trainer.precision
-    if m.multi_latent_attention:
-        raise NotImplementedError("multi_latent_attention models are not supported yet")
     bf16 = bool(prec.bf16)
     dtype = torch.bfloat16 if bf16 else torch.float32
     on_gpu = device.type == "cuda"
@@ -91,21 +65,11 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool):
         calculate_per_token_loss=True,
         batch_p2p_comm=on_gpu,  # batched isend/irecv needs torch.cuda.synchronize
     )
-    kwargs.update(_moe_kwargs(m, use_te))
+    kwargs.update(arch.moe_kwargs(m, use_te, on_gpu, par))
+    kwargs.update(arch.mla_kwargs(m))
     kwargs.update(_recompute_kwargs(cfg.trainer.recompute))
     kwargs.update(_precision_kwargs(cfg))
-    return TransformerConfig(**kwargs)
-
-
-def _rope_kwargs(mcfg) -> dict:
-    rs = mcfg.rope_scaling
-    if not rs:
-        return {}
-    kind = rs.get("type") or rs.get("rope_type")
-    defaults = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
-    if kind != "llama3" or any(float(rs.get(k, v)) != float(v) for k, v in defaults.items()):
-        raise NotImplementedError(f"rope_scaling {dict(rs)} (only llama3 with 1/4/8192 is supported)")
-    return {"rope_scaling": True, "rope_scaling_factor": float(rs.get("factor", 8))}
+    return arch.config_class(m)(**kwargs)
 
 
 def _require_input_grads(model) -> None:
@@ -141,7 +105,7 @@ def build_model(cfg, device: torch.device):
         vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),
-        position_embedding_type="rope", rotary_base=int(m.rotary_base), **_rope_kwargs(m))
+        position_embedding_type="rope", rotary_base=int(m.rotary_base), **arch.gpt_rope_kwargs(m))
     model._primus_uses_te = use_te
     model.to(device)
     if cfg.trainer.checkpoint.pretrained:

@@ -8,7 +8,11 @@
    megatron's `_get_cuda_rng_state/_set_cuda_rng_state` (used by activation recompute) at the CPU
    generator, so `model_parallel_cuda_manual_seed`, dropout forks and recompute replay all work;
 3. gives megatron's pipeline schedules (which allocate their token counter with device="cuda") a
-   `torch` whose `zeros` maps a CUDA device to the CPU.
+   `torch` whose `zeros` maps a CUDA device to the CPU;
+4. defines `te_general_gemm = None` in megatron's MoE utils when TE is absent (some versions only
+   bind the name when TE imports, so the router's plain torch.mm fallback raised NameError);
+5. sets multi_latent_attention.HAVE_TE = False when TE is absent (its guarded import succeeds
+   without TE, binding TELinear = None, and MLA's isinstance(linear_proj, TELinear) then raised).
 
 The packed (THD) attention on CPU is a separate module (trainer.model.sdpa_attention) selected by
 trainer.model.specs; nothing here changes numerics.
@@ -94,6 +98,14 @@ def install() -> bool:
     from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = _CpuTorch()
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    if not isinstance(getattr(mla, "TELinear", None), type):
+        mla.HAVE_TE = False
     _INSTALLED = True
     return True
 

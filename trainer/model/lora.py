@@ -17,6 +17,9 @@ Tensor-parallel layout (tp > 1), consistent with the base linear's own sharding:
   B [out, r] replicated; the partial h = x_local A_local^T is all-reduced across TP (or
   reduce-scattered to the sequence shard with sequence parallelism) before B.
 
+MoE expert linears (megatron `is_expert`) are not tensor-parallel: their adapters are whole and marked
+`allreduce = False` (grads reduced over the expert data-parallel group, see trainer.optim).
+
 Replicated adapter weights whose gradient comes from a sequence shard (A of a column base and B of
 a row base, under sequence parallelism) carry `sequence_parallel=True`, the attribute megatron uses
 for layer-norm weights; `allreduce_sequence_parallel_grads(model)` sums them across TP.
@@ -87,6 +90,10 @@ class LoRALinear(nn.Module):
             base.return_layernorm_output = True
             if hasattr(base, "return_layernorm_output_gathered"):
                 base.return_layernorm_output_gathered = False
+        # MoE experts are never tensor-parallel (trainer.model.arch: expert_tensor_parallel_size 1)
+        self.is_expert = bool(getattr(base, "is_expert", False))
+        if self.is_expert:
+            tp_size, tp_rank, sequence_parallel = 1, 0, False
         self.tp_size = tp_size
         self.sequence_parallel = sequence_parallel and tp_size > 1
         self.scale = float(alpha) / float(dim)
@@ -111,12 +118,19 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(b.to(device=device, dtype=torch.float32).contiguous())
         # Megatron's tensor-parallel attributes: which dim is sharded (checkpointing, grad norm).
         sharded, replicated = (self.lora_b, self.lora_a) if self.mode == COLUMN else (self.lora_a, self.lora_b)
-        sharded.tensor_model_parallel = True  # as megatron marks its parallel linears, also at TP=1
+        # (marked also at TP=1, as megatron marks its parallel linears; expert adapters are whole)
+        sharded.tensor_model_parallel = not self.is_expert
         sharded.partition_dim = 0 if self.mode == COLUMN else 1
         sharded.partition_stride = 1
         replicated.tensor_model_parallel = False
         # The replicated factor sees only this rank's sequence shard under SP.
         replicated.sequence_parallel = self.sequence_parallel
+        # Expert adapters: `allreduce = False` (megatron's mark for expert-parallel weights): their
+        # grads are summed over the expert data-parallel group, not the data-parallel group
+        # (trainer.optim). With experts not tensor-parallel, that group also holds the TP peers,
+        # which route different tokens (their sequence shards) to the same experts.
+        for p in (self.lora_a, self.lora_b):
+            p.allreduce = not self.is_expert
 
     def __getattr__(self, name: str):
         try:

@@ -2,7 +2,8 @@
 
 Megatron marks sharded params with `tensor_model_parallel` and `partition_dim`. The one layout that
 is not a plain contiguous chunk is SwiGLU's fused fc1 ([gate; up] rows): each rank holds
-[gate_r; up_r]. LoRA's B of linear_fc1 follows the same layout. Names are "canonical": the
+[gate_r; up_r]. LoRA's B of linear_fc1 follows the same layout. MoE experts are whole on every
+TP rank (expert tensor parallelism is 1). Names are "canonical": the
 module path without LoRA's ".base" hop (decoder.layers.0.mlp.linear_fc1.weight).
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ def canonical_params(model) -> dict[str, torch.nn.Parameter]:
 
 
 def shard_dim(name: str, param: torch.Tensor) -> Optional[int]:
-    """Dim along which `param` is TP-sharded, or None when replicated."""
-    if not getattr(param, "tensor_model_parallel", False):
+    """Dim along which `param` is TP-sharded, or None when replicated. MoE expert weights are never
+    TP-sharded here (expert_tensor_parallel_size 1, trainer.model.arch), whatever megatron marks."""
+    if not getattr(param, "tensor_model_parallel", False) or ".experts." in f".{name}":
         return None
     return int(getattr(param, "partition_dim", 0))
 

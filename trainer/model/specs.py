@@ -1,7 +1,8 @@
 """Transformer-layer spec selection: TE on a GPU with Transformer Engine, local spec otherwise.
 
 The local spec swaps megatron's DotProductAttention (no packed-sequence support) for
-SDPACoreAttention so packed THD batches never attend across documents.
+SDPACoreAttention so packed THD batches never attend across documents (standard and MLA attention).
+MoE models get one spec per layer (dense or MoE by moe_layer_freq / moe_first_k_dense).
 """
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ class LocalRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
+class HeadRMSNorm(LocalRMSNorm):
+    """LocalRMSNorm for the q/k (and MLA q/kv latent) norms inside attention: per token like any
+    RMSNorm, but never on a sequence shard's own weight-grad path, so not marked sequence_parallel."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__(config, hidden_size, eps=eps)
+        self.weight.sequence_parallel = False
+
+
 def te_available(device: torch.device) -> bool:
     """True when the TE layer spec can be used: CUDA device and transformer_engine importable."""
     if device.type != "cuda":
@@ -32,26 +42,34 @@ def te_available(device: torch.device) -> bool:
     return True
 
 
-def layer_spec(mcfg, device: torch.device):
-    """ModuleSpec for one GPT layer of the recipe's (dense, GQA, RMSNorm, SwiGLU) model."""
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-
-    num_experts = mcfg.num_moe_experts or None
-    if te_available(device):
-        return specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=num_experts, moe_grouped_gemm=bool(num_experts),
-            qk_layernorm=bool(mcfg.qk_layernorm),
-            multi_latent_attention=bool(mcfg.multi_latent_attention))
+def _local(spec):
+    """Local-spec layer with packed-sequence attention (SDPACoreAttention) and LocalRMSNorm norms."""
     from trainer.model.sdpa_attention import SDPACoreAttention
 
-    spec = specs.get_gpt_layer_local_spec(
-        num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
-        multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm")
+    from megatron.core.transformer.identity_op import IdentityOp
+
     spec = copy.deepcopy(spec)
-    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    attn = spec.submodules.self_attention.submodules
+    attn.core_attention = SDPACoreAttention
+    for name in ("q_layernorm", "k_layernorm", "kv_layernorm"):  # megatron's torch norm refuses SP
+        if getattr(attn, name, None) not in (None, IdentityOp):
+            setattr(attn, name, HeadRMSNorm)
     spec.submodules.input_layernorm = LocalRMSNorm
     spec.submodules.pre_mlp_layernorm = LocalRMSNorm
     return spec
+
+
+def layer_spec(mcfg, device: torch.device):
+    """ModuleSpec for one GPT layer of a dense (GQA or MLA, RMSNorm, SwiGLU) model."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if te_available(device):
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
+            multi_latent_attention=bool(mcfg.multi_latent_attention))
+    return _local(specs.get_gpt_layer_local_spec(
+        num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
+        multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm"))
 
 
 def uses_te(model) -> bool:
@@ -60,13 +78,25 @@ def uses_te(model) -> bool:
 
 
 def block_spec(config, mcfg, device: torch.device):
-    """What GPTModel gets as `transformer_layer_spec`: TE's layer spec as is; on the local path a
-    block spec whose final norm is LocalRMSNorm too (so sequence parallelism works there)."""
-    spec = layer_spec(mcfg, device)
-    if te_available(device):
-        return spec
+    """What GPTModel gets as `transformer_layer_spec`. Dense: TE's layer spec as is, or on the local
+    path a block spec whose final norm is LocalRMSNorm too (so sequence parallelism works there).
+    MoE: megatron's per-layer specs (dense or MoE layer by config.moe_layer_freq) for this pipeline
+    stage's layers, patched the same way on the local path."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
                                                              get_num_layers_to_build)
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+    te = te_available(device)
+    if not config.num_moe_experts:
+        spec = layer_spec(mcfg, device)
+        if te:
+            return spec
+        return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+                                          layer_norm=LocalRMSNorm)
+    if te:
+        return specs.get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm")
+    every = [_local(spec) for spec in specs.get_gpt_decoder_layer_specs(config, False, normalization="RMSNorm")]
+    offset = get_transformer_layer_offset(config)
+    return TransformerBlockSubmodules(layer_specs=every[offset:offset + get_num_layers_to_build(config)],
                                       layer_norm=LocalRMSNorm)

@@ -1,0 +1,53 @@
+"""Expert parallelism over the data-parallel ranks: EP=2 (two gloo ranks, 2 of the 4 experts each)
+follows the single-process loss trajectory for the tiny Qwen3-MoE and DeepSeek (MLA + shared experts
++ dense first layer) models, through the real Trainer.step (expert grads summed over the expert
+data-parallel group only, grad norm over distinct experts). The same spawn runs the MoE models with
+TP=2 + sequence parallelism (experts not tensor-parallel) and PP=2 (DeepSeek's dense first layer and its MoE layer on different stages).
+
+Tolerance: fp32 on CPU, losses rtol 1e-5, grad norms 1e-4 (reduction order only).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, free_port
+from tests.parallel_helpers import (assert_same_trajectory, initial_state, layout_cfg, run_layout, set_rank_env,
+                                    synthetic_packs)
+
+STEPS = 3
+ARCHS = {"qwen3_moe": QWEN3_MOE, "deepseek_mla": DEEPSEEK_MLA}
+RUNS = {"qwen3_moe/ep2": {"expert": 2}, "deepseek_mla/ep2": {"expert": 2},
+        "qwen3_moe/tp2_sp": {"tensor": 2, "sequence_parallel": True}, "deepseek_mla/pp2": {"pipeline": 2}}
+
+
+def _cfg(arch: str, par: dict):
+    sections = arch_sections(ARCHS[arch])
+    return layout_cfg(par, model={**sections.pop("model"), "num_layers": 2}, **sections)
+
+
+def _worker(rank, world, ports, states, packs, root, out):
+    results = {}
+    for (run, par), port in zip(RUNS.items(), ports):
+        arch = run.split("/")[0]
+        set_rank_env(rank, world, port)
+        results[run] = run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", STEPS)
+    torch.save(results, f"{out}.{rank}")
+
+
+@pytest.mark.slow
+def test_ep2_tp2_pp2_moe_match_single_process(tmp_path):
+    packs = synthetic_packs(24, 32, vocab=128, seed=31)
+    states, refs = {}, {}
+    for arch in ARCHS:
+        states[arch] = initial_state(_cfg(arch, {}), perturb_seed=32)
+        refs[arch] = run_layout(_cfg(arch, {}), states[arch], packs, str(tmp_path / arch), STEPS)["trajectory"]
+    out = tmp_path / "res"
+    mp.start_processes(_worker, args=(2, [free_port() for _ in RUNS], states, packs, str(tmp_path), str(out)),
+                       nprocs=2, join=True, start_method="spawn")
+    for rank in range(2):
+        results = torch.load(f"{out}.{rank}")
+        assert results["qwen3_moe/ep2"]["dp"] == 2
+        for run, got in results.items():
+            assert_same_trajectory(got["trajectory"], refs[run.split("/")[0]], 1e-5, f"{run} rank {rank}")

@@ -1,0 +1,104 @@
+"""TransformerConfig keywords for the architecture families beyond dense Llama: MoE (Qwen3-MoE,
+DeepSeek-V2), MLA (DeepSeek), RoPE scaling (llama3, yarn).
+
+    kwargs.update(moe_kwargs(m, use_te, on_gpu)); kwargs.update(rope_kwargs(m)); cls = config_class(m)
+
+MoE: routed experts every layer (or after `moe_first_k_dense` dense layers, or by `moe_layer_freq`),
+top-k routing as the HF models do it (Qwen3: softmax over the top-k logits = renormalised top-k
+probabilities; DeepSeek-V2: softmax over all experts, top-k kept unnormalised), optional shared
+experts, no load-balancing loss (the router is frozen under LoRA). Experts are not tensor-parallel
+(expert_tensor_parallel_size 1, set in trainer.distributed too); expert parallelism splits them over
+the data-parallel ranks. TE runs them as TEGroupedMLP (grouped GEMM), the local spec as SequentialMLP.
+The token dispatcher is all-to-all on GPU and all-gather on CPU (all-to-all needs CUDA streams).
+
+MLA (DeepSeek): MLATransformerConfig with the preset's ranks / head dims; the q/kv norms of MLA are
+always on (DeepSeek's kv_a_layernorm). RoPE: rope_scaling {type: yarn, ...} maps to MLA's YaRN
+parameters, no rope_scaling to plain RoPE.
+"""
+from __future__ import annotations
+
+_LLAMA3 = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
+_YARN_KEYS = {"factor": "rotary_scaling_factor", "original_max_position_embeddings": "original_max_position_embeddings",
+              "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale", "mscale_all_dim": "mscale_all_dim"}
+
+
+def moe_layer_pattern(mcfg):
+    """megatron's moe_layer_freq: 1 (every layer), or a 0/1 list for first-k-dense / a list pattern."""
+    first_dense = int(mcfg.moe_first_k_dense or 0)
+    if first_dense:
+        if first_dense >= int(mcfg.num_layers):
+            raise ValueError(f"model.moe_first_k_dense {first_dense} leaves no MoE layer of {mcfg.num_layers}")
+        return [0] * first_dense + [1] * (int(mcfg.num_layers) - first_dense)
+    freq = mcfg.moe_layer_freq
+    return list(freq) if isinstance(freq, (list, tuple)) else int(freq or 1)
+
+
+def moe_kwargs(mcfg, use_te: bool, on_gpu: bool, par=None) -> dict:
+    if not mcfg.num_moe_experts:
+        return {}
+    if par is not None and int(par.tensor) > 1 and not par.sequence_parallel:
+        raise ValueError("MoE with parallelism.tensor > 1 needs parallelism.sequence_parallel: true "
+                         "(megatron-core refuses MoE training under TP without it)")
+    experts, topk = int(mcfg.num_moe_experts), int(mcfg.moe_router_topk or 1)
+    if topk > experts:
+        raise ValueError(f"model.moe_router_topk {topk} > num_moe_experts {experts}")
+    out = {
+        "num_moe_experts": experts,
+        "moe_router_topk": topk,
+        "moe_ffn_hidden_size": int(mcfg.moe_ffn_hidden_size or mcfg.ffn_hidden_size),
+        "moe_shared_expert_intermediate_size": (int(mcfg.moe_shared_expert_intermediate_size)
+                                                if mcfg.moe_shared_expert_intermediate_size else None),
+        "moe_layer_freq": moe_layer_pattern(mcfg),
+        "moe_grouped_gemm": use_te,
+        "moe_token_dispatcher_type": "alltoall" if on_gpu else "allgather",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_router_pre_softmax": mcfg.family == "deepseek",
+        "moe_router_score_function": "softmax",
+        "expert_tensor_parallel_size": 1,
+    }
+    if on_gpu:
+        out["moe_router_dtype"] = "fp32"
+    return out
+
+
+def rope_kwargs(mcfg) -> dict:
+    """RoPE scaling: llama3 (GPTModel keywords) or yarn (MLATransformerConfig fields)."""
+    rs = mcfg.rope_scaling
+    mla = bool(mcfg.multi_latent_attention)
+    if not rs:
+        return {"rope_type": "rope"} if mla else {}
+    kind = rs.get("type") or rs.get("rope_type")
+    if kind == "yarn" and mla:
+        return {"rope_type": "yarn", **{dst: float(rs[src]) for src, dst in _YARN_KEYS.items() if src in rs}}
+    if kind == "llama3" and not mla and all(float(rs.get(k, v)) == float(v) for k, v in _LLAMA3.items()):
+        return {}  # applied by GPTModel (gpt_rope_kwargs)
+    raise NotImplementedError(f"rope_scaling {dict(rs)}: supported are llama3 (1/4/8192) on standard "
+                              "attention and yarn on multi-latent attention")
+
+
+def gpt_rope_kwargs(mcfg) -> dict:
+    """GPTModel keywords for llama3 RoPE scaling (MLA does its RoPE inside the attention)."""
+    rs = mcfg.rope_scaling
+    if not rs or mcfg.multi_latent_attention:
+        return {}
+    rope_kwargs(mcfg)  # validates
+    return {"rope_scaling": True, "rope_scaling_factor": float(rs.get("factor", 8))}
+
+
+def mla_kwargs(mcfg) -> dict:
+    if not mcfg.multi_latent_attention:
+        return {}
+    missing = [k for k in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim") if not mcfg[k]]
+    if missing:
+        raise ValueError(f"multi_latent_attention needs model.{', model.'.join(missing)}")
+    return {"q_lora_rank": int(mcfg.q_lora_rank) if mcfg.q_lora_rank else None,
+            "kv_lora_rank": int(mcfg.kv_lora_rank), "qk_head_dim": int(mcfg.qk_head_dim),
+            "qk_pos_emb_head_dim": int(mcfg.qk_pos_emb_head_dim), "v_head_dim": int(mcfg.v_head_dim),
+            "qk_layernorm": True, "rotary_base": float(mcfg.rotary_base), **rope_kwargs(mcfg)}
+
+
+def config_class(mcfg):
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    return MLATransformerConfig if mcfg.multi_latent_attention else TransformerConfig
