@@ -10,7 +10,9 @@ The losses of the three attempts together equal an uninterrupted run of the same
 Timing: slurmctld checks time limits every 30 s, so the warning arrives 45-75 s into a 2-minute job. To not
 spend that on the CPU, attempt 0's trainer is frozen (SIGSTOP) after a few iterations and thawed (SIGCONT)
 as soon as the batch shell reports the signal; the stop request then reaches it through the real path
-(trap -> srun -> torchrun -> trainer). A requeued job normally waits ~120 s before it may start again;
+(trap -> scancel -> every process of the step). Attempt 1 is frozen the same way before the operator's
+requeue, which itself sends SIGCONT and SIGTERM, so where each attempt stops does not depend on CPU speed.
+A requeued job normally waits ~120 s before it may start again;
 `scontrol update StartTime=now` skips that wait.
 """
 from __future__ import annotations
@@ -73,9 +75,12 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
         scontrol("update", f"JobId={job}", "TimeLimit=10")  # later attempts are not cut short by the 2-minute limit
         release(job)
         wait_text(attempt_log[1], f"] iteration {k0 + 3}/", 240)
+        frozen = worker_pids(run_dir)[0]
+        os.kill(frozen, signal.SIGSTOP)  # hold it mid-run however fast the CPU; Slurm sends SIGCONT + SIGTERM
         assert status_json(job_env, entry["run_id"])["restarts"] == 1
         scontrol("requeue", job)
         wait_requeued(job, 2)
+        frozen = None
         second = read(attempt_log[1])
         k1 = _stopped(second)
         assert f"resumed_from checkpoints/iter_{k0:07d}" in second and k0 < k1 < ITERS
