@@ -115,10 +115,11 @@ def probe_losses(model, packs) -> torch.Tensor:
 
 
 def run_layout(cfg, full: dict, packs, run_dir: str, steps: int, resume: str | None = None,
-               save_at: int | None = None) -> dict:
+               save_at: int | None = None, export_dir: str | None = None) -> dict:
     """Build the model for cfg's layout in the current (gloo) world, load the global full state
     dict `full` (base + adapters), optionally restore checkpoint `resume` (trainer.reshard), run
-    `steps` Trainer steps, saving a checkpoint after `save_at` of them. Returns trajectory, probe
+    `steps` Trainer steps, saving a checkpoint after `save_at` of them, then export the PEFT adapter
+    to `export_dir` (trainer.model.export_peft, collective). Returns trajectory, probe
     (eval losses before training), the checkpoint dir, the reshard note and the layout sizes."""
     from tests.model_helpers import dist_session
     from trainer.model import build_model
@@ -137,6 +138,10 @@ def run_layout(cfg, full: dict, packs, run_dir: str, steps: int, resume: str | N
         traj = trajectory(trainer, save_at if save_at is not None else steps)
         saved = save_checkpoint(trainer) if save_at is not None else None
         traj += trajectory(trainer, steps - len(traj))
+        if export_dir is not None:
+            from trainer.model import export_peft
+
+            export_peft(model, cfg, export_dir)
         return {"trajectory": traj, "probe": probe, "checkpoint": saved, "note": note,
                 "tp": info.tp_size, "pp": info.pp_size, "dp": info.dp_size}
 

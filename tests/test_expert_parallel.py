@@ -2,7 +2,8 @@
 follows the single-process loss trajectory for the tiny Qwen3-MoE and DeepSeek (MLA + shared experts
 + dense first layer) models, through the real Trainer.step (expert grads summed over the expert
 data-parallel group only, grad norm over distinct experts). The same spawn runs the MoE models with
-TP=2 + sequence parallelism (experts not tensor-parallel) and PP=2 (DeepSeek's dense first layer and its MoE layer on different stages).
+TP=2 + sequence parallelism (experts not tensor-parallel) and PP=2 (DeepSeek's dense first layer and its
+MoE layer on different stages), and checks the EP=2 PEFT export (experts gathered over EP).
 
 Tolerance: fp32 on CPU, losses rtol 1e-5, grad norms 1e-4 (reduction order only).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, free_port
 from tests.parallel_helpers import (assert_same_trajectory, initial_state, layout_cfg, run_layout, set_rank_env,
@@ -32,7 +34,8 @@ def _worker(rank, world, ports, states, packs, root, out):
     for (run, par), port in zip(RUNS.items(), ports):
         arch = run.split("/")[0]
         set_rank_env(rank, world, port)
-        results[run] = run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", STEPS)
+        export = f"{root}/{run}/adapter" if run == "qwen3_moe/ep2" else None
+        results[run] = run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", STEPS, export_dir=export)
     torch.save(results, f"{out}.{rank}")
 
 
@@ -42,7 +45,9 @@ def test_ep2_tp2_pp2_moe_match_single_process(tmp_path):
     states, refs = {}, {}
     for arch in ARCHS:
         states[arch] = initial_state(_cfg(arch, {}), perturb_seed=32)
-        refs[arch] = run_layout(_cfg(arch, {}), states[arch], packs, str(tmp_path / arch), STEPS)["trajectory"]
+        export = str(tmp_path / arch / "adapter") if arch == "qwen3_moe" else None
+        refs[arch] = run_layout(_cfg(arch, {}), states[arch], packs, str(tmp_path / arch), STEPS,
+                                export_dir=export)["trajectory"]
     out = tmp_path / "res"
     mp.start_processes(_worker, args=(2, [free_port() for _ in RUNS], states, packs, str(tmp_path), str(out)),
                        nprocs=2, join=True, start_method="spawn")
@@ -51,3 +56,13 @@ def test_ep2_tp2_pp2_moe_match_single_process(tmp_path):
         assert results["qwen3_moe/ep2"]["dp"] == 2
         for run, got in results.items():
             assert_same_trajectory(got["trajectory"], refs[run.split("/")[0]], 1e-5, f"{run} rank {rank}")
+    # the PEFT export gathers experts over EP: same file as the single-process run's, HF expert names
+    got, want = (load_file(str(tmp_path / d / "adapter" / "adapter_model.safetensors"))
+                 for d in ("qwen3_moe/ep2", "qwen3_moe"))
+    assert got.keys() == want.keys()
+    per_layer = 3 * 2 + 2 + 4 * 3 * 2  # q/k/v + o (A and B) + 4 experts x gate/up/down (A and B)
+    assert len(want) == 2 * per_layer
+    b = want["base_model.model.model.layers.1.mlp.experts.3.up_proj.lora_B.weight"]
+    assert b.shape == (32, 4) and b.abs().sum() > 0
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6, msg=name)

@@ -81,3 +81,50 @@ def test_packed_documents_equal_separate_runs(arch):
             whole = dict(batch, cu_seqlens=torch.tensor([0, 64], dtype=torch.int32), max_seqlen=64)
             crossed = forward_losses(model, whole).reshape(-1)
             assert not torch.allclose(crossed[cu[1]:cu[2]], packed[cu[1]:cu[2]], atol=1e-4)
+
+
+class _TorchGroupedLinear(torch.nn.Module):
+    """Reference grouped linear with TE GroupedLinear's interface (weight0..weight{E-1}, forward(x,
+    m_splits) -> (y, bias)), for the adapter math on CPU where TE does not exist."""
+
+    def __init__(self, experts: int, inp: int, out: int, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.num_gemms = experts
+        for e in range(experts):
+            self.register_parameter(f"weight{e}", torch.nn.Parameter(torch.randn(out, inp, generator=g) * 0.1,
+                                                                      requires_grad=False))
+
+    def forward(self, x, m_splits):
+        parts = torch.split(x, list(m_splits))
+        return torch.cat([p @ getattr(self, f"weight{e}").t() for e, p in enumerate(parts)]), None
+
+
+def test_grouped_expert_adapter_is_per_expert_lora():
+    """TEGroupedMLP's linears get one adapter per expert: y_e = W_e x_e + (alpha/r) B_e A_e x_e on each
+    expert's rows (uneven splits, one expert without tokens), grads only into that expert's factors."""
+    from trainer.model.lora import _grouped
+    from trainer.model.lora_grouped import GroupedLoRALinear
+
+    lcfg = tiny_cfg().trainer.lora
+    base = _TorchGroupedLinear(4, 16, 24, seed=0)
+    layer = _grouped(base, "decoder.layers.0.mlp.experts.linear_fc1", lcfg, seed=5, global_name=lambda n: n)
+    assert isinstance(layer, GroupedLoRALinear) and len(layer.lora) == 4
+    assert all(torch.count_nonzero(ad.lora_b) == 0 and ad.lora_a.abs().sum() > 0 for ad in layer.lora)
+    assert not torch.equal(layer.lora[0].lora_a, layer.lora[1].lora_a)  # seeded per expert
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for ad in layer.lora:
+            ad.lora_b.normal_(0, 0.1, generator=g)
+    splits = [5, 0, 9, 3]
+    x = torch.randn(sum(splits), 16, generator=g)
+    y, bias = layer(x, splits)
+    assert bias is None and y.shape == (17, 24)
+    scale = lcfg.alpha / lcfg.dim
+    rows = torch.split(x, splits)
+    want = torch.cat([r @ getattr(base, f"weight{e}").t() + scale * (r @ layer.lora[e].lora_a.t()) @ layer.lora[e].lora_b.t()
+                      for e, r in enumerate(rows)])
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+    y[:5].sum().backward()  # only expert 0's rows
+    assert layer.lora[0].lora_a.grad.abs().sum() > 0
+    assert all(ad.lora_a.grad is None or ad.lora_a.grad.abs().sum() == 0 for ad in list(layer.lora)[1:])

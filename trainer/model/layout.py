@@ -7,6 +7,8 @@ index the layer / expert has in the whole model, so the same weight has the same
     decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.lora_a    (PP rank 1 of 2, EP rank 1 of 2)
  -> decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.lora_a    (4 layers, 4 experts)
 
+(the per-expert adapters of TE grouped linears, `...experts.linear_fc1.lora.<local>.lora_a`, alike).
+
 Tensor-parallel shards keep their names (trainer.model.sharding gathers / slices them). Names are
 canonical (LoRA's ".base." hop removed, trainer.model.sharding.canonical).
 """
@@ -20,7 +22,8 @@ import torch
 from trainer.model.sharding import canonical, canonical_params, full_state_dict, load_full_state_dict
 
 _LAYER = re.compile(r"^((?:module\.)*decoder\.layers\.)(\d+)(\.|$)")
-_EXPERT = re.compile(r"(\.experts\.local_experts\.)(\d+)(\.|$)")
+# SequentialMLP experts, and the per-expert adapters of TE grouped expert linears (lora_grouped)
+_EXPERT = re.compile(r"(\.experts\.(?:local_experts|linear_fc[12]\.lora)\.)(\d+)(\.|$)")
 
 
 def _layer_map(model) -> list[int]:
@@ -61,14 +64,16 @@ def namer(model) -> Callable[[str], str]:
 
 
 def _local_expert_counts(model) -> dict[int, int]:
-    """Local layer index -> number of local experts (MoE layers with SequentialMLP experts)."""
+    """Local layer index -> number of local experts (MoE layers)."""
     out = {}
     decoder = getattr(model, "decoder", None)
     for i, layer in enumerate(getattr(decoder, "layers", [])):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
-        local = getattr(experts, "local_experts", None)
-        if local is not None:
-            out[i] = len(local)
+        count = getattr(experts, "num_local_experts", None)
+        if count is None and getattr(experts, "local_experts", None) is not None:
+            count = len(experts.local_experts)
+        if count:
+            out[i] = int(count)
     return out
 
 

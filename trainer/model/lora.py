@@ -17,6 +17,7 @@ Tensor-parallel layout (tp > 1), consistent with the base linear's own sharding:
   B [out, r] replicated; the partial h = x_local A_local^T is all-reduced across TP (or
   reduce-scattered to the sequence shard with sequence parallelism) before B.
 
+TE's grouped expert linears (TEGroupedMLP) get one adapter per expert (trainer.model.lora_grouped).
 MoE expert linears (megatron `is_expert`) are not tensor-parallel: their adapters are whole and marked
 `allreduce = False` (grads reduced over the expert data-parallel group, see trainer.optim).
 
@@ -37,6 +38,8 @@ from typing import Iterable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from trainer.model.lora_grouped import GroupedLoRALinear, is_grouped_linear
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -179,10 +182,10 @@ def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]
     out = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if isinstance(module, LoRALinear):
+        if isinstance(module, (LoRALinear, GroupedLoRALinear)):
             raise ValueError("LoRA is already applied to this model")
         weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        if (not isinstance(weight, torch.Tensor) or weight.dim() != 2) and not is_grouped_linear(module):
             continue
         if _matches(name, leaf, target_modules) and not _matches(name, leaf, exclude_modules or ()):
             out.append(name)
@@ -206,17 +209,35 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         base = getattr(parent, leaf)
+        if is_grouped_linear(base):
+            setattr(parent, leaf, _grouped(base, name, lcfg, seed, global_name))
+            continue
         wrapped = LoRALinear(
             base, leaf, dim=int(lcfg.dim), alpha=float(lcfg.alpha), dropout=float(lcfg.dropout or 0.0),
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
-            seed=seed * 1_000_003 + zlib.crc32(global_name(name).encode()))
+            seed=_seed(seed, global_name(name)))
         setattr(parent, leaf, wrapped)
     return names
 
 
-def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
-    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+def _seed(seed: int, global_name: str) -> int:
+    return seed * 1_000_003 + zlib.crc32(global_name.encode())
+
+
+def _grouped(base, name: str, lcfg, seed: int, global_name) -> GroupedLoRALinear:
+    """GroupedLoRALinear with each local expert's factors seeded by its global name."""
+    dim = int(lcfg.dim)
+    out, inp = base.weight0.shape
+    pairs = []
+    for e in range(base.num_gemms):
+        s = _seed(seed, global_name(f"{name}.lora.{e}"))
+        pairs.append((_seeded_init((dim, inp), lcfg.a_init, s), _seeded_init((out, dim), lcfg.b_init, s + 1)))
+    return GroupedLoRALinear(base, dim, float(lcfg.alpha), float(lcfg.dropout or 0.0), lcfg.dropout_position, pairs)
+
+
+def lora_modules(model: nn.Module) -> dict[str, nn.Module]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, (LoRALinear, GroupedLoRALinear))}
 
 
 def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:

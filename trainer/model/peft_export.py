@@ -6,74 +6,99 @@ Writes `adapter_config.json` + `adapter_model.safetensors` that
 `peft.PeftModel.from_pretrained(LlamaForCausalLM, out_dir)` loads. Fused megatron linears are split
 into HF modules: linear_qkv -> q/k/v_proj (each gets the same A; B split per query group),
 linear_fc1 -> gate/up_proj (same A; B split in halves); linear_proj -> o_proj, linear_fc2 ->
-down_proj. The scale alpha/r is the same in both, so outputs are identical.
+down_proj. The scale alpha/r is the same in both, so outputs are identical. MoE: routed expert j's
+adapters -> mlp.experts.<j>.gate_proj/up_proj/down_proj (the per-expert module names of the HF hub
+checkpoints, global expert index whatever the EP layout), shared experts -> mlp.shared_experts.*;
+multi-latent attention adapters are not exported (NotImplementedError).
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from trainer.model.hf_import import split_qkv
+from trainer.model.layout import namer
 from trainer.model.sharding import canonical, to_full
 
 _PREFIX = "base_model.model.model.layers"
 
 
-def _global_layer_index(model, local_index: int) -> int:
-    return int(model.decoder.layers[local_index].layer_number) - 1
-
-
 def gathered_adapters(model) -> dict[str, torch.Tensor]:
-    """Full-size LoRA factors keyed 'layers.<global i>.<module path>.lora_a|b' (all TP/PP ranks)."""
+    """Full-size LoRA factors keyed 'layers.<global i>.<module path>.lora_a|b' (global expert indices
+    too), from every TP/PP/EP rank (collective over TP, EP and PP)."""
     from megatron.core import parallel_state as ps
 
     tp_group = ps.get_tensor_model_parallel_group()
+    rename = namer(model)
     local: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():
         if not name.endswith((".lora_a", ".lora_b")):
             continue
         full = to_full(canonical(name), p.detach(), p, tp_group)
-        parts = canonical(name).split(".")
-        if parts[:2] != ["decoder", "layers"]:
+        key = rename(name)
+        if not key.startswith("decoder.layers."):
             raise ValueError(f"PEFT export supports adapters on decoder layers only, not {name}")
-        gi = _global_layer_index(model, int(parts[2]))
-        local[".".join(["layers", str(gi)] + parts[3:])] = full.float().cpu()
-    if ps.get_pipeline_model_parallel_world_size() > 1:
-        chunks = [None] * ps.get_pipeline_model_parallel_world_size()
-        dist.all_gather_object(chunks, local, group=ps.get_pipeline_model_parallel_group())
-        local = {k: v for c in chunks for k, v in c.items()}
+        local[key[len("decoder."):]] = full.float().cpu()
+    for size, group in ((ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_group),
+                        (ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_group)):
+        if size > 1:  # EP ranks hold different experts, PP ranks different layers
+            chunks = [None] * size
+            dist.all_gather_object(chunks, local, group=group())
+            local = {k: v for c in chunks for k, v in c.items()}
     return local
 
 
+_EXPERT_PATH = re.compile(r"^mlp\.experts\.(?:local_experts\.(\d+)\.(linear_fc[12])|(linear_fc[12])\.lora\.(\d+))$")
+_MLA = ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+
+
+def _hf_module(path: str) -> tuple[str, str]:
+    """(HF module prefix under the layer, megatron leaf) for a megatron module path in a layer."""
+    m = _EXPERT_PATH.match(path)
+    if m:  # routed expert j (SequentialMLP or TE grouped adapters)
+        j, leaf = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(4), m.group(3))
+        return f"mlp.experts.{j}", leaf
+    block, _, leaf = path.rpartition(".")
+    if leaf in _MLA:
+        raise NotImplementedError("PEFT export of multi-latent-attention adapters is not implemented "
+                                  "(set checkpoint.export_peft: false; checkpoints hold the adapters)")
+    if block == "self_attention":
+        return "self_attn", leaf
+    if block == "mlp":
+        return "mlp", leaf
+    if block == "mlp.shared_experts":  # DeepSeek-V2 naming
+        return "mlp.shared_experts", leaf
+    raise ValueError(f"no HF PEFT mapping for LoRA on {path}")
+
+
 def to_peft_tensors(adapters: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    """Megatron LoRA factors -> PEFT keys (…q_proj.lora_A.weight) with fused linears split."""
+    """Megatron LoRA factors -> PEFT keys (…q_proj.lora_A.weight) with fused linears split. Routed
+    experts map to the HF checkpoints' per-expert modules (mlp.experts.<j>.gate_proj/up_proj/down_proj)."""
     heads, groups = config.num_attention_heads, config.num_query_groups
     out: dict[str, torch.Tensor] = {}
     modules = sorted({k.rsplit(".", 1)[0] for k in adapters})
     for mod in modules:
         a, b = adapters[mod + ".lora_a"], adapters[mod + ".lora_b"]
-        _, idx, block, leaf = mod.split(".")
-        pre = f"{_PREFIX}.{idx}"
+        _, idx, path = mod.split(".", 2)
+        prefix, leaf = _hf_module(path)
+        pre = f"{_PREFIX}.{idx}.{prefix}"
         if leaf == "linear_qkv":
-            for hf, piece in zip(("q_proj", "k_proj", "v_proj"), split_qkv(b, heads, groups)):
-                out[f"{pre}.self_attn.{hf}.lora_A.weight"] = a
-                out[f"{pre}.self_attn.{hf}.lora_B.weight"] = piece
+            pieces = zip(("q_proj", "k_proj", "v_proj"), split_qkv(b, heads, groups))
         elif leaf == "linear_proj":
-            out[f"{pre}.self_attn.o_proj.lora_A.weight"] = a
-            out[f"{pre}.self_attn.o_proj.lora_B.weight"] = b
+            pieces = [("o_proj", b)]
         elif leaf == "linear_fc1":
-            gate, up = b.chunk(2, dim=0)
-            for hf, piece in (("gate_proj", gate), ("up_proj", up)):
-                out[f"{pre}.mlp.{hf}.lora_A.weight"] = a
-                out[f"{pre}.mlp.{hf}.lora_B.weight"] = piece
+            pieces = zip(("gate_proj", "up_proj"), b.chunk(2, dim=0))
         elif leaf == "linear_fc2":
-            out[f"{pre}.mlp.down_proj.lora_A.weight"] = a
-            out[f"{pre}.mlp.down_proj.lora_B.weight"] = b
+            pieces = [("down_proj", b)]
         else:
-            raise ValueError(f"no HF PEFT mapping for LoRA on {block}.{leaf}")
+            raise ValueError(f"no HF PEFT mapping for LoRA on {path}")
+        for hf, piece in pieces:
+            out[f"{pre}.{hf}.lora_A.weight"] = a
+            out[f"{pre}.{hf}.lora_B.weight"] = piece
     return {k: v.clone().contiguous() for k, v in out.items()}  # no shared storage (safetensors)
 
 
