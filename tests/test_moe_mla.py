@@ -58,6 +58,16 @@ def test_lora_trains_experts_and_attention_router_frozen(arch):
                 assert torch.equal(p, router[n]), n
 
 
+def test_router_is_never_wrapped():
+    lora = {**tiny_cfg().trainer.lora.to_dict(), "target_modules": ["*"]}
+    cfg = tiny_cfg(trainer={"model": QWEN3_MOE, "lora": lora})
+    with dist_session(cfg) as info:
+        names = set(lora_modules(build_model(cfg, info.device)))
+    assert "decoder.layers.0.mlp.experts.local_experts.3.linear_fc2" in names
+    assert not any("router" in n or "embedding" in n for n in names)
+    assert len(names) == 2 * (2 + 2 * 4) + 1  # + output_layer
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_packed_documents_equal_separate_runs(arch):
     """Routing is per token (no capacity dropping) and attention is per document: a packed batch

@@ -178,7 +178,8 @@ def _matches(name: str, leaf: str, patterns: Iterable[str]) -> bool:
 
 
 def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]:
-    """Dotted names of the linear modules LoRA wraps (parallel linears with a 2-D weight)."""
+    """Dotted names of the linear modules LoRA wraps (parallel linears with a 2-D weight, TE grouped
+    expert linears; never a MoE router or an embedding)."""
     out = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
@@ -187,6 +188,8 @@ def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]
         weight = getattr(module, "weight", None)
         if (not isinstance(weight, torch.Tensor) or weight.dim() != 2) and not is_grouped_linear(module):
             continue
+        if any(k in type(module).__name__ for k in ("Router", "Embedding")):  # never: routers stay
+            continue  # frozen whatever the patterns say; embeddings are lookups, not linears
         if _matches(name, leaf, target_modules) and not _matches(name, leaf, exclude_modules or ()):
             out.append(name)
     return out
