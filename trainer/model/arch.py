@@ -53,7 +53,8 @@ def moe_kwargs(mcfg, use_te: bool, on_gpu: bool, par=None) -> dict:
         "moe_token_dispatcher_type": "alltoall" if on_gpu else "allgather",
         "moe_router_load_balancing_type": "none",
         "moe_aux_loss_coeff": 0.0,
-        "moe_router_pre_softmax": mcfg.family == "deepseek",
+        # (top-1 needs it too: a softmax over one logit has no gradient, megatron refuses it)
+        "moe_router_pre_softmax": mcfg.family == "deepseek" or topk == 1,
         "moe_router_score_function": "softmax",
         "expert_tensor_parallel_size": 1,
     }

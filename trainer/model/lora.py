@@ -93,9 +93,13 @@ class LoRALinear(nn.Module):
             base.return_layernorm_output = True
             if hasattr(base, "return_layernorm_output_gathered"):
                 base.return_layernorm_output_gathered = False
-        # MoE experts are never tensor-parallel (trainer.model.arch: expert_tensor_parallel_size 1)
+        # MoE experts are never tensor-parallel (trainer.model.arch: expert_tensor_parallel_size 1);
+        # TE's "duplicated" linears (MLA's down projections) hold the whole weight on every TP rank
         self.is_expert = bool(getattr(base, "is_expert", False))
-        if self.is_expert:
+        whole = self.is_expert or getattr(base, "parallel_mode", None) == "duplicated"
+        # a duplicated linear under SP sees its rank's sequence shard: both factors' grads sum over TP
+        shard_fed = whole and not self.is_expert and sequence_parallel and tp_size > 1
+        if whole:
             tp_size, tp_rank, sequence_parallel = 1, 0, False
         self.tp_size = tp_size
         self.sequence_parallel = sequence_parallel and tp_size > 1
@@ -122,12 +126,14 @@ class LoRALinear(nn.Module):
         # Megatron's tensor-parallel attributes: which dim is sharded (checkpointing, grad norm).
         sharded, replicated = (self.lora_b, self.lora_a) if self.mode == COLUMN else (self.lora_a, self.lora_b)
         # (marked also at TP=1, as megatron marks its parallel linears; expert adapters are whole)
-        sharded.tensor_model_parallel = not self.is_expert
+        sharded.tensor_model_parallel = not whole
         sharded.partition_dim = 0 if self.mode == COLUMN else 1
         sharded.partition_stride = 1
         replicated.tensor_model_parallel = False
         # The replicated factor sees only this rank's sequence shard under SP.
         replicated.sequence_parallel = self.sequence_parallel
+        sharded.sequence_parallel = shard_fed
+        replicated.sequence_parallel |= shard_fed
         # Expert adapters: `allreduce = False` (megatron's mark for expert-parallel weights): their
         # grads are summed over the expert data-parallel group, not the data-parallel group
         # (trainer.optim). With experts not tensor-parallel, that group also holds the TP peers,
