@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.model import arch, specs
+from trainer.model import arch, seeding, specs
 from trainer.model.lora import apply_lora
 
 
@@ -100,6 +100,7 @@ def build_model(cfg, device: torch.device):
         cpu_compat.install()
     m = cfg.trainer.model
     config = make_transformer_config(cfg, device, use_te)
+    setattr(config, seeding.SEED_ATTR, int(cfg.experiment.seed))  # per-layer init seeds (trainer.model.seeding)
     model = GPTModel(
         config=config, transformer_layer_spec=specs.block_spec(config, m, device),
         vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),

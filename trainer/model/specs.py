@@ -2,13 +2,16 @@
 
 The local spec swaps megatron's DotProductAttention (no packed-sequence support) for
 SDPACoreAttention so packed THD batches never attend across documents (standard and MLA attention).
-MoE models get one spec per layer (dense or MoE by moe_layer_freq / moe_first_k_dense).
+MoE models get one spec per layer (dense or MoE by moe_layer_freq / moe_first_k_dense). Every layer
+is a SeededTransformerLayer (trainer.model.seeding: random init independent of the PP layout).
 """
 from __future__ import annotations
 
 import copy
 
 import torch
+
+from trainer.model.seeding import seeded
 
 
 class LocalRMSNorm(torch.nn.RMSNorm):
@@ -56,7 +59,7 @@ def _local(spec):
             setattr(attn, name, HeadRMSNorm)
     spec.submodules.input_layernorm = LocalRMSNorm
     spec.submodules.pre_mlp_layernorm = LocalRMSNorm
-    return spec
+    return seeded(spec)
 
 
 def layer_spec(mcfg, device: torch.device):
@@ -64,9 +67,9 @@ def layer_spec(mcfg, device: torch.device):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if te_available(device):
-        return specs.get_gpt_layer_with_transformer_engine_spec(
+        return seeded(specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
-            multi_latent_attention=bool(mcfg.multi_latent_attention))
+            multi_latent_attention=bool(mcfg.multi_latent_attention)))
     return _local(specs.get_gpt_layer_local_spec(
         num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
         multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm"))
@@ -95,7 +98,9 @@ def block_spec(config, mcfg, device: torch.device):
         return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
                                           layer_norm=LocalRMSNorm)
     if te:
-        return specs.get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm")
+        block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm")
+        block.layer_specs = [seeded(spec) for spec in block.layer_specs]
+        return block
     every = [_local(spec) for spec in specs.get_gpt_decoder_layer_specs(config, False, normalization="RMSNorm")]
     offset = get_transformer_layer_offset(config)
     return TransformerBlockSubmodules(layer_specs=every[offset:offset + get_num_layers_to_build(config)],
