@@ -112,6 +112,10 @@ def build_model(cfg, device: torch.device):
     if cfg.trainer.checkpoint.pretrained:
         from trainer.model.hf_import import load_hf_llama
 
+        if m.num_moe_experts or m.multi_latent_attention:
+            raise NotImplementedError("checkpoint.pretrained: HF import covers dense Llama-layout models "
+                                      "only, not MoE / multi-latent attention (random weights work)")
+
         load_hf_llama(model, cfg.trainer.checkpoint.pretrained)
     apply_lora(model, cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
                tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,

@@ -192,6 +192,11 @@ def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]
         if isinstance(module, (LoRALinear, GroupedLoRALinear)):
             raise ValueError("LoRA is already applied to this model")
         weight = getattr(module, "weight", None)
+        if isinstance(getattr(module, "num_gemms", None), int) and not is_grouped_linear(module):
+            if _matches(name, leaf, target_modules):
+                raise NotImplementedError(f"LoRA on {name}: grouped linear without per-expert weights "
+                                          "(moe_single_grouped_weight) is not supported")
+            continue
         if (not isinstance(weight, torch.Tensor) or weight.dim() != 2) and not is_grouped_linear(module):
             continue
         if any(k in type(module).__name__ for k in ("Router", "Embedding")):  # never: routers stay
