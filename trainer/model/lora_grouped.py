@@ -7,8 +7,8 @@ Each local expert e has its own factors at `<linear>.lora.<e>.lora_a|lora_b` (A 
 fp32 masters like trainer.model.lora), so checkpoints, resharding over expert parallelism
 (trainer.model.layout renames the local expert index to the global one) and PEFT export treat them
 like SequentialMLP's per-expert adapters. Experts are never tensor-parallel here. The adapter GEMMs
-run as two grouped GEMMs (torch._grouped_mm) on CUDA bf16 where available, else one small GEMM pair
-per expert.
+run as two grouped GEMMs (torch._grouped_mm) on CUDA bf16 where it exists and passes a forward +
+backward self-check against per-expert GEMMs (once per device), else one small GEMM pair per expert.
 """
 from __future__ import annotations
 
@@ -34,18 +34,38 @@ class ExpertAdapter(nn.Module):
             p.allreduce = False  # expert grads: summed over the expert data-parallel group (trainer.optim)
 
 
-_GROUPED_MM_OK = [True]  # flipped off after the first failure (unsupported GPU / dtype / layout)
+_GROUPED_MM: dict[str, bool] = {}  # device -> torch._grouped_mm passed the self-check there
 
 
-def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor):
-    """x [T, k] @ w[e] [k, n] for the rows of each expert (offs = cumulative row ends), or None."""
-    if not (_GROUPED_MM_OK[0] and x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")):
-        return None
-    try:
-        return torch._grouped_mm(x, w, offs=offs)
-    except (RuntimeError, TypeError, NotImplementedError):
-        _GROUPED_MM_OK[0] = False
-        return None
+def _grouped_mm_usable(device: torch.device) -> bool:
+    """Once per device: torch._grouped_mm exists and its forward AND backward match per-expert GEMMs
+    on a small problem (uneven groups, one empty); anything else -> the per-expert loop."""
+    key = str(device)
+    if key not in _GROUPED_MM:
+        _GROUPED_MM[key] = False
+        if hasattr(torch, "_grouped_mm") and device.type == "cuda":
+            try:
+                with torch.enable_grad():  # the first call may come from an eval (no_grad) pass
+                    _GROUPED_MM[key] = _self_check(device)
+            except Exception:  # noqa: BLE001  (unsupported GPU, dtype, layout or no autograd)
+                pass
+    return _GROUPED_MM[key]
+
+
+def _self_check(device) -> bool:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(40, 64, generator=g).to(device, torch.bfloat16).requires_grad_(True)
+    w = torch.randn(3, 64, 16, generator=g).to(device, torch.bfloat16).requires_grad_(True)
+    splits = [13, 0, 27]
+    offs = torch.tensor(splits, device=device).cumsum(0).to(torch.int32)
+    got = torch._grouped_mm(x, w, offs=offs)
+    got.float().square().sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    want = torch.cat([p @ w[e] for e, p in enumerate(torch.split(x, splits))])
+    want.float().square().sum().backward()
+    close = lambda a, b: torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # noqa: E731
+    return close(got, want) and close(gx, x.grad) and close(gw, w.grad)
 
 
 def grouped_lora_delta(x: torch.Tensor, m_splits, adapters, scale: float) -> torch.Tensor:
@@ -53,12 +73,10 @@ def grouped_lora_delta(x: torch.Tensor, m_splits, adapters, scale: float) -> tor
     splits = [int(m) for m in m_splits]
     a = torch.stack([ad.lora_a for ad in adapters]).to(x.dtype)  # [E, r, in]
     b = torch.stack([ad.lora_b for ad in adapters]).to(x.dtype)  # [E, out, r]
-    offs = torch.tensor(splits, device=x.device).cumsum(0).to(torch.int32)
-    h = _grouped_mm(x, a.transpose(1, 2).contiguous(), offs)
-    if h is not None:
-        out = _grouped_mm((h * scale).contiguous(), b.transpose(1, 2).contiguous(), offs)
-        if out is not None:
-            return out
+    if x.dtype == torch.bfloat16 and _grouped_mm_usable(x.device):
+        offs = torch.tensor(splits, device=x.device).cumsum(0).to(torch.int32)
+        h = torch._grouped_mm(x.contiguous(), a.transpose(1, 2).contiguous(), offs=offs)
+        return torch._grouped_mm((h * scale).contiguous(), b.transpose(1, 2).contiguous(), offs=offs)
     parts = torch.split(x, splits)
     return torch.cat([F.linear(F.linear(p, a[e]) * scale, b[e]) for e, p in enumerate(parts)])
 
