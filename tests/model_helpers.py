@@ -25,7 +25,7 @@ BASE = {
         "precision": {"bf16": False, "fp8": None, "fp8_recipe": "delayed", "fp4": None,
                       "fp4_recipe": "nvfp4", "fp4_param": False, "fp4_param_gather": False,
                       "fp4_emulation": False, "fp4_stochastic_rounding": False,
-                      "fp4_random_hadamard": False, "first_last_layers_bf16": False,
+                      "fp4_random_hadamard": False, "fp8_weight_cache": True, "first_last_layers_bf16": False,
                       "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1},
         "lora": {"enabled": True, "dim": 4, "alpha": 8, "dropout": 0.0, "dropout_position": "pre",
                  "a_init": "xavier", "b_init": "zero",
