@@ -179,6 +179,8 @@ SCHEMA: dict = {
             "fp4_emulation": Field("bool", False),
             "fp4_stochastic_rounding": Field("bool", False),
             "fp4_random_hadamard": Field("bool", False),
+            "fp8_weight_cache": Field("bool", True, help="keep quantized copies of the frozen base weights "
+                                      "between steps (faster; ~2 bytes/param more); false for models that barely fit"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),

@@ -64,6 +64,8 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool):
         # megatron's pipeline schedule must not rescale it by micro-batch count or token count
         calculate_per_token_loss=True,
         batch_p2p_comm=on_gpu,  # batched isend/irecv needs torch.cuda.synchronize
+        # TE keeps FP8/FP4 copies of the frozen base weights between steps unless told not to
+        disable_parameter_transpose_cache=not bool(prec.fp8_weight_cache),
     )
     kwargs.update(arch.moe_kwargs(m, use_te, on_gpu, par))
     kwargs.update(arch.mla_kwargs(m))
