@@ -68,12 +68,12 @@ case "${1:-}" in
         fp8) set_p=(--set trainer.precision.fp8=hybrid) ;;
         fp4emu) set_p=(--set trainer.precision.fp4=e2m1 --set trainer.precision.fp4_emulation=true) ;;
       esac
-      python3 -m primus_slurm submit recipes/quickstart.yaml --executor local --follow --run-id "cmp-$p" \
+      python3 -m primus_slurm submit recipes/quickstart.yaml --executor local --follow --run-id "20261130-000000-0000$(printf %02d ${#p})" \
         --set experiment.workspace=/tmp/cmp --set trainer.precision.bf16=true --set trainer.distributed.device=cuda \
         --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 "${set_p[@]}" > "$OUT/cmp-$p.log" 2>&1
       echo "{\"bench\": \"compare-run\", \"precision\": \"$p\", \"rc\": $?}"
     done | tee -a "$OUT/compare.jsonl"
-    python3 -m primus_slurm compare /tmp/cmp/quickstart/cmp-bf16 /tmp/cmp/quickstart/cmp-fp8 /tmp/cmp/quickstart/cmp-fp4emu \
+    python3 -m primus_slurm compare /tmp/cmp/quickstart/20261130-000000-000004 /tmp/cmp/quickstart/20261130-000000-000003 /tmp/cmp/quickstart/20261130-000000-000006 \
       --plot "$OUT/compare.png" | tee "$OUT/compare.txt" ;;
   *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|moe|compare" >&2; exit 2 ;;
 esac
