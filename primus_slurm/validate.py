@@ -18,7 +18,7 @@ MLA_ATTN = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj",
             "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
 DENSE_MLP = ("mlp.linear_fc1", "mlp.linear_fc2")
 MOE_MLP = ("mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "mlp.shared_experts.linear_fc1",
-           "mlp.shared_experts.linear_fc2", "mlp.router")
+           "mlp.shared_experts.linear_fc2")  # routers stay frozen: never a LoRA target
 
 
 def model_linear_names(model: dict) -> list[str]:
@@ -139,6 +139,9 @@ def _parallel(t: dict, c: dict) -> None:
              f"num_moe_experts ({m['num_moe_experts']})")
     if m["num_layers"] % pp:
         fail(f"`trainer.parallelism.pipeline` ({pp}) must divide trainer.model.num_layers ({m['num_layers']})")
+    if m["num_moe_experts"] and tp > 1 and not par["sequence_parallel"]:
+        fail("`trainer.parallelism.sequence_parallel` must be true for a MoE model with tensor parallelism "
+             "(megatron-core's MoE token dispatch requires it)")
     if par["sequence_parallel"] and tp == 1:
         fail("`trainer.parallelism.sequence_parallel` needs `trainer.parallelism.tensor` > 1")
     s = t["schedule"]
