@@ -8,6 +8,6 @@ if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements/cpu.txt
-  .venv/bin/python -m pip install -q --no-deps -e .
+  .venv/bin/python -m pip install -q -e .   # the launcher's own deps (click, jinja2, pyyaml, submitit, rich)
   rm -f .venv/.stamp-*; touch "$stamp"
 fi
