@@ -14,7 +14,6 @@ from tests.test_train_support import ROOT, log_text, losses, run_trainer
 EVAL_RE = re.compile(r"\] eval iteration (\d+) \| eval loss (\S+)")
 BASE = ROOT / "recipes" / "data" / "quickstart" / "base"
 
-pytestmark = pytest.mark.slow  # ~20 s alone on two cores, much more on a busy machine
 
 
 def _quickstart(tmp_path, *sets: str):
@@ -38,6 +37,15 @@ def test_shipped_base_matches_the_preset():
     assert (BASE / "model.safetensors").stat().st_size <= 2.5e6
 
 
+def test_wheel_declares_the_base():  # an installed quickstart.yaml points at data/quickstart/base
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "primus_slurm.recipes.data.quickstart.base" in tool["packages"]
+    assert tool["package-data"]["primus_slurm.recipes.data.quickstart.base"] == ["*"]
+
+
+@pytest.mark.slow  # ~20 s alone on two cores (one trainer thread), much more on a busy machine
 def test_quickstart_loss_and_eval_loss_fall(tmp_path):
     cfg, data = _quickstart(tmp_path, "trainer.schedule.train_iters=120", "trainer.schedule.eval_interval=20",
                             "trainer.logging.log_interval=10", "trainer.checkpoint.save_interval=null",
