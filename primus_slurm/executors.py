@@ -82,12 +82,16 @@ def _exit_code(text: str) -> int | None:
     return 128 + sig if sig and not code else code
 
 
+_ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
+
+
 def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     """State of many jobs in ONE sacct call (allocations only).
 
-    squeue is asked (once, for all of them) only about jobs sacct does not know: every job when
-    accounting is off, or a job slurmdbd has not recorded yet. Returns {job_id: {'state', 'exit_code',
-    'nodes', 'source'}}; jobs neither tool knows are absent.
+    squeue is asked (once, for all of them) only about jobs sacct does not know (every job when accounting is
+    off, or a job slurmdbd has not recorded yet) or reports as still active: slurmdbd lags the controller, so
+    a job that has started can still read PENDING there. Returns {job_id: {'state', 'exit_code', 'nodes',
+    'source'}}; jobs neither tool knows are absent.
     """
     wanted = sorted(set(map(str, job_ids)))
     if not wanted:
@@ -101,7 +105,7 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             if len(parts) >= 4 and parts[0] in wanted:
                 states[parts[0]] = {"state": parts[1].split()[0] if parts[1] else "UNKNOWN",
                                     "exit_code": _exit_code(parts[2]), "nodes": parts[3], "source": "sacct"}
-    missing = set(wanted) - set(states)
+    missing = {j for j in wanted if states.get(j, {}).get("state") in (None, *_ACTIVE)}
     if not missing:
         return states
     out = runner(["squeue", "--noheader", "--states=all", "-o", "%i|%T|%N"], capture_output=True, text=True)
