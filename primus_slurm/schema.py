@@ -17,6 +17,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 MAX_STR = 4096
+FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$")
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,8 @@ def _coerce(path: str, f: Field, value: Any) -> Any:
         if f.nullable:
             return None
         raise UserError(f"`{path}` must not be null; expected {f.allowed()}")
+    if f.kind == "float" and isinstance(value, str) and FLOAT_RE.match(value.strip()):
+        value = float(value)  # YAML 1.1 reads 5e-3 (no dot) as a string
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),

@@ -33,6 +33,8 @@ def test_wheel_contains_data_and_code(tmp_path):
                      "primus_slurm/recipes/models/llama3_8b.yaml", "primus_slurm/recipes/presets/mi300x.yaml",
                      "primus_slurm/recipes/data/quickstart/train.jsonl",
                      "primus_slurm/recipes/data/quickstart/tokenizer/tokenizer.json",
+                     "primus_slurm/recipes/data/quickstart/base/model.safetensors",
+                     "primus_slurm/recipes/proxies/qwen3_30b_a3b_proxy.yaml",
                      "trainer/__main__.py", "trainer/data/__init__.py", "trainer/model/__init__.py"):
         assert required in names, required
 

@@ -128,3 +128,13 @@ def test_hash_is_stable_and_sensitive():
     b = load_recipe(recipes_dir() / "quickstart.yaml", env={})
     c = load_recipe(recipes_dir() / "quickstart.yaml", ["trainer.schedule.lr=0.5"], env={})
     assert a.hash == b.hash != c.hash
+
+
+def test_exponent_without_dot_is_a_number(tmp_path):
+    """PyYAML (YAML 1.1) reads `5e-3` as a string; float fields accept it, in files and in --set."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("extends: quickstart\ntrainer: {schedule: {lr: 5e-3, min_lr: 1E-4}}\n")
+    s = load_recipe(recipe, ["trainer.schedule.adam_eps=1e-6"], env={}).resolved["trainer"]["schedule"]
+    assert (s["lr"], s["min_lr"], s["adam_eps"]) == (5e-3, 1e-4, 1e-6)
+    with pytest.raises(Exception, match="trainer.schedule.lr"):
+        load_recipe(recipe, ["trainer.schedule.lr=5e-3x"], env={})
