@@ -112,8 +112,13 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     if out.returncode == 0:
         for line in out.stdout.splitlines():
             parts = line.strip().split("|")
-            if len(parts) == 3 and parts[0] in missing:
-                states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
+            if len(parts) != 3 or parts[0] not in missing:
+                continue
+            # A job sacct knows as active: take the controller's word only while it is active too. An end state
+            # waits for sacct (a moment later), which also has the exit code squeue lacks.
+            if parts[0] in states and parts[1] not in _ACTIVE:
+                continue
+            states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
     return states
 
 
