@@ -6,6 +6,7 @@
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
 #   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
+#   bash bench/gpu_suite.sh compare-realtext   the same on recipes/compare_realtext.yaml (real English text)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bench-out}
@@ -61,19 +62,20 @@ case "${1:-}" in
             --set trainer.distributed.backend=nccl --timeout 300
       done
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/moe.jsonl" ;;
-  compare)
+  compare|compare-realtext)
+    R=quickstart; [ "$1" = compare-realtext ] && R=compare_realtext
     for p in bf16 fp8 fp4emu; do
       case $p in
         bf16) set_p=() ;;
         fp8) set_p=(--set trainer.precision.fp8=hybrid) ;;
         fp4emu) set_p=(--set trainer.precision.fp4=e2m1 --set trainer.precision.fp4_emulation=true) ;;
       esac
-      python3 -m primus_slurm submit recipes/quickstart.yaml --executor local --follow --run-id "20261130-000000-0000$(printf %02d ${#p})" \
+      python3 -m primus_slurm submit "recipes/$R.yaml" --executor local --follow --run-id "20261130-000000-0000$(printf %02d ${#p})" \
         --set experiment.workspace=/tmp/cmp --set trainer.precision.bf16=true --set trainer.distributed.device=cuda \
-        --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 "${set_p[@]}" > "$OUT/cmp-$p.log" 2>&1
+        --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 "${set_p[@]}" > "$OUT/cmp-$R-$p.log" 2>&1
       echo "{\"bench\": \"compare-run\", \"precision\": \"$p\", \"rc\": $?}"
-    done | tee -a "$OUT/compare.jsonl"
-    python3 -m primus_slurm compare /tmp/cmp/quickstart/20261130-000000-000004 /tmp/cmp/quickstart/20261130-000000-000003 /tmp/cmp/quickstart/20261130-000000-000006 \
-      --plot "$OUT/compare.png" | tee "$OUT/compare.txt" ;;
-  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|moe|compare" >&2; exit 2 ;;
+    done | tee -a "$OUT/$1.jsonl"
+    python3 -m primus_slurm compare /tmp/cmp/$R/20261130-000000-000004 /tmp/cmp/$R/20261130-000000-000003 /tmp/cmp/$R/20261130-000000-000006 \
+      --plot "$OUT/$1.png" | tee "$OUT/$1.txt" ;;
+  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|moe|compare|compare-realtext" >&2; exit 2 ;;
 esac
