@@ -17,6 +17,7 @@ from pathlib import Path
 import submitit
 
 from .errors import UserError
+from .render import concrete_executor
 
 LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
 LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
@@ -25,8 +26,7 @@ LOCAL_CANCELLED = "cancelled"       # written by `cancel` before it signals the 
 
 def resolve_executor(name: str) -> str:
     """`auto` → slurm when `sbatch` is on PATH, else local."""
-    if name in (None, "", "auto"):
-        return "slurm" if shutil.which("sbatch") else "local"
+    name = concrete_executor(name)
     if name not in ("slurm", "local"):
         raise UserError(f"cluster.executor must be one of auto, slurm, local (got '{name}')")
     if name == "slurm" and not shutil.which("sbatch"):

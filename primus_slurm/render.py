@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 from functools import lru_cache
 
@@ -37,14 +38,11 @@ def profiles() -> dict:
     return yaml.safe_load((templates_dir() / "profiles.yaml").read_text())
 
 
-def executor_of(resolved: dict) -> str:
-    """`auto` means Slurm when sbatch is on PATH, else local."""
-    import shutil
-
-    executor = resolved["cluster"]["executor"]
-    if executor == "auto":
+def concrete_executor(name: str | None) -> str:
+    """`auto` (or unset) means Slurm when sbatch is on PATH, else local; other names pass through."""
+    if name in (None, "", "auto"):
         return "slurm" if shutil.which("sbatch") else "local"
-    return executor
+    return name
 
 
 def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
@@ -66,7 +64,7 @@ def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
 
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None) -> str:
     c = resolved["cluster"]
-    executor = executor or executor_of(resolved)
+    executor = executor or concrete_executor(resolved["cluster"]["executor"])
     profile = profiles()[c["env_profile"]]
     env = {**profile["env"], **c["env"]}
     python = c["python"]
