@@ -3,7 +3,10 @@
 #   bash bench/gpu_suite.sh 8b        Llama-3-8B shape, one GPU: ours (bf16/fp8/fp4-emulated, packed and
 #                                     single-document) vs HF transformers + PEFT (single-document), GEMM peak
 #   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
+#   bash bench/gpu_suite.sh 8bmem     the same shape's memory: adapter inputs kept vs recomputed, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
+#   bash bench/gpu_suite.sh 70bfast   the same without full recompute (adapter-input recompute, FP8 params)
+#   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
 #   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
 #   bash bench/gpu_suite.sh compare-realtext   the same on recipes/compare_realtext.yaml (real English text)
@@ -41,10 +44,11 @@ case "${1:-}" in
       python3 bench/hf_peft_baseline.py --preset llama3_8b --seq 8192 --iters 10 --warmup 3
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8b.jsonl" ;;
   8bmem)
-    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-recompute8 --set trainer.recompute.granularity=full \
-          --set trainer.recompute.method=block --set trainer.recompute.num_layers=8
-      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-recompute8 --set trainer.precision.fp8=hybrid \
-          --set trainer.recompute.granularity=full --set trainer.recompute.method=block --set trainer.recompute.num_layers=8
+    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-keep-inputs --set trainer.recompute.adapter_inputs=false
+      $TP --recipe $R8 --docs packed --label 8b-bf16-packed
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-fp8param --set trainer.precision.fp8=hybrid \
+          --set trainer.precision.fp8_param=true
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8bmem.jsonl" ;;
   fp4)
     timeout 400 python3 bench/fp4_gpu_check.py --out "$OUT/fp4_gpu_check.json" > /dev/null 2>"$OUT/fp4_gpu_check.err"
@@ -55,6 +59,14 @@ case "${1:-}" in
   70bbf16)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-packed --set trainer.precision.fp8=null --timeout 560
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
+  70bfast)
+    NR=(--set trainer.recompute.granularity=null)
+    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" \
+          --set trainer.precision.fp8_param=true
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-norecompute --timeout 300 "${NR[@]}"
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 "${NR[@]}" \
+          --set trainer.precision.fp8=null
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
   moe)
     { for r in recipes/proxies/*.yaml; do
         $TP --recipe "$r" --nproc "${NPROC:-1}" --docs packed --label "$(basename "$r" .yaml)" \
@@ -62,6 +74,26 @@ case "${1:-}" in
             --set trainer.distributed.backend=nccl --timeout 300
       done
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/moe.jsonl" ;;
+  moe-realtext)  # random-weight proxies, LoRA, on the real-text set (its 1536-token BPE fits any vocab)
+    i=0
+    for r in recipes/proxies/*.yaml; do
+      n=$(basename "$r" .yaml); i=$((i + 1))
+      python3 -m primus_slurm submit "$r" --executor local --follow --run-id "20261130-000000-00000$i" \
+        --set experiment.workspace=/tmp/moe-rt --set trainer.data.format=text --set trainer.data.packing=true \
+        --set "trainer.data.train.path=$PWD/recipes/data/realtext/train.jsonl" \
+        --set "trainer.tokenizer.path=$PWD/recipes/data/realtext/tokenizer" \
+        --set trainer.schedule.train_iters=30 --set trainer.schedule.lr=1.0e-3 --set trainer.logging.log_interval=1 \
+        --set cluster.nproc_per_node="${NPROC:-1}" --set cluster.gpus_per_node="${NPROC:-1}" > "$OUT/moe-rt-$n.log" 2>&1
+      rc=$?
+      python3 - "$n" "$rc" "$OUT/moe-rt-$n.log" <<'PY'
+import json, re, sys
+name, rc, log = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], errors="replace").read()
+loss = [float(x) for x in re.findall(r"lm loss ([0-9.eE+-]+)", log)]
+tps = [float(x) for x in re.findall(r"tokens/s/GPU ([0-9.]+)", log)]
+print(json.dumps({"bench": "moe-realtext", "proxy": name, "rc": rc, "first_loss": loss[:1], "last_loss": loss[-1:],
+                  "n_logged": len(loss), "tokens_per_s_per_gpu_last": tps[-1:], "tail": log[-1500:] if rc else ""}))
+PY
+    done | tee -a "$OUT/moe-realtext.jsonl" ;;
   compare|compare-realtext)
     R=quickstart; [ "$1" = compare-realtext ] && R=compare_realtext
     for p in bf16 fp8 fp4emu; do
@@ -76,6 +108,8 @@ case "${1:-}" in
       echo "{\"bench\": \"compare-run\", \"precision\": \"$p\", \"rc\": $?}"
     done | tee -a "$OUT/$1.jsonl"
     python3 -m primus_slurm compare /tmp/cmp/$R/20261130-000000-000004 /tmp/cmp/$R/20261130-000000-000003 /tmp/cmp/$R/20261130-000000-000006 \
-      --plot "$OUT/$1.png" | tee "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|moe|compare|compare-realtext" >&2; exit 2 ;;
+      --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
+    python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
+      2>&1 | tee -a "$OUT/$1.txt" ;;
+  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|moe|moe-realtext|compare|compare-realtext" >&2; exit 2 ;;
 esac

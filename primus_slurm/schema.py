@@ -182,6 +182,9 @@ SCHEMA: dict = {
             "fp4_random_hadamard": Field("bool", False),
             "fp8_weight_cache": Field("bool", True, help="keep quantized copies of the frozen base weights "
                                       "between steps (faster; ~2 bytes/param more); false for models that barely fit"),
+            "fp8_param": Field("bool", False, help="keep the frozen base weights as FP8 tensors only (quantized "
+                               "once at init: 1 byte a parameter instead of 2, no per-step re-quantization); "
+                               "needs fp8 and random or megatron-initialised weights"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),
@@ -201,6 +204,9 @@ SCHEMA: dict = {
             "granularity": _opt("str", choices=("full", "selective")),
             "method": Field("str", "uniform", choices=("uniform", "block")),
             "num_layers": Field("int", 1, min=1),
+            "adapter_inputs": Field("bool", True, help="recompute the fc2 adapter's input (SwiGLU of fc1's kept "
+                                    "output) in backward instead of keeping it: ffn/tp x tokens x 2 bytes less "
+                                    "per layer for one element-wise pass"),
         },
         "checkpoint": {
             "save_interval": _opt("int", min=1),

@@ -95,6 +95,8 @@ def _precision(p: dict) -> None:
     if p["fp4_param"] and p["fp4_emulation"]:
         fail("`trainer.precision.fp4_param` stores weights in FP4 with native TE kernels; it cannot be combined "
              "with `trainer.precision.fp4_emulation`")
+    if p["fp8_param"] and not p["fp8"]:
+        fail("`trainer.precision.fp8_param` needs `trainer.precision.fp8: hybrid|e4m3`")
     if (p["fp4"] or p["fp8"]) and not p["bf16"]:
         fail(f"`trainer.precision.{'fp4' if p['fp4'] else 'fp8'}` needs `trainer.precision.bf16: true` "
              "(low-precision GEMMs run inside a bf16 model)")
@@ -180,3 +182,6 @@ def _data_and_schedule(t: dict) -> None:
     ckpt = t["checkpoint"]
     if ckpt["pretrained"] and t["model"]["family"] != "llama":
         fail("`trainer.checkpoint.pretrained` (HF import) supports the llama family only for now")
+    if ckpt["pretrained"] and t["precision"]["fp8_param"]:
+        fail("`trainer.precision.fp8_param` with `trainer.checkpoint.pretrained`: loading an HF checkpoint into "
+             "FP8 parameters is not supported yet; set fp8_param: false (fp8_weight_cache: false saves memory too)")

@@ -28,6 +28,8 @@ BAD = [
     ("trainer: {schedule: {lr: .nan}}", "`trainer.schedule.lr`"),
     ("trainer: {precision: {fp4: e2m1, fp8: hybrid}}", "mutually exclusive"),
     ("trainer: {precision: {fp4_param: true}}", "`trainer.precision.fp4_param`"),
+    ("trainer: {precision: {fp8_param: true}}", "`trainer.precision.fp8_param` needs"),
+    ("trainer: {precision: {fp8_param: true, fp8: hybrid, bf16: true}}", "loading an HF checkpoint into FP8"),
     ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),
     ("trainer: {precision: {fp4: e3m2}}", "`trainer.precision.fp4`"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),

@@ -44,6 +44,10 @@ def test_fp4_flags_need_fp4(flag):
     assert msg.startswith(f"trainer.precision.{flag}: true needs trainer.precision.fp4: e2m1")
 
 
+def test_fp8_param_needs_fp8():
+    assert refuse(H200, fp8_param=True).startswith("trainer.precision.fp8_param: true needs trainer.precision.fp8")
+
+
 def test_param_gather_needs_param():
     assert "fp4_param_gather: true needs trainer.precision.fp4_param: true" in refuse(
         B200, fp4="e2m1", fp4_param_gather=True)

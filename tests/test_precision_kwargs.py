@@ -29,6 +29,11 @@ def test_fp8(recipe):
     assert kw["fp8"] == "hybrid" and kw["fp8_recipe"] == recipe and "fp4" not in kw
 
 
+def test_fp8_param_reaches_megatron_only_when_asked():
+    assert transformer_config_kwargs(cfg(fp8="hybrid", fp8_param=True), H200)["fp8_param"] is True
+    assert transformer_config_kwargs(cfg(fp8="hybrid"), H200)["fp8_param"] is False
+
+
 def test_native_nvfp4():
     kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_param=True), B200)
     assert (kw["fp4"], kw["fp4_recipe"], kw["fp4_param"]) == ("e2m1", "nvfp4", True)

@@ -30,6 +30,7 @@ from trainer.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
 from trainer.loss import all_reduce_sum, local_token_count, step_header
 from trainer.optim import clip_gradients, reduce_gradients
 from trainer.pipeline import accumulate_gradients
+from trainer.precision import fp8_params
 from trainer.schedule import LRSchedule
 from trainer.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
 
@@ -139,6 +140,8 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device)
+        if self.t.precision.fp8_param:
+            fp8_params.release_transposes(self.model)
         from trainer.model import allreduce_sequence_parallel_grads
 
         allreduce_sequence_parallel_grads(self.model)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from trainer.model import arch, seeding, specs
 from trainer.model.lora import apply_lora
+from trainer.model.lora_inputs import wire_adapter_input_recompute
+from trainer.precision import fp8_params
 
 
 def _precision_kwargs(cfg) -> dict:
@@ -92,7 +94,6 @@ def _require_input_grads(model) -> None:
 def build_model(cfg, device: torch.device):
     """GPTModel on `device` with the base frozen and LoRA adapters trainable."""
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
 
     device = torch.device(device)
     use_te = specs.te_available(device)
@@ -103,12 +104,8 @@ def build_model(cfg, device: torch.device):
     m = cfg.trainer.model
     config = make_transformer_config(cfg, device, use_te)
     setattr(config, seeding.SEED_ATTR, int(cfg.experiment.seed))  # per-layer init seeds (trainer.model.seeding)
-    model = GPTModel(
-        config=config, transformer_layer_spec=specs.block_spec(config, m, device),
-        vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
-        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-        parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),
-        position_embedding_type="rope", rotary_base=int(m.rotary_base), **arch.gpt_rope_kwargs(m))
+    with fp8_params.init_context(config):
+        model = _gpt_model(config, m, device)
     model._primus_uses_te = use_te
     model.to(device)
     if cfg.trainer.checkpoint.pretrained:
@@ -122,7 +119,21 @@ def build_model(cfg, device: torch.device):
     apply_lora(model, cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
                tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
                seed=int(cfg.experiment.seed))
+    if cfg.trainer.recompute.adapter_inputs:
+        wire_adapter_input_recompute(model)
     model.to(device)
     if config.recompute_granularity is not None:
         _require_input_grads(model)
     return model
+
+
+def _gpt_model(config, m, device):
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config, transformer_layer_spec=specs.block_spec(config, m, device),
+        vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),
+        position_embedding_type="rope", rotary_base=int(m.rotary_base), **arch.gpt_rope_kwargs(m))

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.model.lora_grouped import GroupedLoRALinear, is_grouped_linear
+from trainer.model.lora_inputs import adapter_a, adapter_a_of_norm
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -106,6 +107,10 @@ class LoRALinear(nn.Module):
         self.scale = float(alpha) / float(dim)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None
         self.dropout_position = dropout_position
+        # set by trainer.model.lora_inputs: x = input_act(pending_act_input), kept instead of x
+        self.input_act = None
+        self.pending_act_input = None
+        self.adapter_norm = None  # set by trainer.model.lora_inputs: the adapter norms x itself
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
@@ -148,12 +153,16 @@ class LoRALinear(nn.Module):
             return getattr(self._modules["base"], name)
 
     # -- adapter path -------------------------------------------------------------------------
-    def _adapter(self, x: torch.Tensor) -> torch.Tensor:
+    def _adapter(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         from megatron.core.tensor_parallel import mappings as tpm
 
         if self.dropout is not None and self.dropout_position == "pre":
             x = self.dropout(x)
-        h = F.linear(x, self.lora_a.to(x.dtype))
+        a = self.lora_a.to(x.dtype)
+        if self.adapter_norm is not None:
+            h = adapter_a_of_norm(x, a, self.adapter_norm)
+        else:
+            h = adapter_a(x, a, act_input, self.input_act)
         if self.tp_size > 1:
             if self.mode == COLUMN:
                 h = (tpm.gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True)
@@ -168,7 +177,7 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
         result = self.base(x, *args, **kwargs)
-        if self.fused_norm:
+        if self.fused_norm and self.adapter_norm is None:
             if len(result) == 3:  # TE with return_bias: (out, bias, ln_out)
                 out, bias, adapter_in = result
             else:  # megatron wrapper: ((out, ln_out), None)
@@ -176,7 +185,10 @@ class LoRALinear(nn.Module):
         else:
             out, bias = result
             adapter_in = x
-        return out + self._adapter(adapter_in).to(out.dtype), bias
+        u, self.pending_act_input = self.pending_act_input, None
+        if u is not None and (u.shape[:-1] != x.shape[:-1] or u.shape[-1] != 2 * x.shape[-1]):
+            u = None
+        return out + self._adapter(adapter_in, u).to(out.dtype), bias
 
 
 def _matches(name: str, leaf: str, patterns: Iterable[str]) -> bool:

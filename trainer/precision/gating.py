@@ -52,6 +52,8 @@ def config_errors(s: PrecisionSettings) -> Optional[str]:
     if s.fp4 and s.fp4_recipe == "mxfp4" and s.fp4_random_hadamard:
         return (f"{FIELD}.fp4_random_hadamard: true is implemented for fp4_recipe: nvfp4 only "
                 "(TE's 16-point RHT); set it to false for mxfp4")
+    if s.fp8_param and not s.fp8:
+        return f"{FIELD}.fp8_param: true needs {FIELD}.fp8: hybrid|e4m3 (fp8 is null)"
     if s.fp4_param_gather and not s.fp4_param:
         return f"{FIELD}.fp4_param_gather: true needs {FIELD}.fp4_param: true"
     if s.fp4_param and s.fp4_emulation:

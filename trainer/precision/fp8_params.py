@@ -1,0 +1,46 @@
+"""`trainer.precision.fp8_param`: the frozen base weights live as FP8 tensors only (TE Float8Tensor).
+
+A LoRA base never changes, so its FP8 copy is exact for the whole run: BF16 weights plus per-step FP8
+re-quantization (fp8_weight_cache: false) or plus cached FP8 copies (true) are both avoidable. With
+`fp8_param` megatron's TE linears are built inside TE's quantized-model-init context, so each weight is
+quantized once at init and the BF16 original is never kept (built under no_grad: TE would otherwise keep
+a high-precision copy of every initial value for an optimizer that never touches them).
+
+On Hopper the FP8 GEMM of the input gradient needs the weight's transpose; TE makes it on demand in
+backward and keeps it on the parameter. `release_transposes(model)` drops them after each step's
+backward, so between steps (and at the forward's activation peak) the weights cost 1 byte a parameter.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def init_context(config):
+    """Context to build the model in: TE quantized-model-init when config.fp8_param, else nothing."""
+    if not getattr(config, "fp8_param", False):
+        return contextlib.nullcontext()
+    from megatron.core.fp8_utils import get_fp8_context
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(get_fp8_context(config, is_init=True))
+    return stack
+
+
+def release_transposes(model) -> int:
+    """Drop the column-wise (transposed) FP8 data TE cached on frozen FP8 weights; returns how many."""
+    released = 0
+    for p in model.parameters():
+        update = getattr(p, "update_usage", None)
+        if p.requires_grad or update is None or getattr(p, "_transpose", None) is None:
+            continue
+        update(rowwise_usage=True, columnwise_usage=False)
+        released += 1
+    return released
+
+
+def quantized_weights(model) -> int:
+    """How many parameters are TE quantized tensors (for the log and the tests)."""
+    return sum(1 for p in model.parameters() if callable(getattr(p, "update_usage", None)))
