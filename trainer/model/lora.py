@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.model.lora_grouped import GroupedLoRALinear, is_grouped_linear
-from trainer.model.lora_inputs import adapter_a, adapter_a_of_norm
+from trainer.model.lora_inputs import adapter_a
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -159,8 +159,8 @@ class LoRALinear(nn.Module):
         if self.dropout is not None and self.dropout_position == "pre":
             x = self.dropout(x)
         a = self.lora_a.to(x.dtype)
-        if self.adapter_norm is not None:
-            h = adapter_a_of_norm(x, a, self.adapter_norm)
+        if self.adapter_norm is not None:  # x is the norm's input (trainer.model.lora_inputs)
+            h = self.adapter_norm(x, a)
         else:
             h = adapter_a(x, a, act_input, self.input_act)
         if self.tp_size > 1:
