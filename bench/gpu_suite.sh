@@ -61,11 +61,13 @@ case "${1:-}" in
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
   70bfast)
     NR=(--set trainer.recompute.granularity=null)
-    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" \
-          --set trainer.precision.fp8_param=true
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-norecompute --timeout 300 "${NR[@]}"
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 "${NR[@]}" \
-          --set trainer.precision.fp8=null
+    P8=(--set trainer.precision.fp8_param=true)
+    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}"
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-gbs4 --timeout 300 "${NR[@]}" \
+          "${P8[@]}" --set trainer.schedule.global_batch_size=4 --set trainer.schedule.train_iters=8
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-fullrecompute --timeout 300 "${P8[@]}"
+      [ -n "${WITH_BF16:-}" ] && $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 \
+          "${NR[@]}" --set trainer.precision.fp8=null
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
   moe)
     { for r in recipes/proxies/*.yaml; do
