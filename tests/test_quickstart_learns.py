@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 import yaml
 
-from tests.test_train_support import ROOT, log_text, losses, run_trainer
+from tests.test_train_support import ROOT, train_curves
 
-EVAL_RE = re.compile(r"\] eval iteration (\d+) \| eval loss (\S+)")
 BASE = ROOT / "recipes" / "data" / "quickstart" / "base"
 
 
@@ -51,12 +49,7 @@ def test_quickstart_loss_and_eval_loss_fall(tmp_path):
                             "trainer.logging.log_interval=10", "trainer.checkpoint.save_interval=null",
                             "trainer.checkpoint.export_peft=false")
     assert data["trainer"]["checkpoint"]["pretrained"] == str(BASE.resolve())
-    run = tmp_path / "run"
-    res = run_trainer(cfg, run, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    text = log_text(run)
-    curve = {it: float(v) for it, v in losses(text).items()}
-    evals = {int(it): float(v) for it, v in EVAL_RE.findall(text)}
+    curve, evals, text = train_curves(cfg, tmp_path / "run")
     assert sorted(curve) == list(range(10, 121, 10)) and sorted(evals) == list(range(20, 121, 20)), text[-2000:]
     # The base never saw the Alpaca template: the first interval starts far above the end of the run.
     assert curve[10] > 3.0, curve

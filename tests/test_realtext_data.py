@@ -1,6 +1,7 @@
 """The bundled real-text set (recipes/data/realtext, scripts/make_realtext_data.py) behind
 recipes/compare_realtext.yaml: it loads through the real data pipeline with the resolved recipe, every real token
-is supervised, packs decode to English prose, and the tokenizer matches the model preset."""
+is supervised, packs decode to English prose, and the tokenizer matches the model preset (the pretrained base in
+data/realtext/base: tests/test_realtext_base.py)."""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def built(tmp_path_factory):
 
 
 def test_files_are_small_text_records_with_disjoint_splits():
-    sizes = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
+    sizes = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file() and "base" not in p.parts)
     assert sizes <= 600_000, sizes
     split = {s: [json.loads(line) for line in (DATA / f"{s}.jsonl").read_text().splitlines()]
              for s in ("train", "validation")}
@@ -47,13 +48,14 @@ def test_files_are_small_text_records_with_disjoint_splits():
     assert re.search(r"CPython 3\.\d+\.\d+", (DATA / "README.txt").read_text())
 
 
-def test_recipe_resolves_to_random_init_text_lora(built):
+def test_recipe_resolves_to_text_lora_on_the_realtext_base(built):
     data, _ = built
     t = data["trainer"]
-    assert t["checkpoint"]["pretrained"] is None and t["data"]["format"] == "text" and t["data"]["packing"]
+    assert t["checkpoint"]["pretrained"] == str((DATA / "base").resolve())  # tests/test_realtext_base.py
+    assert t["data"]["format"] == "text" and t["data"]["packing"]
     assert t["data"]["seq_length"] == 256 and t["lora"]["dim"] == 32
     assert set(t["lora"]["target_modules"]) == {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
-    assert (t["schedule"]["train_iters"], t["schedule"]["eval_interval"]) == (200, 50)
+    assert (t["schedule"]["train_iters"], t["schedule"]["eval_interval"]) == (200, 25)
 
     from transformers import AutoTokenizer
 

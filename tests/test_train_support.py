@@ -12,6 +12,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 ITER_RE = re.compile(r"\] iteration (\d+)/(\d+) \| lm loss (\S+) \|")
+EVAL_RE = re.compile(r"\] eval iteration (\d+) \| eval loss (\S+)")
 
 SMALL = [
     "trainer.data.seq_length=64",
@@ -77,3 +78,12 @@ def log_text(run_dir: Path, attempt: int = 0) -> str:
 def losses(text: str) -> dict[int, str]:
     """{iteration: lm loss as logged} from a debug log."""
     return {int(m.group(1)): m.group(3) for m in ITER_RE.finditer(text)}
+
+
+def train_curves(config: Path, run_dir: Path, timeout: int = 600) -> tuple[dict[int, float], dict[int, float], str]:
+    """Run the trainer to the end (asserting exit 0): ({iteration: lm loss}, {iteration: eval loss}, debug log)."""
+    res = run_trainer(config, run_dir, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = log_text(run_dir)
+    return ({it: float(v) for it, v in losses(text).items()},
+            {int(it): float(v) for it, v in EVAL_RE.findall(text)}, text)
