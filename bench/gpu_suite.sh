@@ -44,11 +44,13 @@ case "${1:-}" in
       python3 bench/hf_peft_baseline.py --preset llama3_8b --seq 8192 --iters 10 --warmup 3
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8b.jsonl" ;;
   8bmem)
-    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-keep-inputs --set trainer.recompute.adapter_inputs=false
-      $TP --recipe $R8 --docs packed --label 8b-bf16-packed
-      $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid
+    AI=(--set trainer.recompute.adapter_inputs=true)
+    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-keep-inputs
+      $TP --recipe $R8 --docs packed --label 8b-bf16-packed "${AI[@]}"
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-keep-inputs --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid "${AI[@]}"
       $TP --recipe $R8 --docs packed --label 8b-fp8-packed-fp8param --set trainer.precision.fp8=hybrid \
-          --set trainer.precision.fp8_param=true
+          --set trainer.precision.fp8_param=true "${AI[@]}"
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8bmem.jsonl" ;;
   fp4)
     timeout 400 python3 bench/fp4_gpu_check.py --out "$OUT/fp4_gpu_check.json" > /dev/null 2>"$OUT/fp4_gpu_check.err"
@@ -61,7 +63,7 @@ case "${1:-}" in
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
   70bfast)
     NR=(--set trainer.recompute.granularity=null)
-    P8=(--set trainer.precision.fp8_param=true)
+    P8=(--set trainer.precision.fp8_param=true --set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}"
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-gbs4 --timeout 300 "${NR[@]}" \
           "${P8[@]}" --set trainer.schedule.global_batch_size=4 --set trainer.schedule.train_iters=8

@@ -204,9 +204,9 @@ SCHEMA: dict = {
             "granularity": _opt("str", choices=("full", "selective")),
             "method": Field("str", "uniform", choices=("uniform", "block")),
             "num_layers": Field("int", 1, min=1),
-            "adapter_inputs": Field("bool", True, help="recompute the fc2 adapter's input (SwiGLU of fc1's kept "
-                                    "output) in backward instead of keeping it: ffn/tp x tokens x 2 bytes less "
-                                    "per layer for one element-wise pass"),
+            "adapter_inputs": Field("bool", False, help="adapters keep only what the frozen base keeps anyway (fc2: "
+                                    "SwiGLU recomputed from fc1's output; RMSNorm linears: norm folded into A): "
+                                    "Llama-3-8B at 8192 tokens 53.7 -> 42.7 GiB, ~5 % slower in bf16, ~8 % in FP8"),
         },
         "checkpoint": {
             "save_interval": _opt("int", min=1),

@@ -86,12 +86,12 @@ def test_model_grads_equal_with_and_without_adapter_input_recompute(recompute):
 
 
 def test_pre_dropout_adapter_is_not_rewired():
-    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "pre"}})
+    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "pre"}, "recompute": {"adapter_inputs": True}})
     with dist_session(cfg) as info:
         model = build_model(cfg, info.device)
         fc2 = model.decoder.layers[0].mlp.linear_fc2
         assert fc2.input_act is None
-    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "post"}})
+    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "post"}, "recompute": {"adapter_inputs": True}})
     with dist_session(cfg) as info:
         model = build_model(cfg, info.device)
         assert model.decoder.layers[0].mlp.linear_fc2.input_act is not None
