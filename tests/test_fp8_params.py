@@ -41,3 +41,15 @@ def test_init_context_is_inert_without_fp8_param():
 
     with init_context(Cfg()):
         assert torch.is_grad_enabled()
+
+
+def test_precision_line_names_fp8_weight_storage():
+    from trainer.precision.logline import _storage_dtype
+
+    class Float8Tensor(torch.Tensor):  # TE's class name; its dtype reports the nominal bf16
+        pass
+
+    bf16 = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.bfloat16), requires_grad=False)
+    assert _storage_dtype(bf16) == "bfloat16"
+    fp8 = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.bfloat16).as_subclass(Float8Tensor), requires_grad=False)
+    assert _storage_dtype(fp8) == "fp8"

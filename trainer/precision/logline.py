@@ -11,15 +11,26 @@ from .gating import FP4_RECIPE_CLASS, FP8_RECIPE_CLASS, Mode, check_capabilities
 from .settings import PrecisionSettings
 
 
+def _storage_dtype(param: Any) -> str:
+    """The weight's storage type: TE quantized tensors report their nominal (bf16) dtype, so name
+    the stored format from the class instead (Float8Tensor -> fp8, NVFP4Tensor / Float4 -> fp4)."""
+    cls = type(param.data).__name__
+    if "Float8" in cls or "FP8" in cls:
+        return "fp8"
+    if "FP4" in cls or "Float4" in cls:
+        return "fp4"
+    return str(param.dtype).replace("torch.", "")
+
+
 def _weight_class(model: Any) -> Optional[tuple[str, str]]:
-    """(class name, dtype) of the first transformer-layer linear weight."""
+    """(class name, storage dtype) of the first transformer-layer linear weight."""
     if model is None:
         return None
     chunks = model if isinstance(model, (list, tuple)) else [model]
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             if ".layers." in f".{name}" and name.endswith("weight") and param.dim() == 2 and "lora" not in name:
-                return type(param.data).__name__, str(param.dtype).replace("torch.", "")
+                return type(param.data).__name__, _storage_dtype(param)
     return None
 
 
