@@ -80,6 +80,22 @@ def perturb_adapters(model, seed: int = 0, std: float = 0.05) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+def models_with_same_adapters(configs, seed: int):
+    """For each config: (its distributed session info, a built model) whose LoRA factors all equal the
+    first model's randomly perturbed ones (yielded inside that model's dist_session)."""
+    from trainer.model import adapter_state_dict, build_model, load_adapter_state_dict
+
+    sd = None
+    for cfg in configs:
+        with dist_session(cfg) as info:
+            model = build_model(cfg, info.device)
+            if sd is None:
+                perturb_adapters(model, seed=seed)
+                sd = {k: v.clone() for k, v in adapter_state_dict(model).items()}
+            load_adapter_state_dict(model, sd)
+            yield info, model
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

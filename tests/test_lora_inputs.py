@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.model_helpers import dist_session, packed_batch, perturb_adapters, tiny_cfg
-from trainer.model import adapter_state_dict, build_model, forward_losses, load_adapter_state_dict
+from tests.model_helpers import dist_session, models_with_same_adapters, packed_batch, tiny_cfg
+from trainer.model import build_model, forward_losses
 from trainer.model.lora_inputs import adapter_a
 
 
@@ -64,21 +64,15 @@ def _count_nodes(root, name: str) -> int:
 @pytest.mark.parametrize("recompute", [None, "full"])
 def test_model_grads_equal_with_and_without_adapter_input_recompute(recompute):
     batch = packed_batch(2, 32, [30, 9, 21], vocab=128, seed=4)
-    grads, sd = {}, None
-    for on in (False, True):
-        cfg = tiny_cfg(trainer={"recompute": {"adapter_inputs": on, "granularity": recompute}})
-        with dist_session(cfg) as info:
-            model = build_model(cfg, info.device)
-            if sd is None:
-                perturb_adapters(model, seed=5)
-                sd = {k: v.clone() for k, v in adapter_state_dict(model).items()}
-            load_adapter_state_dict(model, sd)
-            losses = forward_losses(model, batch)
-            loss = (losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
-            if recompute is None:  # (under full recompute the layers' graphs are built in backward)
-                assert _count_nodes(loss.grad_fn, "_AdapterAFromRecomputedInputBackward") == (2 if on else 0)
-            loss.backward()
-            grads[on] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    grads = {}
+    cfgs = [tiny_cfg(trainer={"recompute": {"adapter_inputs": on, "granularity": recompute}}) for on in (False, True)]
+    for on, (_, model) in zip((False, True), models_with_same_adapters(cfgs, seed=5)):
+        losses = forward_losses(model, batch)
+        loss = (losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+        if recompute is None:  # (under full recompute the layers' graphs are built in backward)
+            assert _count_nodes(loss.grad_fn, "_AdapterAFromRecomputedInputBackward") == (2 if on else 0)
+        loss.backward()
+        grads[on] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     assert set(grads[True]) == set(grads[False]) and len(grads[True]) == 16
     for n, ref in grads[False].items():
         assert ref.abs().sum() > 0, n

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from tests.model_helpers import dist_session, packed_batch, perturb_adapters, tiny_cfg
-from trainer.model import adapter_state_dict, build_model, forward_losses, load_adapter_state_dict
+from tests.model_helpers import dist_session, models_with_same_adapters, packed_batch, perturb_adapters, tiny_cfg
+from trainer.model import adapter_state_dict, build_model, forward_losses
 from trainer.model.lora import LoRALinear, lora_modules
 
 
@@ -56,19 +56,12 @@ def test_lora_trains_adapters_only():
 def test_recompute_gives_same_adapter_grads(granularity):
     batch = packed_batch(2, 32, [30, 9, 21], vocab=128, seed=2)
     grads = {}
-    sd = None
-    for gran in (None, granularity):
-        cfg = tiny_cfg(trainer={"recompute": {"granularity": gran, "method": "uniform",
-                                              "num_layers": 1}})
-        with dist_session(cfg) as info:
-            model = build_model(cfg, info.device)
-            if sd is None:
-                perturb_adapters(model, seed=3)
-                sd = {k: v.clone() for k, v in adapter_state_dict(model).items()}
-            load_adapter_state_dict(model, sd)
-            assert model.config.recompute_granularity == gran
-            _loss(model, batch).backward()
-            grads[gran] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    grans = (None, granularity)
+    cfgs = [tiny_cfg(trainer={"recompute": {"granularity": g, "method": "uniform", "num_layers": 1}}) for g in grans]
+    for gran, (_, model) in zip(grans, models_with_same_adapters(cfgs, seed=3)):
+        assert model.config.recompute_granularity == gran
+        _loss(model, batch).backward()
+        grads[gran] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     ref, got = grads[None], grads[granularity]
     assert set(ref) == set(got) and len(ref) == 16
     for n in ref:
