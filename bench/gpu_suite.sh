@@ -7,6 +7,7 @@
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70bfast   the same without full recompute (adapter-input recompute, FP8 params)
 #   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
+#   bash bench/gpu_suite.sh profile   torch.profiler summaries of two steps: 8B FP8 with/without adapter_inputs, 70B
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
 #   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
 #   bash bench/gpu_suite.sh compare-realtext   the same on recipes/compare_realtext.yaml (real English text)
@@ -71,6 +72,13 @@ case "${1:-}" in
       [ -n "${WITH_BF16:-}" ] && $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 \
           "${NR[@]}" --set trainer.precision.fp8=null
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
+  profile)  # where the time goes: top kernels of two steps (profile-<label>.txt in $OUT)
+    AI=(--set trainer.recompute.adapter_inputs=true)
+    { $TP --recipe $R8 --docs packed --label 8b-fp8-keep --profile 8-9 --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs packed --label 8b-fp8-adapter-inputs --profile 8-9 --set trainer.precision.fp8=hybrid "${AI[@]}"
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute --profile 8-9 --timeout 300 \
+          --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true "${AI[@]}"
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/profile.jsonl" ;;
   moe)
     { for r in recipes/proxies/*.yaml; do
         $TP --recipe "$r" --nproc "${NPROC:-1}" --docs packed --label "$(basename "$r" .yaml)" \
@@ -115,5 +123,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|moe|moe-realtext|compare|compare-realtext" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|profile|moe|moe-realtext|compare|compare-realtext" >&2; exit 2 ;;
 esac

@@ -53,6 +53,9 @@ def main() -> int:
     ap.add_argument("--label", default=None)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--timeout", type=int, default=540)
+    ap.add_argument("--profile", default=None, metavar="A-B",
+                    help="profile iterations A..B (trainer.logging.profile_*) and copy the summary to --profile-out")
+    ap.add_argument("--profile-out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-"))
@@ -66,6 +69,9 @@ def main() -> int:
             write_single_doc(data, iters * gbs + 8, seq, vocab, seed=1)
         else:
             write_synthetic(str(data), iters * gbs + 8, seq, vocab, seed=1)
+    if args.profile:
+        a, _, b = args.profile.partition("-")
+        args.overrides += [f"trainer.logging.profile_start={int(a)}", f"trainer.logging.profile_end={int(b or a)}"]
     overrides = [*args.overrides, "trainer.data.format=mlperf_npy", f"trainer.data.train.path={data}",
                  f"experiment.workspace={work}", f"cluster.nproc_per_node={args.nproc}"]
     r = load_recipe(args.recipe, overrides, env={})
@@ -95,6 +101,11 @@ def main() -> int:
     }
     if rc != 0:
         result["tail"] = tail
+    summary = run_dir / "profile" / "rank-0" / "summary.txt"
+    if args.profile and summary.exists():
+        dest = Path(args.profile_out) / f"profile-{args.label or 'run'}.txt"
+        dest.write_text(summary.read_text())
+        result["profile"] = str(dest)
     print(json.dumps(result), flush=True)
     return 0 if rc == 0 else 1
 

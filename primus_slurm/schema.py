@@ -221,6 +221,10 @@ SCHEMA: dict = {
             "log_avg_skip_iterations": Field("int", 2, min=0),
             "tensorboard": Field("bool", False),
             "wandb_project": _opt("str", pattern=NAME_RE),
+            "profile_start": _opt("int", min=1, help="first iteration to run under torch.profiler"),
+            "profile_end": _opt("int", min=1, help="last profiled iteration (default: profile_start)"),
+            "profile_ranks": Field("list", [0], item="int"),
+            "profile_trace": Field("bool", False, help="also write a chrome trace (large for big models)"),
         },
         "distributed": {
             "device": Field("str", "auto", choices=("auto", "cpu", "cuda")),
@@ -277,6 +281,10 @@ def _coerce(path: str, f: Field, value: Any) -> Any:
         raise UserError(f"`{path}` is {value!r:.60}; expected {f.allowed()}")
     if f.kind == "list":
         for i, item in enumerate(value):
+            if f.item == "int":
+                if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+                    raise UserError(f"`{path}[{i}]` is {item!r:.40}; expected an integer >= 0")
+                continue
             if not isinstance(item, str):
                 raise UserError(f"`{path}[{i}]` is {type(item).__name__}; expected a string")
             _check_text(f"{path}[{i}]", item)

@@ -31,6 +31,7 @@ from trainer.loss import all_reduce_sum, local_token_count, step_header
 from trainer.optim import clip_gradients, reduce_gradients
 from trainer.pipeline import accumulate_gradients
 from trainer.precision import fp8_params
+from trainer.profiling import StepProfiler
 from trainer.schedule import LRSchedule
 from trainer.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
 
@@ -118,6 +119,7 @@ class Trainer:
         self.pending: list[tuple[int, torch.Tensor, float, torch.Tensor, float]] = []
         self.checked: list[tuple[int, float, float, float]] = []  # finite (iteration, loss, grad norm, lr)
         self.last_loss = float("nan")
+        self.profiler = StepProfiler.from_cfg(t.logging, run_dir, info.rank, self.device, logger)
 
     # ------------------------------------------------------------------ one step
     def micro_batches(self, iteration: int) -> list[dict]:
@@ -225,6 +227,7 @@ class Trainer:
         return loss
 
     def finish(self, code: int, meter: Meter) -> int:
+        self.profiler.close(self.iteration)
         avg = meter.run_average()
         if avg is not None:
             iters, tokens, flops, elapsed = avg
@@ -249,11 +252,13 @@ class Trainer:
         reason = None
         while self.iteration < train_iters:
             lr = self.schedule.lr_at(self.iteration + 1)
+            self.profiler.before_step(self.iteration + 1)
             result = self.step(self.micro_batches(self.iteration), lr)
             if result is None:
                 reason = "signal"
                 break
             self.iteration += 1
+            self.profiler.after_step(self.iteration)
             self.pending.append((self.iteration, result.loss_sum, result.num_loss_tokens, result.grad_norm, lr))
             meter.add(self.iteration, result.tokens, result.flops)
             last = self.iteration == train_iters
