@@ -40,7 +40,3 @@ def release_transposes(model) -> int:
         released += 1
     return released
 
-
-def quantized_weights(model) -> int:
-    """How many parameters are TE quantized tensors (for the log and the tests)."""
-    return sum(1 for p in model.parameters() if callable(getattr(p, "update_usage", None)))
