@@ -105,6 +105,35 @@ def set_rank_env(rank: int, world: int, port: int) -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
+def arch_layout_cfg(arch: dict, par: dict, num_layers: int = 2):
+    """layout_cfg for a tiny architecture from tests.model_helpers (QWEN3_MOE, DEEPSEEK_MLA, ...)."""
+    from tests.model_helpers import arch_sections
+
+    sections = arch_sections(arch)
+    return layout_cfg(par, model={**sections.pop("model"), "num_layers": num_layers}, **sections)
+
+
+def _spawned(rank: int, world: int, ports, runs: dict, run_one, out: str) -> None:
+    results = {}
+    for (run, par), port in zip(runs.items(), ports):
+        set_rank_env(rank, world, port)
+        results[run] = run_one(run, par)
+    torch.save(results, f"{out}.{rank}")
+
+
+def run_on_ranks(world: int, runs: dict, run_one, out) -> list[dict]:
+    """run_one(run, par) for every (run, par) of `runs`, in order, on `world` spawned gloo ranks (a fresh
+    rendezvous port per run); returns each rank's {run: result}. run_one must be picklable (a module-level
+    function, or functools.partial of one)."""
+    import torch.multiprocessing as mp
+
+    from tests.model_helpers import free_port
+
+    mp.start_processes(_spawned, args=(world, [free_port() for _ in runs], runs, run_one, str(out)),
+                       nprocs=world, join=True, start_method="spawn")
+    return [torch.load(f"{out}.{rank}") for rank in range(world)]
+
+
 def probe_losses(model, packs) -> torch.Tensor:
     """Per-token losses of the first two packs without autograd (the evaluation path)."""
     from trainer.data.batching import collate

@@ -10,13 +10,14 @@ Tolerance: fp32 on CPU, losses rtol 1e-5, grad norms 1e-4 (reduction order only)
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, free_port
-from tests.parallel_helpers import (assert_same_trajectory, initial_state, layout_cfg, run_layout, set_rank_env,
+from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE
+from tests.parallel_helpers import (arch_layout_cfg, assert_same_trajectory, initial_state, run_layout, run_on_ranks,
                                     synthetic_packs)
 
 STEPS = 3
@@ -26,19 +27,14 @@ RUNS = {"qwen3_moe/ep2": {"expert": 2}, "deepseek_mla/ep2": {"expert": 2},
 
 
 def _cfg(arch: str, par: dict):
-    sections = arch_sections(ARCHS[arch])
-    return layout_cfg(par, model={**sections.pop("model"), "num_layers": 2}, **sections)
+    return arch_layout_cfg(ARCHS[arch], par)
 
 
-def _worker(rank, world, ports, states, packs, root, out):
-    results = {}
-    for (run, par), port in zip(RUNS.items(), ports):
-        arch = run.split("/")[0]
-        set_rank_env(rank, world, port)
-        ep2 = run == "qwen3_moe/ep2"  # also checkpoints (experts spread over EP) and exports
-        results[run] = run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", STEPS,
-                                  save_at=2 if ep2 else None, export_dir=f"{root}/{run}/adapter" if ep2 else None)
-    torch.save(results, f"{out}.{rank}")
+def _run(run, par, states, packs, root):
+    arch = run.split("/")[0]
+    ep2 = run == "qwen3_moe/ep2"  # also checkpoints (experts spread over EP) and exports
+    return run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", STEPS,
+                      save_at=2 if ep2 else None, export_dir=f"{root}/{run}/adapter" if ep2 else None)
 
 
 @pytest.mark.slow
@@ -50,11 +46,9 @@ def test_ep2_tp2_pp2_moe_match_single_process(tmp_path):
         export = str(tmp_path / arch / "adapter") if arch == "qwen3_moe" else None
         refs[arch] = run_layout(_cfg(arch, {}), states[arch], packs, str(tmp_path / arch), STEPS,
                                 export_dir=export)["trajectory"]
-    out = tmp_path / "res"
-    mp.start_processes(_worker, args=(2, [free_port() for _ in RUNS], states, packs, str(tmp_path), str(out)),
-                       nprocs=2, join=True, start_method="spawn")
-    for rank in range(2):
-        results = torch.load(f"{out}.{rank}")
+    per_rank = run_on_ranks(2, RUNS, functools.partial(_run, states=states, packs=packs, root=str(tmp_path)),
+                            tmp_path / "res")
+    for rank, results in enumerate(per_rank):
         assert results["qwen3_moe/ep2"]["dp"] == 2
         for run, got in results.items():
             assert_same_trajectory(got["trajectory"], refs[run.split("/")[0]], 1e-5, f"{run} rank {rank}")
