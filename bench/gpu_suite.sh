@@ -51,7 +51,7 @@ case "${1:-}" in
       $TP --recipe $R8 --docs packed --label 8b-fp8-packed-keep-inputs --set trainer.precision.fp8=hybrid
       $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid "${AI[@]}"
       $TP --recipe $R8 --docs packed --label 8b-fp8-packed-fp8param --set trainer.precision.fp8=hybrid \
-          --set trainer.precision.fp8_param=true "${AI[@]}"
+          --set trainer.precision.fp8_param=true --set trainer.precision.fp8_recipe=tensorwise "${AI[@]}"
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8bmem.jsonl" ;;
   fp4)
     timeout 400 python3 bench/fp4_gpu_check.py --out "$OUT/fp4_gpu_check.json" > /dev/null 2>"$OUT/fp4_gpu_check.err"
@@ -64,7 +64,8 @@ case "${1:-}" in
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
   70bfast)
     NR=(--set trainer.recompute.granularity=null)
-    P8=(--set trainer.precision.fp8_param=true --set trainer.recompute.adapter_inputs=true)
+    P8=(--set trainer.precision.fp8_param=true --set trainer.precision.fp8_recipe=tensorwise
+        --set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}"
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-gbs4 --timeout 300 "${NR[@]}" \
           "${P8[@]}" --set trainer.schedule.global_batch_size=4 --set trainer.schedule.train_iters=8
@@ -77,7 +78,8 @@ case "${1:-}" in
     { $TP --recipe $R8 --docs packed --label 8b-fp8-keep --profile 8-9 --set trainer.precision.fp8=hybrid
       $TP --recipe $R8 --docs packed --label 8b-fp8-adapter-inputs --profile 8-9 --set trainer.precision.fp8=hybrid "${AI[@]}"
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute --profile 8-9 --timeout 300 \
-          --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true "${AI[@]}"
+          --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true \
+          --set trainer.precision.fp8_recipe=tensorwise "${AI[@]}"
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/profile.jsonl" ;;
   moe)
     { for r in recipes/proxies/*.yaml; do

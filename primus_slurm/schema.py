@@ -184,7 +184,7 @@ SCHEMA: dict = {
                                       "between steps (faster; ~2 bytes/param more); false for models that barely fit"),
             "fp8_param": Field("bool", False, help="keep the frozen base weights as FP8 tensors only (quantized "
                                "once at init: 1 byte a parameter instead of 2, no per-step re-quantization); "
-                               "needs fp8 and random or megatron-initialised weights"),
+                               "needs fp8 with fp8_recipe tensorwise|blockwise, and random or megatron-initialised weights"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),

@@ -84,6 +84,10 @@ def _cluster(c: dict, exp: dict) -> None:
         fail(f"`cluster.nodes` is {c['nodes']} but `cluster.executor` is local; the local executor runs one node")
 
 
+DELAYED_FP8_PARAM = ("with delayed scaling TE quantizes frozen weights once with the initial scale 1.0 and "
+                     "never rescales them")
+
+
 def _precision(p: dict) -> None:
     if p["fp4"] and p["fp8"]:
         fail("`trainer.precision.fp4` and `trainer.precision.fp8` are mutually exclusive; set one of them to null")
@@ -97,6 +101,8 @@ def _precision(p: dict) -> None:
              "with `trainer.precision.fp4_emulation`")
     if p["fp8_param"] and not p["fp8"]:
         fail("`trainer.precision.fp8_param` needs `trainer.precision.fp8: hybrid|e4m3`")
+    if p["fp8_param"] and p["fp8_recipe"] == "delayed":
+        fail(f"`trainer.precision.fp8_param` needs `trainer.precision.fp8_recipe: tensorwise|blockwise`: {DELAYED_FP8_PARAM}")
     if (p["fp4"] or p["fp8"]) and not p["bf16"]:
         fail(f"`trainer.precision.{'fp4' if p['fp4'] else 'fp8'}` needs `trainer.precision.bf16: true` "
              "(low-precision GEMMs run inside a bf16 model)")

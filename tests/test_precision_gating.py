@@ -48,6 +48,11 @@ def test_fp8_param_needs_fp8():
     assert refuse(H200, fp8_param=True).startswith("trainer.precision.fp8_param: true needs trainer.precision.fp8")
 
 
+def test_fp8_param_refuses_delayed_scaling():
+    assert "fp8_param: true needs trainer.precision.fp8_recipe: tensorwise|blockwise" in refuse(
+        H200, fp8="hybrid", fp8_param=True, fp8_recipe="delayed")
+
+
 def test_param_gather_needs_param():
     assert "fp4_param_gather: true needs trainer.precision.fp4_param: true" in refuse(
         B200, fp4="e2m1", fp4_param_gather=True)

@@ -30,7 +30,7 @@ def test_fp8(recipe):
 
 
 def test_fp8_param_reaches_megatron_only_when_asked():
-    assert transformer_config_kwargs(cfg(fp8="hybrid", fp8_param=True), H200)["fp8_param"] is True
+    assert transformer_config_kwargs(cfg(fp8="hybrid", fp8_param=True, fp8_recipe="tensorwise"), H200)["fp8_param"] is True
     assert transformer_config_kwargs(cfg(fp8="hybrid"), H200)["fp8_param"] is False
 
 

@@ -54,6 +54,9 @@ def config_errors(s: PrecisionSettings) -> Optional[str]:
                 "(TE's 16-point RHT); set it to false for mxfp4")
     if s.fp8_param and not s.fp8:
         return f"{FIELD}.fp8_param: true needs {FIELD}.fp8: hybrid|e4m3 (fp8 is null)"
+    if s.fp8_param and s.fp8_recipe == "delayed":
+        return (f"{FIELD}.fp8_param: true needs {FIELD}.fp8_recipe: tensorwise|blockwise (delayed scaling would "
+                "quantize the frozen weights once, with the initial scale 1.0)")
     if s.fp4_param_gather and not s.fp4_param:
         return f"{FIELD}.fp4_param_gather: true needs {FIELD}.fp4_param: true"
     if s.fp4_param and s.fp4_emulation:
