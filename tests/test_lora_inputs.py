@@ -116,8 +116,8 @@ def test_rmsnorm_adapter_keeps_only_norm_input_and_matches_reference():
     torch.testing.assert_close(dx1, dx0, rtol=1e-10, atol=1e-12)  # includes the gradient through 1/rms
     torch.testing.assert_close(da1, da0, rtol=1e-10, atol=1e-12)
     assert dx1.abs().sum() > 0 and da1.abs().sum() > 0
-    # kept: x (the base keeps it anyway), A, w and the rank-sized h -- no normed [tokens, hidden] copy
-    assert x.untyped_storage().data_ptr() in saved1 and len(saved1) == 4
+    # kept: x (the base keeps it anyway), A, w, the rank-sized h and per-token 1/rms -- no normed copy
+    assert x.untyped_storage().data_ptr() in saved1 and len(saved1) == 5
     assert tokens * hidden * 8 == x.untyped_storage().nbytes()
 
 
