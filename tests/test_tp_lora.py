@@ -1,4 +1,5 @@
-"""TP=2 (two gloo processes) gives the same per-token losses and LoRA grads as TP=1.
+"""TP=2 (two gloo processes) gives the same per-token losses and LoRA grads as TP=1 (with sequence
+parallelism also with recompute.adapter_inputs).
 
 Tolerance: fp32 on CPU, rtol 1e-4 / atol 1e-5 (only the summation order of the TP reductions
 differs between the layouts).
@@ -17,7 +18,9 @@ DOCS = [13, 22, 8, 21]
 
 
 def _cfg(tp: int, sp: bool):
-    return tiny_cfg(trainer={"parallelism": {"tensor": tp, "sequence_parallel": sp}})
+    # the sequence-parallel run also keeps fc1's output instead of the fc2 adapter's input (lora_inputs)
+    return tiny_cfg(trainer={"parallelism": {"tensor": tp, "sequence_parallel": sp},
+                             "recompute": {"adapter_inputs": sp}})
 
 
 def _run(model, batch):
@@ -43,6 +46,7 @@ def _tp_run(rank, world, port, sp, full, batch):
         from megatron.core import parallel_state as ps
 
         model = build_model(cfg, info.device)
+        assert (model.decoder.layers[0].mlp.linear_fc2.input_act is not None) == sp
         load_full_state_dict(model, full)
         losses = _run(model, batch)
         marked = [n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)
