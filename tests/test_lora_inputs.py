@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from primus_slurm.recipe import deep_merge
-from tests.model_helpers import DEEPSEEK_MLA, arch_sections, dist_session, models_with_same_adapters, packed_batch, tiny_cfg
+from tests.model_helpers import (DEEPSEEK_MLA, arch_sections, dist_session, models_with_same_adapters, packed_batch,
+                                 tiny_cfg)
 from trainer.model import build_model, forward_losses
 from trainer.model.lora_inputs import adapter_a
 
@@ -86,12 +87,14 @@ def test_model_grads_equal_with_and_without_adapter_input_recompute(arch, recomp
 
 
 def test_pre_dropout_adapter_is_not_rewired():
-    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "pre"}, "recompute": {"adapter_inputs": True}})
+    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "pre"},
+                            "recompute": {"adapter_inputs": True}})
     with dist_session(cfg) as info:
         model = build_model(cfg, info.device)
         fc2 = model.decoder.layers[0].mlp.linear_fc2
         assert fc2.input_act is None
-    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "post"}, "recompute": {"adapter_inputs": True}})
+    cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "post"},
+                            "recompute": {"adapter_inputs": True}})
     with dist_session(cfg) as info:
         model = build_model(cfg, info.device)
         assert model.decoder.layers[0].mlp.linear_fc2.input_act is not None
