@@ -74,4 +74,5 @@ class StepProfiler:
         if self.trace:
             prof.export_chrome_trace(os.path.join(self.out_dir, "trace.json"))
         if self.log is not None:
-            self.log.line(f"profile written | iterations {self.start}-{last} | path {os.path.relpath(path, os.path.dirname(os.path.dirname(self.out_dir)))}")
+            run_dir = os.path.dirname(os.path.dirname(self.out_dir))
+            self.log.line(f"profile written | iterations {self.start}-{last} | path {os.path.relpath(path, run_dir)}")
