@@ -5,32 +5,38 @@ import torch
 from trainer.precision.fp8_params import init_context, release_transposes
 
 
-class _FakeFloat8:
-    """Stands in for TE's Float8Tensor storage API on a plain parameter: _transpose + update_usage."""
+class _FakeQuantized:
+    """Stands in for TE's quantized-tensor storage API on a plain parameter: get_usages + update_usage."""
 
-    def __init__(self, param, with_transpose: bool):
+    def __init__(self, param, columnwise: bool, two_d=None):
         self.calls = []
-        param._transpose = torch.zeros(2) if with_transpose else None
+        self.columnwise = columnwise
+        if two_d is not None:
+            param._is_2D_scaled = two_d
+        param.get_usages = lambda: {"rowwise": True, "columnwise": self.columnwise}
 
         def update_usage(rowwise_usage=None, columnwise_usage=None):
             self.calls.append((rowwise_usage, columnwise_usage))
             if columnwise_usage is False:
-                param._transpose = None
+                self.columnwise = False
 
         param.update_usage = update_usage
 
 
-def test_release_drops_only_frozen_cached_transposes():
-    m = torch.nn.ModuleDict({k: torch.nn.Linear(2, 2, bias=False) for k in ("frozen", "trained", "plain", "bare")})
-    for k in ("frozen", "plain", "bare"):
-        m[k].weight.requires_grad_(False)
-    frozen = _FakeFloat8(m["frozen"].weight, with_transpose=True)
-    trained = _FakeFloat8(m["trained"].weight, with_transpose=True)
-    bare = _FakeFloat8(m["bare"].weight, with_transpose=False)
-    assert release_transposes(m) == 1
-    assert frozen.calls == [(True, False)] and m["frozen"].weight._transpose is None
-    assert trained.calls == [] and m["trained"].weight._transpose is not None
-    assert bare.calls == []
+def test_release_drops_only_frozen_rebuildable_columnwise_copies():
+    names = ("frozen", "trained", "plain", "rowwise_only", "block2d", "block1d")
+    m = torch.nn.ModuleDict({k: torch.nn.Linear(2, 2, bias=False) for k in names})
+    for k in names:
+        m[k].weight.requires_grad_(k == "trained")
+    fakes = {"frozen": _FakeQuantized(m["frozen"].weight, True), "trained": _FakeQuantized(m["trained"].weight, True),
+             "rowwise_only": _FakeQuantized(m["rowwise_only"].weight, False),
+             "block2d": _FakeQuantized(m["block2d"].weight, True, two_d=True),
+             "block1d": _FakeQuantized(m["block1d"].weight, True, two_d=False)}
+    assert release_transposes(m) == 2
+    for k in ("frozen", "block2d"):
+        assert fakes[k].calls == [(True, False)] and not fakes[k].columnwise, k
+    for k in ("trained", "rowwise_only", "block1d"):
+        assert fakes[k].calls == [], k
     assert release_transposes(m) == 0
 
 

@@ -6,9 +6,9 @@ re-quantization (fp8_weight_cache: false) or plus cached FP8 copies (true) are b
 quantized once at init and the BF16 original is never kept (built under no_grad: TE would otherwise keep
 a high-precision copy of every initial value for an optimizer that never touches them).
 
-On Hopper the FP8 GEMM of the input gradient needs the weight's transpose; TE makes it on demand in
-backward and keeps it on the parameter. `release_transposes(model)` drops them after each step's
-backward, so between steps (and at the forward's activation peak) the weights cost 1 byte a parameter.
+On Hopper the FP8 GEMM of the input gradient needs the weight's transpose (TE's column-wise data); TE makes
+it on demand in backward and keeps it on the parameter. `release_transposes(model)` drops them after each
+step's backward, so between steps (and at the forward's activation peak) the weights cost 1 byte a parameter.
 """
 from __future__ import annotations
 
@@ -30,13 +30,17 @@ def init_context(config):
 
 
 def release_transposes(model) -> int:
-    """Drop the column-wise (transposed) FP8 data TE cached on frozen FP8 weights; returns how many."""
+    """Drop the column-wise FP8 copies (transposes) TE made on frozen quantized weights; returns how many.
+
+    Per-tensor FP8 (delayed / current scaling) rebuilds a transpose from the row-wise data on demand, and so
+    does 2-D block scaling; 1-D block-scaled data cannot be rebuilt and is left alone."""
     released = 0
     for p in model.parameters():
-        update = getattr(p, "update_usage", None)
-        if p.requires_grad or update is None or getattr(p, "_transpose", None) is None:
+        if p.requires_grad or not callable(getattr(p, "get_usages", None)):
             continue
-        update(rowwise_usage=True, columnwise_usage=False)
+        usages = p.get_usages()
+        if not (usages.get("rowwise") and usages.get("columnwise")) or getattr(p, "_is_2D_scaled", True) is False:
+            continue
+        p.update_usage(rowwise_usage=True, columnwise_usage=False)
         released += 1
     return released
-
