@@ -53,7 +53,7 @@ class _AdapterAOfRMSNorm(torch.autograd.Function):
     A' = A * w (w folded into the adapter's input dim). Kept: x (the base keeps it for its own norm
     backward), h ([tokens, rank]) and r ([tokens], fp32; one reduction over x). With g = dh * r:
         dA' = g^T x,   dA = dA' * w,   dx = g A' - (r^2 / H) * (dh . h) * x
-    (the second term is the gradient through r). Cost over a plain adapter: two row reductions and one
+    (the second term is the gradient through r). Cost over a plain adapter: one row reduction and one
     fused multiply-subtract over x -- no fp32 copies of the activation."""
 
     @staticmethod
@@ -112,7 +112,7 @@ def swiglu_of(config):
     """The exact function megatron's dense MLP applies to fc1's output under `config`, or None."""
     if not config.gated_linear_unit or config.activation_func is not F.silu or config.add_bias_linear:
         return None
-    if getattr(config, "use_te_activation_func", False) or getattr(config, "activation_func_fp8_input_store", False):
+    if any(getattr(config, k, False) for k in ("use_te_activation_func", "activation_func_fp8_input_store")):
         return None
     if getattr(config, "activation_func_clamp_value", None) is not None:
         return None
@@ -141,7 +141,7 @@ def wire_adapter_input_recompute(model) -> dict:
         if isinstance(module, LoRALinear) and module.fused_norm and not _pre_dropout(module):
             if rmsnorm_weight(module.base) is not None:  # LayerNorm bases keep TE's ln_out as before
                 module.base.return_layernorm_output = False
-                module.adapter_norm = lambda x, a, base=module.base: adapter_a_of_rmsnorm(x, a, *rmsnorm_weight(base))
+                module.adapter_norm = _rmsnorm_adapter(module.base)
                 wired["norm"] += 1
         if type(module) is not MLP:  # experts / shared experts transform x further: leave them
             continue
@@ -159,6 +159,13 @@ def wire_adapter_input_recompute(model) -> dict:
         module.linear_fc1.register_forward_hook(remember)
         wired["fc2"] += 1
     return wired
+
+
+def _rmsnorm_adapter(base):
+    def adapter(x, a):  # reads the norm weight at call time (it may move with the module)
+        return adapter_a_of_rmsnorm(x, a, *rmsnorm_weight(base))
+
+    return adapter
 
 
 def _pre_dropout(lora) -> bool:  # dropout of the adapter input would need its mask kept
