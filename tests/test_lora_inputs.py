@@ -155,3 +155,46 @@ def test_rmsnorm_adapter_in_bf16_tracks_fp32_reference():
         grads.append((x.grad.float(), a.grad.float()))
     for ref, got in zip(grads[0], grads[1]):
         assert (got - ref).norm() / ref.norm() < 2e-2
+
+
+class _FusedNormLinear(torch.nn.Module):
+    """CPU stand-in for TE's LayerNormLinear (RMSNorm): same attributes and return convention
+    ((out, bias, ln_out) when return_layernorm_output, else (out, bias)); frozen like a LoRA base."""
+
+    def __init__(self, hidden: int, out: int, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter(torch.randn(out, hidden, generator=g) * 0.1, requires_grad=False)
+        self.layer_norm_weight = torch.nn.Parameter(torch.rand(hidden, generator=g) + 0.5, requires_grad=False)
+        self.eps, self.normalization, self.zero_centered_gamma = 1e-5, "RMSNorm", False
+        self.return_layernorm_output, self.parallel_mode = False, "column"
+
+    def forward(self, x):
+        ln = F.rms_norm(x, (x.shape[-1],), self.layer_norm_weight, self.eps)
+        out = F.linear(ln, self.weight)
+        return (out, None, ln) if self.return_layernorm_output else (out, None)
+
+
+def test_fused_norm_lora_linear_rewired_matches_ln_out_path():
+    from trainer.model.lora import LoRALinear
+    from trainer.model.lora_inputs import wire_adapter_input_recompute
+
+    x0 = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(3))
+    results = []
+    for rewire in (False, True):
+        lora = LoRALinear(_FusedNormLinear(32, 48, seed=1), "linear_qkv", dim=4, alpha=8, dropout=0.0,
+                          dropout_position="pre", a_init="kaiming", b_init="zero", tp_size=1, tp_rank=0,
+                          sequence_parallel=False, seed=2)
+        with torch.no_grad():
+            lora.lora_b.normal_(0, 0.1, generator=torch.Generator().manual_seed(4))
+        assert lora.base.return_layernorm_output  # LoRALinear asked the base for ln_out
+        if rewire:
+            assert wire_adapter_input_recompute(lora) == {"fc2": 0, "norm": 1}
+            assert not lora.base.return_layernorm_output and lora.adapter_norm is not None
+        x = x0.clone().requires_grad_(True)
+        out, _ = lora(x)
+        (out * torch.linspace(-1, 1, 48)).sum().backward()
+        results.append((out.detach(), x.grad, lora.lora_a.grad, lora.lora_b.grad))
+    for ref, got in zip(*results):
+        assert ref.abs().sum() > 0
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
