@@ -207,6 +207,10 @@ SCHEMA: dict = {
             "adapter_inputs": Field("bool", False, help="adapters keep only what the frozen base keeps anyway (fc2: "
                                     "SwiGLU recomputed from fc1's output; RMSNorm linears: norm folded into A): "
                                     "Llama-3-8B at 8192 tokens 53.7 -> 42.7 GiB, ~5 % slower in bf16, ~8 % in FP8"),
+            "adapter_inputs_scope": Field("str", "all", choices=("all", "fc2", "norm"),
+                                          help="which adapters adapter_inputs rewires: fc2 (SwiGLU recompute, "
+                                          "ffn/tp x tokens x 2 bytes a layer) or norm (RMSNorm linears, 2 x "
+                                          "hidden/tp x tokens x 2 bytes a layer)"),
         },
         "checkpoint": {
             "save_interval": _opt("int", min=1),

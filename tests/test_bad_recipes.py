@@ -30,6 +30,7 @@ BAD = [
     ("trainer: {precision: {fp4_param: true}}", "`trainer.precision.fp4_param`"),
     ("trainer: {precision: {fp8_param: true}}", "`trainer.precision.fp8_param` needs"),
     ("trainer: {logging: {profile_end: 5}}", "`trainer.logging.profile_end` (5) needs"),
+    ("trainer: {recompute: {adapter_inputs_scope: mlp}}", "`trainer.recompute.adapter_inputs_scope`"),
     ("trainer: {logging: {profile_start: 6, profile_end: 5}}", "`trainer.logging.profile_end` (5) needs"),
     ("trainer: {logging: {profile_ranks: [zero]}}", "`trainer.logging.profile_ranks[0]`"),
     ("trainer: {precision: {fp8_param: true, fp8: hybrid, fp8_recipe: tensorwise, bf16: true}}",

@@ -86,6 +86,14 @@ def test_model_grads_equal_with_and_without_adapter_input_recompute(arch, recomp
         torch.testing.assert_close(grads[True][n], ref, rtol=1e-5, atol=1e-7)
 
 
+def test_scope_selects_which_adapters_are_rewired():
+    for scope, wired in (("all", True), ("fc2", True), ("norm", False)):  # (no fused norms on the CPU path)
+        cfg = tiny_cfg(trainer={"recompute": {"adapter_inputs": True, "adapter_inputs_scope": scope}})
+        with dist_session(cfg) as info:
+            model = build_model(cfg, info.device)
+            assert (model.decoder.layers[1].mlp.linear_fc2.input_act is not None) == wired, scope
+
+
 def test_pre_dropout_adapter_is_not_rewired():
     cfg = tiny_cfg(trainer={"lora": {"dropout": 0.1, "dropout_position": "pre"},
                             "recompute": {"adapter_inputs": True}})
@@ -189,6 +197,7 @@ def test_fused_norm_lora_linear_rewired_matches_ln_out_path():
             lora.lora_b.normal_(0, 0.1, generator=torch.Generator().manual_seed(4))
         assert lora.base.return_layernorm_output  # LoRALinear asked the base for ln_out
         if rewire:
+            assert wire_adapter_input_recompute(lora, "fc2") == {"fc2": 0, "norm": 0}  # out of scope
             assert wire_adapter_input_recompute(lora) == {"fc2": 0, "norm": 1}
             assert not lora.base.return_layernorm_output and lora.adapter_norm is not None
         x = x0.clone().requires_grad_(True)

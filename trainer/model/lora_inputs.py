@@ -130,20 +130,22 @@ def swiglu_of(config):
     return glu
 
 
-def wire_adapter_input_recompute(model) -> dict:
-    """Rewire eligible adapters to keep a tensor the base keeps anyway; returns counts by kind."""
+def wire_adapter_input_recompute(model, scope: str = "all") -> dict:
+    """Rewire eligible adapters (scope: all | fc2 | norm) to keep a tensor the base keeps anyway; returns
+    counts by kind."""
     from megatron.core.transformer.mlp import MLP
 
     from trainer.model.lora import LoRALinear
 
+    if scope not in ("all", "fc2", "norm"):
+        raise ValueError(f"trainer.recompute.adapter_inputs_scope must be all|fc2|norm, got {scope!r}")
     wired = {"fc2": 0, "norm": 0}
     for module in model.modules():
-        if isinstance(module, LoRALinear) and module.fused_norm and not _pre_dropout(module):
-            if rmsnorm_weight(module.base) is not None:  # LayerNorm bases keep TE's ln_out as before
-                module.base.return_layernorm_output = False
-                module.adapter_norm = _rmsnorm_adapter(module.base)
-                wired["norm"] += 1
-        if type(module) is not MLP:  # experts / shared experts transform x further: leave them
+        if scope != "fc2" and _norm_rewirable(module, LoRALinear):
+            module.base.return_layernorm_output = False
+            module.adapter_norm = _rmsnorm_adapter(module.base)
+            wired["norm"] += 1
+        if scope == "norm" or type(module) is not MLP:  # experts / shared experts transform x further
             continue
         fc2 = getattr(module, "linear_fc2", None)
         if not isinstance(fc2, LoRALinear) or fc2.is_expert or fc2.fused_norm or _pre_dropout(fc2):
@@ -159,6 +161,11 @@ def wire_adapter_input_recompute(model) -> dict:
         module.linear_fc1.register_forward_hook(remember)
         wired["fc2"] += 1
     return wired
+
+
+def _norm_rewirable(module, lora_cls) -> bool:  # LayerNorm bases keep TE's ln_out as before
+    return (isinstance(module, lora_cls) and module.fused_norm and not _pre_dropout(module)
+            and rmsnorm_weight(module.base) is not None)
 
 
 def _rmsnorm_adapter(base):
