@@ -69,7 +69,7 @@ BAD = [
     ("cluster: {env: {HF_TOKEN: abc}}", "`cluster.env.HF_TOKEN`"),
     ("cluster: {env: {'BAD NAME': x}}", "`cluster.env`"),
     ("cluster: {env: {A: \"x\\ny\"}}", "`cluster.env.A`"),
-    ("cluster: {nodes: 2}", "`cluster.nodes`"),
+    ("cluster: {nodes: 2, executor: local}", "`cluster.nodes`"),  # (valid for the slurm executor)
     ("cluster: {python: 'python3; id'}", "`cluster.python`"),
     ("cluster: {entrypoint: 'trainer --evil'}", "`cluster.entrypoint`"),
     ("trainer: {tokenizer: {path: '${HF_TOKEN}'}}", "secret"),

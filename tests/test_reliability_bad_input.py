@@ -103,7 +103,12 @@ def _recipe(d: Path, text, name: str = "r.yaml") -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("body,expect", BAD[::3], ids=[f"bad{i}" for i in range(0, len(BAD), 3)])
+# every third case of the validate corpus, submitted with --executor slurm (cases that are bad only for the local
+# executor would be valid there)
+SAMPLE = [c for c in BAD if "executor: local" not in c[0]][::3]
+
+
+@pytest.mark.parametrize("body,expect", SAMPLE, ids=[f"bad{i}" for i in range(len(SAMPLE))])
 def test_validate_corpus_sample_through_submit(body, expect, case, capsys):
     submit_fails(case, capsys, [_recipe(case, f"extends: {QS}\n{body}\n"), "--executor", "slurm"], expect)
 
