@@ -20,19 +20,20 @@ def _micro_batches():
 
 
 def _step_grads(model, micro_batches, dp_group=None):
-    """The trainer's path: step header count, per-micro-batch objective backward, DP grad SUM."""
-    from trainer.loss import all_reduce_sum, local_token_count, micro_batch_objective, step_header
+    """The trainer's path: step header count, per-micro-batch objective backward
+    (trainer.pipeline.accumulate_gradients), DP grad SUM."""
+    from trainer.loss import all_reduce_sum, local_token_count, step_header
     from trainer.model import forward_losses
     from trainer.optim import reduce_gradients, trainable_parameters
+    from trainer.pipeline import accumulate_gradients
 
     params = trainable_parameters(model)
     model.zero_grad(set_to_none=True)
     n, _, totals = step_header(local_token_count(micro_batches), False, True, torch.device("cpu"), group=None)
-    loss_sum = torch.zeros(())
-    for mb in micro_batches:
-        obj, s = micro_batch_objective(forward_losses(model, mb), mb["loss_mask"], n)
-        obj.backward()
-        loss_sum += s
+    backwards = []  # the per-micro-batch hook (fp8_param releases FP8 transposes there)
+    loss_sum = accumulate_gradients(model, forward_losses, micro_batches, n, torch.device("cpu"),
+                                    after_backward=lambda: backwards.append(1))
+    assert len(backwards) == len(micro_batches)
     reduce_gradients(params, dp_group)
     all_reduce_sum(loss_sum, dp_group)
     return float(loss_sum / n), totals[0], {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}

@@ -126,6 +126,10 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
     model = build_model(cfg, info.device)
     precision.apply_emulation(model, cfg)
     logger.line(precision.describe(cfg, model))
+    wired = getattr(model, "_primus_adapter_inputs", None)
+    if wired is not None:  # trainer.recompute.adapter_inputs: what it rewired (zero: nothing eligible)
+        logger.line(f"adapter inputs | scope {cfg.trainer.recompute.adapter_inputs_scope} | fc2 {wired['fc2']} | "
+                    f"norm {wired['norm']}")
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, cfg.trainer.schedule)
     start = 0

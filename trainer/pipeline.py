@@ -69,14 +69,18 @@ def run_schedule(model, micro_batches, device, on_losses, forward_only: bool) ->
         forward_only=forward_only)
 
 
-def accumulate_gradients(model, forward_losses, micro_batches, n: torch.Tensor, device) -> torch.Tensor:
-    """Forward + backward of every micro-batch of one step (grads accumulate in .grad)."""
+def accumulate_gradients(model, forward_losses, micro_batches, n: torch.Tensor, device,
+                         after_backward=None) -> torch.Tensor:
+    """Forward + backward of every micro-batch of one step (grads accumulate in .grad); without pipeline
+    parallelism after_backward() runs after each micro-batch's backward."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     if _pp_size() == 1:
         for mb in micro_batches:
             batch = move_batch(mb, device)
             objective, s = micro_batch_objective(forward_losses(model, batch), batch["loss_mask"], n)
             objective.backward()
+            if after_backward is not None:
+                after_backward()
             loss_sum += s
         return loss_sum
     sums: list[torch.Tensor] = []

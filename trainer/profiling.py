@@ -8,11 +8,14 @@ Profiles iterations start..end (inclusive, 1-based) on the ranks in `profile_ran
 <run_dir>/profile/rank-<r>/summary.txt: the top operators and kernels by self time on the device (CPU
 time on a CPU run), with shapes grouped off, and, when `profile_trace` is true, trace.json for
 chrome://tracing / Perfetto (large for big models). The profiled steps' throughput in the log includes
-the profiler's overhead. Nothing is imported or recorded when no window is set.
+the profiler's overhead (writing the results does not: the caller pauses its clock for it). A run resumed
+inside the window profiles the rest of it; a window the run never reaches is logged as skipped. Nothing is
+imported or recorded when no window is set.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import torch
@@ -26,6 +29,7 @@ class StepProfiler:
         self.start, self.end = start, end
         self.out_dir, self.device, self.trace, self.log = out_dir, device, trace, log
         self._prof = None
+        self._done = False
 
     @classmethod
     def from_cfg(cls, logging_cfg, run_dir: str, rank: int, device: torch.device, log=None) -> "StepProfiler":
@@ -43,23 +47,33 @@ class StepProfiler:
         return self._prof is not None
 
     def before_step(self, iteration: int) -> None:
-        """Call with the iteration about to run (1-based)."""
-        if self.start is None or self._prof is not None or iteration != self.start:
+        """Call with the iteration about to run (1-based); starts at the first one inside the window (a run
+        resumed inside the window profiles its remaining iterations)."""
+        if self.start is None or self._prof is not None or self._done or not self.start <= iteration <= self.end:
             return
+        self.start = iteration
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self._prof = profile(activities=activities, record_shapes=False)
         self._prof.__enter__()
 
-    def after_step(self, iteration: int) -> None:
+    def after_step(self, iteration: int) -> float:
+        """Seconds spent writing the results (0 unless the window ends here): not training time."""
         if self._prof is not None and iteration >= self.end:
-            self.close(iteration)
+            return self.close(iteration)
+        return 0.0
 
-    def close(self, iteration: Optional[int] = None) -> None:
-        """Stop and write the results (also when training ends inside the window)."""
+    def close(self, iteration: Optional[int] = None) -> float:
+        """Stop and write the results (also when training ends inside the window); returns the seconds it
+        took. A window the run never reached is logged as skipped."""
         if self._prof is None:
-            return
+            if self.start is not None and not self._done and self.log is not None:
+                self.log.line(f"profile skipped | iterations {self.start}-{self.end} | run ended at iteration "
+                              f"{iteration}")
+            self._done = True
+            return 0.0
+        t0 = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         prof, self._prof = self._prof, None
@@ -76,3 +90,5 @@ class StepProfiler:
         if self.log is not None:
             run_dir = os.path.dirname(os.path.dirname(self.out_dir))
             self.log.line(f"profile written | iterations {self.start}-{last} | path {os.path.relpath(path, run_dir)}")
+        self._done = True
+        return time.perf_counter() - t0

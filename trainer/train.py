@@ -74,8 +74,11 @@ class Meter:
             self.t_run = time.perf_counter()
 
     def pause(self, seconds: float) -> None:
+        """Exclude `seconds` (eval, checkpoint, profiler output) from the interval and, once the run
+        average has started, from it too."""
         self.interval[3] += seconds
-        self.run[3] += seconds
+        if self.t_run is not None:
+            self.run[3] += seconds
 
     def take_interval(self) -> tuple[int, float, float, float]:
         _synchronize(self.device)
@@ -141,9 +144,10 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device)
-        if self.t.precision.fp8_param:
-            fp8_params.release_transposes(self.model)
+        release = (lambda: fp8_params.release_transposes(self.model)) if self.t.precision.fp8_param else None
+        loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device, release)
+        if release is not None:  # (pipeline parallelism: once the schedule is done)
+            release()
         from trainer.model import allreduce_sequence_parallel_grads
 
         allreduce_sequence_parallel_grads(self.model)
@@ -227,7 +231,7 @@ class Trainer:
         return loss
 
     def finish(self, code: int, meter: Meter) -> int:
-        self.profiler.close(self.iteration)
+        meter.pause(self.profiler.close(self.iteration))
         avg = meter.run_average()
         if avg is not None:
             iters, tokens, flops, elapsed = avg
@@ -258,7 +262,7 @@ class Trainer:
                 reason = "signal"
                 break
             self.iteration += 1
-            self.profiler.after_step(self.iteration)
+            meter.pause(self.profiler.after_step(self.iteration))
             self.pending.append((self.iteration, result.loss_sum, result.num_loss_tokens, result.grad_norm, lr))
             meter.add(self.iteration, result.tokens, result.flops)
             last = self.iteration == train_iters

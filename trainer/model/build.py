@@ -120,7 +120,7 @@ def build_model(cfg, device: torch.device):
                tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
                seed=int(cfg.experiment.seed))
     if cfg.trainer.recompute.adapter_inputs:
-        wire_adapter_input_recompute(model, cfg.trainer.recompute.adapter_inputs_scope)
+        model._primus_adapter_inputs = wire_adapter_input_recompute(model, cfg.trainer.recompute.adapter_inputs_scope)
     model.to(device)
     if config.recompute_granularity is not None:
         _require_input_grads(model)

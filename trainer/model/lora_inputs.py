@@ -39,10 +39,12 @@ class _AdapterAFromRecomputedInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh):
         u, a = ctx.saved_tensors
-        with torch.no_grad():
-            x = ctx.act(u)
-        dx = dh.matmul(a)
-        da = dh.reshape(-1, dh.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+        dx = dh.matmul(a) if ctx.needs_input_grad[0] else None
+        da = None
+        if ctx.needs_input_grad[2]:
+            with torch.no_grad():
+                x = ctx.act(u)
+            da = dh.reshape(-1, dh.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
         return dx, None, da, None
 
 
@@ -59,21 +61,33 @@ class _AdapterAOfRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, a, w, eps):
         r = _rsigma(x, eps)
-        aw = a * w.to(a.dtype)
-        h = F.linear(x, aw) * r.unsqueeze(-1).to(x.dtype)
+        h = _scaled(F.linear(x, _fold(a, w)), r)
         ctx.save_for_backward(x, a, w, h, r)
         return h
 
     @staticmethod
     def backward(ctx, dh):
         x, a, w, h, r = ctx.saved_tensors
-        aw = a * w.to(a.dtype)
-        g = (dh.to(r.dtype) * r.unsqueeze(-1)).to(x.dtype)
-        g2 = g.reshape(-1, g.shape[-1])
-        da = g2.t().matmul(x.reshape(-1, x.shape[-1])) * w.to(a.dtype)
-        c = (dh.to(r.dtype) * h.to(r.dtype)).sum(-1) * r.square() / x.shape[-1]
-        dx = g.matmul(aw).addcmul_(x, c.unsqueeze(-1).to(x.dtype), value=-1.0)
+        g = _scaled(dh, r)
+        dx = da = None
+        if ctx.needs_input_grad[1]:
+            gx = g.reshape(-1, g.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+            da = (gx.to(r.dtype) * w.to(r.dtype)).to(a.dtype)
+        if ctx.needs_input_grad[0]:
+            c = (dh.to(r.dtype) * h.to(r.dtype)).sum(-1) * r.square() / x.shape[-1]
+            dx = g.matmul(_fold(a, w)).addcmul_(x, c.unsqueeze(-1).to(x.dtype), value=-1.0)
         return dx, da, None, None
+
+
+def _fold(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A * w (the norm weight folded into A's input dim), formed in fp32, in A's dtype."""
+    acc = torch.promote_types(a.dtype, torch.float32)
+    return (a.to(acc) * w.to(acc)).to(a.dtype)
+
+
+def _scaled(t: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """t * r[..., None] computed in r's (fp32) precision, returned in t's dtype."""
+    return (t.to(r.dtype) * r.unsqueeze(-1)).to(t.dtype)
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -89,7 +103,7 @@ def _rsigma(x: torch.Tensor, eps: float) -> torch.Tensor:
 def adapter_a_of_rmsnorm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """rmsnorm(x; w, eps) A^T, keeping x and the rank-sized h (not rmsnorm(x)) for the backward."""
     if not torch.is_grad_enabled() or not (x.requires_grad or a.requires_grad):
-        return F.linear(x, a * w.to(a.dtype)) * _rsigma(x, eps).unsqueeze(-1).to(x.dtype)
+        return _scaled(F.linear(x, _fold(a, w)), _rsigma(x, eps))
     return _AdapterAOfRMSNorm.apply(x, a, w, eps)
 
 
@@ -97,7 +111,7 @@ def rmsnorm_weight(base):
     """(effective weight, eps) of a TE LayerNormLinear's RMSNorm, or None for LayerNorm."""
     if getattr(base, "normalization", None) != "RMSNorm":
         return None
-    w = base.layer_norm_weight.detach()
+    w = base.layer_norm_weight.detach().float()  # (1 + w of a zero-centred gamma is not exact in bf16)
     return (w + 1 if getattr(base, "zero_centered_gamma", False) else w), float(base.eps)
 
 
@@ -140,12 +154,13 @@ def wire_adapter_input_recompute(model, scope: str = "all") -> dict:
     if scope not in ("all", "fc2", "norm"):
         raise ValueError(f"trainer.recompute.adapter_inputs_scope must be all|fc2|norm, got {scope!r}")
     wired = {"fc2": 0, "norm": 0}
-    for module in model.modules():
+    for name, module in model.named_modules():
         if scope != "fc2" and _norm_rewirable(module, LoRALinear):
             module.base.return_layernorm_output = False
             module.adapter_norm = _rmsnorm_adapter(module.base)
             wired["norm"] += 1
-        if scope == "norm" or type(module) is not MLP:  # experts / shared experts transform x further
+        # experts (their MLP may scale x by routing probabilities) and shared experts: leave them
+        if scope == "norm" or type(module) is not MLP or "experts" in name.split("."):
             continue
         fc2 = getattr(module, "linear_fc2", None)
         if not isinstance(fc2, LoRALinear) or fc2.is_expert or fc2.fused_norm or _pre_dropout(fc2):

@@ -2,13 +2,16 @@
 
 A LoRA base never changes, so its FP8 copy is exact for the whole run: BF16 weights plus per-step FP8
 re-quantization (fp8_weight_cache: false) or plus cached FP8 copies (true) are both avoidable. With
-`fp8_param` megatron's TE linears are built inside TE's quantized-model-init context, so each weight is
-quantized once at init and the BF16 original is never kept (built under no_grad: TE would otherwise keep
-a high-precision copy of every initial value for an optimizer that never touches them).
+`fp8_param` megatron-core builds each layer's TE linears inside TE's quantized-model-init context, so each
+weight is quantized once at init and the BF16 original is never kept (built under no_grad: TE would otherwise
+keep a high-precision copy of every initial value for an optimizer that never touches them).
 
 On Hopper the FP8 GEMM of the input gradient needs the weight's transpose (TE's column-wise data); TE makes
 it on demand in backward and keeps it on the parameter. `release_transposes(model)` drops them after each
-step's backward, so between steps (and at the forward's activation peak) the weights cost 1 byte a parameter.
+micro-batch's backward (after the whole step with pipeline parallelism, whose schedule interleaves
+micro-batches), so at the forward's activation peak the weights cost 1 byte a parameter; re-making them
+costs one transpose per weight and micro-batch. (TE's GroupedLinear, MoE experts, asks for column-wise
+data in forward already, so expert weights keep 2 bytes a parameter.)
 """
 from __future__ import annotations
 
@@ -18,15 +21,12 @@ import torch
 
 
 def init_context(config):
-    """Context to build the model in: TE quantized-model-init when config.fp8_param, else nothing."""
-    if not getattr(config, "fp8_param", False):
-        return contextlib.nullcontext()
-    from megatron.core.fp8_utils import get_fp8_context
+    """Context to build the model in: no_grad when config.fp8_param (else nothing).
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.no_grad())
-    stack.enter_context(get_fp8_context(config, is_init=True))
-    return stack
+    megatron-core builds every transformer layer inside its own TE quantized-model-init context when
+    config.fp8_param is set (and none for the layers first_last_layers_bf16 keeps in BF16); grad mode off
+    here keeps TE from saving a CPU copy of each initial value (preserve_high_precision_init_val)."""
+    return torch.no_grad() if getattr(config, "fp8_param", False) else contextlib.nullcontext()
 
 
 def release_transposes(model) -> int:
