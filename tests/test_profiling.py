@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.test_train_support import log_text, run_trainer, write_recipe
+from tests.test_train_support import train_curves, write_recipe
 from trainer.profiling import StepProfiler
 
 
@@ -69,9 +69,7 @@ def test_trainer_writes_profile_when_training_ends_inside_the_window(tmp_path):
     cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=5", "trainer.logging.profile_start=3",
                        "trainer.logging.profile_end=99", "trainer.recompute.adapter_inputs=true")
     run = tmp_path / "run"
-    res = run_trainer(cfg, run)
-    assert res.returncode == 0, res.stderr[-3000:]
-    text = log_text(run)
+    _, _, text = train_curves(cfg, run)
     assert "] profile written | iterations 3-5 | path profile/rank-0/summary.txt" in text
     layers = int(re.search(r"\] arg model.num_layers = (\d+)", text).group(1))
     assert f"] adapter inputs | scope all | fc2 {layers} | norm 0" in text  # (no fused norms on CPU)
