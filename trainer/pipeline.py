@@ -71,8 +71,9 @@ def run_schedule(model, micro_batches, device, on_losses, forward_only: bool) ->
 
 def accumulate_gradients(model, forward_losses, micro_batches, n: torch.Tensor, device,
                          after_backward=None) -> torch.Tensor:
-    """Forward + backward of every micro-batch of one step (grads accumulate in .grad); without pipeline
-    parallelism after_backward() runs after each micro-batch's backward."""
+    """Forward + backward of every micro-batch of one step (grads accumulate in .grad). after_backward()
+    runs after each micro-batch's backward, or with pipeline parallelism (whose schedule interleaves the
+    micro-batches) once after the schedule."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     if _pp_size() == 1:
         for mb in micro_batches:
@@ -91,6 +92,8 @@ def accumulate_gradients(model, forward_losses, micro_batches, n: torch.Tensor, 
         return objective
 
     run_schedule(model, micro_batches, device, on_losses, forward_only=False)
+    if after_backward is not None:
+        after_backward()
     return _sum_over_pipeline(sums, loss_sum)
 
 

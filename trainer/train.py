@@ -146,8 +146,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         release = (lambda: fp8_params.release_transposes(self.model)) if self.t.precision.fp8_param else None
         loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device, release)
-        if release is not None:  # (pipeline parallelism: once the schedule is done)
-            release()
         from trainer.model import allreduce_sequence_parallel_grads
 
         allreduce_sequence_parallel_grads(self.model)

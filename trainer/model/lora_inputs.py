@@ -81,7 +81,7 @@ class _AdapterAOfRMSNorm(torch.autograd.Function):
 
 def _fold(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """A * w (the norm weight folded into A's input dim), formed in fp32, in A's dtype."""
-    acc = torch.promote_types(a.dtype, torch.float32)
+    acc = _acc(a)
     return (a.to(acc) * w.to(acc)).to(a.dtype)
 
 
