@@ -92,6 +92,25 @@ if triton is not None:
         tl.store(codes_ptr + rows[:, None] * (N // 2) + pcols[None, :], packed, mask=pmask)
 
     @triton.jit
+    def _store_payload(codes_ptr, scale_ptr, mag, sign, scales, rows, pid_n, M, N, TILE_M: tl.constexpr,
+                       WIDTH: tl.constexpr, BLOCKS: tl.constexpr, BLOCK: tl.constexpr):
+        """Packed codes of the tile and its BLOCKS per-row block scales (one per BLOCK elements)."""
+        _store_codes(codes_ptr, tl.reshape(mag, (TILE_M, WIDTH)), tl.reshape(sign, (TILE_M, WIDTH)),
+                     rows, pid_n, M, N, TILE_M, WIDTH)
+        scols = pid_n * BLOCKS + tl.arange(0, BLOCKS)
+        smask = (rows[:, None] < M) & (scols[None, :] < N // BLOCK)
+        tl.store(scale_ptr + rows[:, None] * (N // BLOCK) + scols[None, :], scales, mask=smask)
+
+    @triton.jit
+    def _tile(M, N, stride_m, TILE_M: tl.constexpr, WIDTH: tl.constexpr):
+        """(pid_n, rows, in-bounds mask, element offsets) of this program's TILE_M x WIDTH tile."""
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        rows = pid_m * TILE_M + tl.arange(0, TILE_M)
+        cols = pid_n * WIDTH + tl.arange(0, WIDTH)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        return pid_n, rows, mask, rows[:, None] * stride_m + cols[None, :]
+
+    @triton.jit
     def _nvfp4_globals(amax):
         """(global encode, global decode) from the fp32 tensor amax, as TE's reference."""
         ges = tl.math.div_rn(2688.0, amax)
@@ -137,11 +156,7 @@ if triton is not None:
                       TILE_M: tl.constexpr, BLOCKS: tl.constexpr, TWO_D: tl.constexpr, WRITE_QDQ: tl.constexpr,
                       WRITE_CODES: tl.constexpr, STOCHASTIC: tl.constexpr, GLOBAL: tl.constexpr):
         WIDTH: tl.constexpr = BLOCKS * 16
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-        rows = pid_m * TILE_M + tl.arange(0, TILE_M)
-        cols = pid_n * WIDTH + tl.arange(0, WIDTH)
-        mask = (rows[:, None] < M) & (cols[None, :] < N)
-        offs = rows[:, None] * stride_m + cols[None, :]
+        pid_n, rows, mask, offs = _tile(M, N, stride_m, TILE_M, WIDTH)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         amax = tl.load(amax_ptr)
         ges, gds = _nvfp4_globals(amax)
@@ -161,23 +176,14 @@ if triton is not None:
                 deq = deq * tl.math.div_rn(amax, 2688.0)
             tl.store(out_ptr + offs, _to_out(tl.reshape(deq, (TILE_M, WIDTH)), out_ptr), mask=mask)
         if WRITE_CODES:
-            _store_codes(codes_ptr, tl.reshape(mag, (TILE_M, WIDTH)), tl.reshape(sign, (TILE_M, WIDTH)),
-                         rows, pid_n, M, N, TILE_M, WIDTH)
-            scols = pid_n * BLOCKS + tl.arange(0, BLOCKS)
-            smask = (rows[:, None] < M) & (scols[None, :] < N // 16)
-            tl.store(scale_ptr + rows[:, None] * (N // 16) + scols[None, :], ds8,
-                     mask=smask)
+            _store_payload(codes_ptr, scale_ptr, mag, sign, ds8, rows, pid_n, M, N, TILE_M, WIDTH, BLOCKS, 16)
 
     @triton.jit
     def _mxfp4_kernel(x_ptr, out_ptr, codes_ptr, scale_ptr, M, N, stride_m, seed,
                       TILE_M: tl.constexpr, BLOCKS: tl.constexpr, WRITE_QDQ: tl.constexpr,
                       WRITE_CODES: tl.constexpr, STOCHASTIC: tl.constexpr):
         WIDTH: tl.constexpr = BLOCKS * 32
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-        rows = pid_m * TILE_M + tl.arange(0, TILE_M)
-        cols = pid_n * WIDTH + tl.arange(0, WIDTH)
-        mask = (rows[:, None] < M) & (cols[None, :] < N)
-        offs = rows[:, None] * stride_m + cols[None, :]
+        pid_n, rows, mask, offs = _tile(M, N, stride_m, TILE_M, WIDTH)
         xb = tl.reshape(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), (TILE_M, BLOCKS, 32))
         isnan, vmax = _block_nan_max(xb, 2)
         e, biased, inv = _mx_block(vmax, isnan)
@@ -188,12 +194,8 @@ if triton is not None:
             deq = _mx_deq(_e2m1_value(mag, sign), e[:, :, None], biased[:, :, None])
             tl.store(out_ptr + offs, _to_out(tl.reshape(deq, (TILE_M, WIDTH)), out_ptr), mask=mask)
         if WRITE_CODES:
-            _store_codes(codes_ptr, tl.reshape(mag, (TILE_M, WIDTH)), tl.reshape(sign, (TILE_M, WIDTH)),
-                         rows, pid_n, M, N, TILE_M, WIDTH)
-            scols = pid_n * BLOCKS + tl.arange(0, BLOCKS)
-            smask = (rows[:, None] < M) & (scols[None, :] < N // 32)
             code = tl.where(biased == 255, 255, e + 127).to(tl.uint8)
-            tl.store(scale_ptr + rows[:, None] * (N // 32) + scols[None, :], code, mask=smask)
+            _store_payload(codes_ptr, scale_ptr, mag, sign, code, rows, pid_n, M, N, TILE_M, WIDTH, BLOCKS, 32)
 
 def _seed(stochastic: bool) -> int:
     return int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if stochastic else 0
