@@ -107,10 +107,11 @@ case "${1:-}" in
       python3 - "$n" "$rc" "$OUT/moe-rt-$n.log" <<'PY'
 import json, re, sys
 name, rc, log = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], errors="replace").read()
-loss = [float(x) for x in re.findall(r"lm loss ([0-9.eE+-]+)", log)]
-tps = [float(x) for x in re.findall(r"tokens/s/GPU ([0-9.]+)", log)]
+loss = [float(x) for x in re.findall(r"\] iteration \d+/\d+ \| lm loss ([0-9.eE+-]+)", log)]
+avg = re.findall(r"\] training summary \| iterations averaged \d+ \| tokens/s/GPU ([0-9.]+)", log)
 print(json.dumps({"bench": "moe-realtext", "proxy": name, "rc": rc, "first_loss": loss[:1], "last_loss": loss[-1:],
-                  "n_logged": len(loss), "tokens_per_s_per_gpu_last": tps[-1:], "tail": log[-1500:] if rc else ""}))
+                  "n_logged": len(loss), "tokens_per_s_per_gpu_avg": [float(x) for x in avg[-1:]],
+                  "tail": log[-1500:] if rc else ""}))
 PY
     done | tee -a "$OUT/moe-realtext.jsonl" ;;
   compare|compare-realtext)
