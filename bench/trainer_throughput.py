@@ -101,11 +101,12 @@ def main() -> int:
     }
     if rc != 0:
         result["tail"] = tail
-    summary = run_dir / "profile" / "rank-0" / "summary.txt"
-    if args.profile and summary.exists():
-        dest = Path(args.profile_out) / f"profile-{args.label or 'run'}.txt"
-        dest.write_text(summary.read_text())
-        result["profile"] = str(dest)
+    for name, key in (("summary.txt", "profile"), ("saved_tensors.txt", "saved_tensors")):
+        src = run_dir / "profile" / "rank-0" / name
+        if args.profile and src.exists():
+            dest = Path(args.profile_out) / f"{key.replace('_', '-')}-{args.label or 'run'}.txt"
+            dest.write_text(src.read_text())
+            result[key] = str(dest)
     print(json.dumps(result), flush=True)
     return 0 if rc == 0 else 1
 

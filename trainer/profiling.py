@@ -7,7 +7,9 @@
 Profiles iterations start..end (inclusive, 1-based) on the ranks in `profile_ranks` and writes
 <run_dir>/profile/rank-<r>/summary.txt: the top operators and kernels by self time on the device (CPU
 time on a CPU run), with shapes grouped off, and, when `profile_trace` is true, trace.json for
-chrome://tracing / Perfetto (large for big models). The profiled steps' throughput in the log includes
+chrome://tracing / Perfetto (large for big models). Given the model, the first profiled step also
+writes saved_tensors.txt: what its first micro-batch's forward keeps for backward, by module
+(trainer.saved_census). The profiled steps' throughput in the log includes
 the profiler's overhead (writing the results does not: the caller pauses its clock for it). A run resumed
 inside the window profiles the rest of it; a window the run never reaches is logged as skipped. Nothing is
 imported or recorded when no window is set.
@@ -25,14 +27,17 @@ ROWS = 40
 
 class StepProfiler:
     def __init__(self, start: Optional[int], end: Optional[int], out_dir: str, device: torch.device,
-                 trace: bool, log=None):
+                 trace: bool, log=None, model=None):
         self.start, self.end = start, end
         self.out_dir, self.device, self.trace, self.log = out_dir, device, trace, log
+        self.model = model
         self._prof = None
+        self._census = None
         self._done = False
 
     @classmethod
-    def from_cfg(cls, logging_cfg, run_dir: str, rank: int, device: torch.device, log=None) -> "StepProfiler":
+    def from_cfg(cls, logging_cfg, run_dir: str, rank: int, device: torch.device, log=None,
+                 model=None) -> "StepProfiler":
         start, end = logging_cfg.profile_start, logging_cfg.profile_end
         ranks = logging_cfg.profile_ranks or [0]
         if start is None or rank not in ranks:
@@ -40,7 +45,7 @@ class StepProfiler:
         elif end is None:
             end = start
         return cls(start, end, os.path.join(run_dir, "profile", f"rank-{rank}"), device,
-                   bool(logging_cfg.profile_trace), log)
+                   bool(logging_cfg.profile_trace), log, model)
 
     @property
     def active(self) -> bool:
@@ -57,16 +62,45 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self._prof = profile(activities=activities, record_shapes=False)
         self._prof.__enter__()
+        if self.model is not None:
+            from trainer.saved_census import SavedTensorCensus
+
+            self._census = SavedTensorCensus(self.model, self.device)
+            self._census.start()
 
     def after_step(self, iteration: int) -> float:
         """Seconds spent writing the results (0 unless the window ends here): not training time."""
+        if self._census is not None:
+            t0 = time.perf_counter()
+            self._write_census(iteration)
+            if self._prof is not None and iteration >= self.end:
+                return time.perf_counter() - t0 + self.close(iteration)
+            return time.perf_counter() - t0
         if self._prof is not None and iteration >= self.end:
             return self.close(iteration)
         return 0.0
 
+    def _write_census(self, iteration: int) -> None:
+        census, self._census = self._census, None
+        census.close()
+        text = census.report()
+        if text is None:
+            return
+        os.makedirs(self.out_dir, exist_ok=True)
+        path = os.path.join(self.out_dir, "saved_tensors.txt")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(f"iteration {iteration}\n{text}")
+        if self.log is not None:
+            run_dir = os.path.dirname(os.path.dirname(self.out_dir))
+            self.log.line(f"saved tensors | iteration {iteration} | {census.total_mib():.2f} MiB per micro-batch | "
+                          f"path {os.path.relpath(path, run_dir)}")
+
     def close(self, iteration: Optional[int] = None) -> float:
         """Stop and write the results (also when training ends inside the window); returns the seconds it
         took. A window the run never reached is logged as skipped."""
+        if self._census is not None:  # the run ended inside the census step
+            self._census.close()
+            self._census = None
         if self._prof is None:
             if self.start is not None and not self._done and self.log is not None:
                 self.log.line(f"profile skipped | iterations {self.start}-{self.end} | run ended at iteration "

@@ -122,7 +122,7 @@ class Trainer:
         self.pending: list[tuple[int, torch.Tensor, float, torch.Tensor, float]] = []
         self.checked: list[tuple[int, float, float, float]] = []  # finite (iteration, loss, grad norm, lr)
         self.last_loss = float("nan")
-        self.profiler = StepProfiler.from_cfg(t.logging, run_dir, info.rank, self.device, logger)
+        self.profiler = StepProfiler.from_cfg(t.logging, run_dir, info.rank, self.device, logger, model)
 
     # ------------------------------------------------------------------ one step
     def micro_batches(self, iteration: int) -> list[dict]:
