@@ -7,8 +7,8 @@
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70bfast   the same without full recompute (adapter-input recompute, FP8 params)
 #   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
-#   bash bench/gpu_suite.sh profile   torch.profiler summaries of two steps: 8B FP8 with/without adapter_inputs, 70B;
-#                                     and BF16 with adapter_inputs_scope fc2 / norm (which part of the saving costs?)
+#   bash bench/gpu_suite.sh profile   torch.profiler summaries of two steps + saved-tensor census: 8B BF16 keep /
+#                                     adapter_inputs_scope fc2|norm|all, 8B FP8 keep / adapter_inputs, 70B
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
 #   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
 #   bash bench/gpu_suite.sh compare-realtext   the same on recipes/compare_realtext.yaml (real English text)
@@ -74,14 +74,16 @@ case "${1:-}" in
       [ -n "${WITH_BF16:-}" ] && $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 \
           "${NR[@]}" --set trainer.precision.fp8=null
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
-  profile)  # where the time goes: top kernels of two steps (profile-<label>.txt in $OUT)
+  profile)  # where the time and memory go: top kernels of two steps (profile-<label>.txt) and what one
+            # micro-batch's forward keeps for backward (saved-tensors-<label>.txt), in $OUT
     AI=(--set trainer.recompute.adapter_inputs=true)
-    { $TP --recipe $R8 --docs packed --label 8b-fp8-keep --profile 8-9 --set trainer.precision.fp8=hybrid
-      $TP --recipe $R8 --docs packed --label 8b-fp8-adapter-inputs --profile 8-9 --set trainer.precision.fp8=hybrid "${AI[@]}"
-      for scope in fc2 norm; do
-        $TP --recipe $R8 --docs packed --label "8b-bf16-adapter-inputs-$scope" "${AI[@]}" \
+    { $TP --recipe $R8 --docs packed --label 8b-bf16-keep --profile 8-9
+      for scope in fc2 norm all; do
+        $TP --recipe $R8 --docs packed --label "8b-bf16-adapter-inputs-$scope" --profile 8-9 "${AI[@]}" \
             --set trainer.recompute.adapter_inputs_scope=$scope
       done
+      $TP --recipe $R8 --docs packed --label 8b-fp8-keep --profile 8-9 --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs packed --label 8b-fp8-adapter-inputs --profile 8-9 --set trainer.precision.fp8=hybrid "${AI[@]}"
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute --profile 8-9 --timeout 300 \
           --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true \
           --set trainer.precision.fp8_recipe=tensorwise "${AI[@]}"
