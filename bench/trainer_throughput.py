@@ -84,7 +84,9 @@ def main() -> int:
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+        text = proc.stdout + proc.stderr
+        first_tb = text.find("Traceback (most recent call last)")  # the trainer's own, before torchrun's
+        rc, tail = proc.returncode, (text[first_tb:first_tb + 3000] if first_tb >= 0 else text[-3000:])
     except subprocess.TimeoutExpired as exc:
         rc, tail = 124, str(exc.stdout or "")[-1500:] + str(exc.stderr or "")[-1500:]
     p = read_progress(run_dir)
@@ -101,6 +103,8 @@ def main() -> int:
     }
     if rc != 0:
         result["tail"] = tail
+        if log.exists():
+            result["log_tail"] = log.read_text(errors="replace")[-1500:]
     for name, key in (("summary.txt", "profile"), ("saved_tensors.txt", "saved_tensors")):
         src = run_dir / "profile" / "rank-0" / name
         if args.profile and src.exists():
