@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh 8b        Llama-3-8B shape, one GPU: ours (bf16/fp8/fp4-emulated, packed and
 #                                     single-document) vs HF transformers + PEFT (single-document), GEMM peak
 #   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
-#   bash bench/gpu_suite.sh 8bmem     the same shape's memory: adapter inputs kept vs recomputed, FP8 params
+#   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70bfast   the same without full recompute (adapter-input recompute, FP8 params)
 #   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
@@ -45,13 +45,16 @@ case "${1:-}" in
           --set trainer.precision.fp4_emulation=true --set trainer.schedule.train_iters=12
       python3 bench/hf_peft_baseline.py --preset llama3_8b --seq 8192 --iters 10 --warmup 3
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8b.jsonl" ;;
-  8bmem)
+  8bmem)  # memory switches at the same shape: chunked loss (default) on/off, adapter_inputs scopes, FP8 params
     AI=(--set trainer.recompute.adapter_inputs=true)
-    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-keep-inputs
-      $TP --recipe $R8 --docs packed --label 8b-bf16-packed "${AI[@]}"
-      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-keep-inputs --set trainer.precision.fp8=hybrid
-      $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid "${AI[@]}"
-      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-fp8param --set trainer.precision.fp8=hybrid \
+    { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-defaults
+      $TP --recipe $R8 --docs packed --label 8b-bf16-packed-no-chunked-loss --set trainer.recompute.chunked_loss=false
+      for scope in norm fc2 all; do
+        $TP --recipe $R8 --docs packed --label "8b-bf16-packed-adapter-inputs-$scope" "${AI[@]}" \
+            --set trainer.recompute.adapter_inputs_scope=$scope
+      done
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-defaults --set trainer.precision.fp8=hybrid
+      $TP --recipe $R8 --docs packed --label 8b-fp8-packed-fp8param-tensorwise --set trainer.precision.fp8=hybrid \
           --set trainer.precision.fp8_param=true --set trainer.precision.fp8_recipe=tensorwise "${AI[@]}"
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8bmem.jsonl" ;;
   fp4)

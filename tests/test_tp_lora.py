@@ -1,5 +1,6 @@
 """TP=2 (two gloo processes) gives the same per-token losses and LoRA grads as TP=1 (with sequence
-parallelism also with recompute.adapter_inputs).
+parallelism also with recompute.adapter_inputs). The TP=1 reference takes megatron's output layer +
+cross-entropy; the TP=2 runs take trainer.model.chunked_loss (vocab-parallel, 9-token chunks).
 
 Tolerance: fp32 on CPU, rtol 1e-4 / atol 1e-5 (only the summation order of the TP reductions
 differs between the layouts).
@@ -11,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.model_helpers import dist_session, free_port, packed_batch, perturb_adapters, tiny_cfg
-from trainer.model import allreduce_sequence_parallel_grads, build_model, forward_losses
+from trainer.model import allreduce_sequence_parallel_grads, build_model, chunked_loss, forward_losses
 from trainer.model.sharding import full_state_dict, load_full_state_dict, to_full
 
 DOCS = [13, 22, 8, 21]
@@ -20,7 +21,7 @@ DOCS = [13, 22, 8, 21]
 def _cfg(tp: int, sp: bool):
     # the sequence-parallel run also keeps fc1's output instead of the fc2 adapter's input (lora_inputs)
     return tiny_cfg(trainer={"parallelism": {"tensor": tp, "sequence_parallel": sp},
-                             "recompute": {"adapter_inputs": sp}})
+                             "recompute": {"adapter_inputs": sp, "chunked_loss": tp > 1}})
 
 
 def _run(model, batch):
@@ -42,10 +43,12 @@ def _tp_run(rank, world, port, sp, full, batch):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cfg = _cfg(world, sp)
+    chunked_loss.CHUNK_BYTES = 4 * 64 * 9  # 64 = this rank's vocab shard: 9-token chunks
     with dist_session(cfg) as info:
         from megatron.core import parallel_state as ps
 
         model = build_model(cfg, info.device)
+        assert model._primus_chunked_loss
         assert (model.decoder.layers[0].mlp.linear_fc2.input_act is not None) == sp
         load_full_state_dict(model, full)
         losses = _run(model, batch)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.model import arch, seeding, specs
+from trainer.model.chunked_loss import install_chunked_loss
 from trainer.model.lora import apply_lora
 from trainer.model.lora_inputs import wire_adapter_input_recompute
 from trainer.precision import fp8_params
@@ -121,6 +122,8 @@ def build_model(cfg, device: torch.device):
                seed=int(cfg.experiment.seed))
     if cfg.trainer.recompute.adapter_inputs:
         model._primus_adapter_inputs = wire_adapter_input_recompute(model, cfg.trainer.recompute.adapter_inputs_scope)
+    if cfg.trainer.recompute.chunked_loss:
+        model._primus_chunked_loss = install_chunked_loss(model)
     model.to(device)
     if config.recompute_granularity is not None:
         _require_input_grads(model)

@@ -153,7 +153,8 @@ class LoRALinear(nn.Module):
             return getattr(self._modules["base"], name)
 
     # -- adapter path -------------------------------------------------------------------------
-    def _adapter(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _adapter_h(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """h = A(drop(x)), rank-sized, laid out like the base output (TP/SP collectives applied)."""
         from megatron.core.tensor_parallel import mappings as tpm
 
         if self.dropout is not None and self.dropout_position == "pre":
@@ -170,10 +171,7 @@ class LoRALinear(nn.Module):
             else:
                 h = (tpm.reduce_scatter_to_sequence_parallel_region(h)
                      if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
-        out = F.linear(h * self.scale, self.lora_b.to(h.dtype))
-        if self.dropout is not None and self.dropout_position == "post":
-            out = self.dropout(out)
-        return out
+        return h
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
         result = self.base(x, *args, **kwargs)
@@ -188,7 +186,14 @@ class LoRALinear(nn.Module):
         u, self.pending_act_input = self.pending_act_input, None
         if u is not None and (u.shape[:-1] != x.shape[:-1] or u.shape[-1] != 2 * x.shape[-1]):
             u = None
-        return out + self._adapter(adapter_in, u).to(out.dtype), bias
+        h = self._adapter_h(adapter_in, u).to(out.dtype)
+        b = self.lora_b.to(out.dtype)
+        if self.dropout is not None and self.dropout_position == "post":
+            return out + self.dropout(F.linear(h * self.scale, b)), bias
+        # out + scale * h B^T in one GEMM (out is the epilogue's addend): no separate adapter output
+        # to write and read back, and the scale lands on the rank-sized gradient in backward
+        y = torch.addmm(out.reshape(-1, out.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=self.scale)
+        return y.view(out.shape), bias
 
 
 def _matches(name: str, leaf: str, patterns: Iterable[str]) -> bool:
