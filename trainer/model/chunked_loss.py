@@ -9,8 +9,7 @@ never trains the output layer, so backward only needs dCE_t/dh_t = (softmax_t - 
 token t. This module computes that in the forward pass, a chunk of tokens at a time (at most ~256 MiB
 of fp32 logits alive), keeps it ([tokens, hidden], 64 MiB at the same shape), and backward scales
 each token's row by that token's incoming gradient (its mask / N weight). Vocab-parallel (TP) exactly
-like megatron: max, sum-of-exp and target logit are all-reduced over the TP group per chunk (on a GPU
-with TE, TE's fused Triton CE kernel does this, the kernel megatron's own GPU path runs); the input
+like megatron: max, sum-of-exp and target logit are all-reduced over the TP group per chunk; the input
 is gathered from the sequence-parallel region (or copied to the TP region) first, so its gradient is
 reduce-scattered (all-reduced) across TP as ColumnParallelLinear's would be.
 
@@ -41,20 +40,6 @@ def _tp():
             ps.get_tensor_model_parallel_rank())
 
 
-def _te_cross_entropy():
-    """TE's Triton CE forward (loss [1, c] fp32, dCE/dlogits [1, c, V]), the kernel megatron's GPU path
-    uses; None where TE (or this function's form, stable from TE 2.x) is absent."""
-    try:
-        from transformer_engine.pytorch.triton.cross_entropy import cross_entropy_forward
-    except ImportError:
-        return None
-    import inspect
-
-    params = list(inspect.signature(cross_entropy_forward).parameters)
-    return cross_entropy_forward if params[:6] == ["_input", "target", "label_smoothing", "reduce_loss",
-                                                    "dist_process_group", "ignore_idx"] else None
-
-
 class _FrozenOutputCE(torch.autograd.Function):
     """Per-token CE of logits = hidden @ weight.T (weight frozen; vocab shard [v0, v0 + V)), fp32 [T]."""
 
@@ -63,16 +48,8 @@ class _FrozenOutputCE(torch.autograd.Function):
         n, v = hidden.shape[0], weight.shape[0]
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         grad = torch.empty_like(hidden) if want_grad else None
-        te_ce = _te_cross_entropy() if hidden.is_cuda else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            if te_ce is not None:  # TE's fused kernel: loss and softmax - onehot in two passes
-                loss_c, g = te_ce(F.linear(hidden[s:e], weight).unsqueeze(0), labels[s:e].unsqueeze(0), 0.0,
-                                  False, group if tp > 1 else None, -100)
-                loss[s:e] = loss_c.reshape(-1)
-                if grad is not None:
-                    grad[s:e] = g.reshape(e - s, v).to(weight.dtype) @ weight
-                continue
             logits = F.linear(hidden[s:e], weight).float()          # the output layer's own GEMM
             local = labels[s:e] - v0
             mine = (local >= 0) & (local < v)
