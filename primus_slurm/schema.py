@@ -209,7 +209,8 @@ SCHEMA: dict = {
                                     "Llama-3-8B at 8192 tokens 50.4 -> 39.4 GiB, ~5 % slower in bf16, ~8 % in FP8"),
             "chunked_loss": Field("bool", True, help="output layer + cross-entropy a chunk of tokens at a time with "
                                   "the input gradient computed in forward (frozen output layer): the [tokens, "
-                                  "vocab] logits are never kept (Llama-3-8B at 8192 tokens: 53.7 -> 50.4 GiB, ~3 % slower)"),
+                                  "vocab] logits are never kept (Llama-3-8B at 8192 tokens: 53.7 -> 50.4 GiB, "
+                                  "~3 % slower)"),
             "adapter_inputs_scope": Field("str", "all", choices=("all", "fc2", "norm"),
                                           help="which adapters adapter_inputs rewires: fc2 (SwiGLU recompute, "
                                           "ffn/tp x tokens x 2 bytes a layer) or norm (RMSNorm linears, 2 x "

@@ -7,8 +7,9 @@
 
 Every tensor autograd saves (torch.autograd.graph.saved_tensors_hooks: ctx.save_for_backward of
 custom Functions, TE's and megatron's included) is attributed to the innermost module running when it
-was saved and counted once per underlying storage (parameters and buffers are not counted), at the storage's full size: a view keeps its whole
-buffer alive (v split out of a fused qkv output holds all of qkv). Layer indices are folded
+was saved and counted once per underlying storage, at the storage's full size (a view keeps its whole
+buffer alive: v split out of a fused qkv output would hold all of qkv); parameters and buffers are not
+counted. Layer indices are folded
 (decoder.layers.*.mlp.linear_fc1) and totals are per micro-batch. The report also gives the
 allocator's growth over the same forward, so memory kept some other way (ctx attributes, caches,
 the loss's buffers) shows as the difference. trainer.profiling runs it over the first profiled step.
