@@ -61,3 +61,20 @@ def test_trainable_output_weight_takes_megatron_path():
         model.output_layer.weight.requires_grad_(True)
         forward_losses(model, batch).sum().backward()
         assert model.output_layer.weight.grad is not None and model.output_layer.weight.grad.abs().sum() > 0
+
+
+def test_state_never_leaks_and_a_rewritten_stand_in_is_refused():
+    """After a labelled forward the output layer gives logits again; if anything replaces the hidden
+    states the output layer handed through (as MuP's logit scaling would), the loss refuses loudly
+    instead of taking cross-entropy over hidden states."""
+    import pytest
+
+    batch = packed_batch(1, 32, [32], vocab=VOCAB, seed=7)
+    for _, model in models_with_same_adapters([_cfg(True)], seed=8):
+        forward_losses(model, batch)
+        h = torch.randn(5, 1, 64)
+        logits, _ = model.output_layer(h)
+        assert logits.shape == (5, 1, VOCAB)
+        model.output_layer.register_forward_hook(lambda _m, _i, out: (out[0] * 1.0, out[1]))
+        with pytest.raises(RuntimeError, match="chunked_loss: the output layer's result was transformed"):
+            forward_losses(model, batch)

@@ -52,7 +52,8 @@ def test_census_counts_whole_storages_per_module_and_skips_weights():
     totals = census.totals()
     assert totals == {"(model)": 3 * 16 * 4, "blocks.*": 2 * 3 * 4 * 4}
     report = census.report()
-    assert report.splitlines()[0] == "saved for backward by one micro-batch's forward: 0.00 MiB in 3 storages"
+    assert report.splitlines()[0] == ("saved for backward by 1 micro-batch forward(s) before the first backward: "
+                                      "0.00 MiB in 3 storages")
     assert "blocks.*  (float32[3, 4])" in report
     # nothing is recorded once closed
     net(torch.randn(3, 8)).sum().backward()
@@ -75,7 +76,7 @@ def test_trainer_reports_saved_tensors_and_adapter_inputs_shrinks_them(tmp_path)
                            name=f"r{int(keep)}.yaml")
         run = tmp_path / f"run{int(keep)}"
         _, _, text = train_curves(cfg, run)
-        m = re.search(r"\] saved tensors \| iteration 2 \| ([0-9.]+) MiB per micro-batch \| "
+        m = re.search(r"\] saved tensors \| iteration 2 \| ([0-9.]+) MiB \| micro-batches 1 \| "
                       r"path profile/rank-0/saved_tensors.txt", text)
         assert m, text[-2000:]
         runs[keep] = (float(m.group(1)), _fc2_mib(run))

@@ -92,8 +92,8 @@ class StepProfiler:
             fh.write(f"iteration {iteration}\n{text}")
         if self.log is not None:
             run_dir = os.path.dirname(os.path.dirname(self.out_dir))
-            self.log.line(f"saved tensors | iteration {iteration} | {census.total_mib():.2f} MiB per micro-batch | "
-                          f"path {os.path.relpath(path, run_dir)}")
+            self.log.line(f"saved tensors | iteration {iteration} | {census.total_mib():.2f} MiB | micro-batches "
+                          f"{census.forwards} | path {os.path.relpath(path, run_dir)}")
 
     def close(self, iteration: Optional[int] = None) -> float:
         """Stop and write the results (also when training ends inside the window); returns the seconds it

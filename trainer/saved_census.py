@@ -10,7 +10,9 @@ custom Functions, TE's and megatron's included) is attributed to the innermost m
 was saved and counted once per underlying storage, at the storage's full size (a view keeps its whole
 buffer alive: v split out of a fused qkv output would hold all of qkv); parameters and buffers are not
 counted. Layer indices are folded
-(decoder.layers.*.mlp.linear_fc1) and totals are per micro-batch. The report also gives the
+(decoder.layers.*.mlp.linear_fc1). Totals cover the model forwards run before the first backward: one
+micro-batch without pipeline parallelism, up to PP of them on early pipeline stages (the report says how
+many). The report also gives the
 allocator's growth over the same forward, so memory kept some other way (ctx attributes, caches,
 the loss's buffers) shows as the difference. trainer.profiling runs it over the first profiled step.
 """
@@ -40,6 +42,8 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int]:
 class SavedTensorCensus:
     def __init__(self, model, device: torch.device) -> None:
         self.names = {id(m): _pattern(n) for n, m in model.named_modules()}
+        self.root = id(model)
+        self.forwards = 0  # model forwards recorded (pipeline schedules run several before a backward)
         # weights (and views of them, e.g. W.t() saved by a matmul) are not activations
         self.weights = {id(t) for t in (*model.parameters(), *model.buffers())}
         self.weights |= {_storage_key(t)[0] for t in (*model.parameters(), *model.buffers())}
@@ -53,6 +57,8 @@ class SavedTensorCensus:
 
     # ------------------------------------------------------------------ hooks
     def _pre(self, module, _args):
+        if self.recording and id(module) == self.root:
+            self.forwards += 1
         self.stack.append(self.names.get(id(module), type(module).__name__))
 
     def _post(self, module, _args, _out):
@@ -116,8 +122,8 @@ class SavedTensorCensus:
         examples: dict[str, str] = {}
         for where, _, desc in sorted(self.storages.values(), key=lambda s: -s[1]):
             examples.setdefault(where, desc)
-        lines = [f"saved for backward by one micro-batch's forward: {total / MIB:.2f} MiB in "
-                 f"{len(self.storages)} storages"]
+        lines = [f"saved for backward by {self.forwards} micro-batch forward(s) before the first backward: "
+                 f"{total / MIB:.2f} MiB in {len(self.storages)} storages"]
         if self.alloc0 is not None and self.alloc1 is not None:
             grown = self.alloc1 - self.alloc0
             lines.append(f"allocator growth over the same forward: {grown / MIB:.1f} MiB "

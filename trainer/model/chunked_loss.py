@@ -6,8 +6,8 @@ megatron's GPTModel computes logits = output_layer(h) ([tokens, vocab/tp], bf16 
 per-token CE; autograd keeps those logits for backward (TE's fused CE writes its gradient into them):
 2 GiB for 8192 tokens of a 128k vocabulary, at the very point of peak memory (end of forward). LoRA
 never trains the output layer, so backward only needs dCE_t/dh_t = (softmax_t - onehot_t) W for each
-token t. This module computes that in the forward pass, a chunk of tokens at a time (at most ~256 MiB
-of fp32 logits alive), keeps it ([tokens, hidden], 64 MiB at the same shape), and backward scales
+token t. This module computes that in the forward pass, a chunk of tokens at a time (~256 MiB of
+fp32 logits, plus their bf16 GEMM output and the bf16 copy for the gradient GEMM), keeps it ([tokens, hidden], 64 MiB at the same shape), and backward scales
 each token's row by that token's incoming gradient (its mask / N weight). Vocab-parallel (TP) exactly
 like megatron: max, sum-of-exp and target logit are all-reduced over the TP group per chunk; the input
 is gathered from the sequence-parallel region (or copied to the TP region) first, so its gradient is
@@ -96,9 +96,16 @@ def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
 
 
 def install_chunked_loss(model, chunk_bytes: int | None = None) -> bool:
-    """Route a labelled forward through chunked_output_loss (False: no output layer on this stage)."""
+    """Route a labelled forward through chunked_output_loss. False (megatron's path stays): no output
+    layer on this stage, not megatron's plain ColumnParallelLinear (e.g. a TE LM head), or logits that
+    megatron transforms between output layer and loss (MuP scaling, multi-token prediction)."""
     layer = getattr(model, "output_layer", None)
+    config = getattr(model, "config", None)
     if layer is None or not getattr(model, "post_process", True):
+        return False
+    if type(layer).__name__ != "ColumnParallelLinear":
+        return False
+    if getattr(config, "use_mup", False) or getattr(config, "mtp_num_layers", None):
         return False
     state = {"labels": False, "pending": None}
     layer_forward = layer.forward
@@ -106,6 +113,10 @@ def install_chunked_loss(model, chunk_bytes: int | None = None) -> bool:
 
     def note_labels(_module, _args, kwargs):
         state["labels"] = kwargs.get("labels") is not None
+        state["pending"] = None
+
+    def forget(*_args):  # after every forward, also one that raised: a later direct call gets logits
+        state["labels"] = False
         state["pending"] = None
 
     def output_forward(self, hidden, weight=None, **kwargs):
@@ -117,14 +128,19 @@ def install_chunked_loss(model, chunk_bytes: int | None = None) -> bool:
 
     def loss(self, labels, logits):
         pending, state["pending"] = state["pending"], None
-        if pending is None or pending[0] is not logits:
+        if pending is None:
             return model_loss(labels, logits)
         hidden, w = pending
+        if hidden is not logits:  # something rewrote the hidden-for-logits stand-in: never guess
+            raise RuntimeError("trainer.recompute.chunked_loss: the output layer's result was transformed "
+                               "before the loss (an unsupported megatron feature); set "
+                               "trainer.recompute.chunked_loss: false")
         per_token = chunked_output_loss(hidden, w, labels.transpose(0, 1).contiguous(),
                                         bool(getattr(layer, "sequence_parallel", False)), chunk_bytes)
         return per_token.transpose(0, 1).contiguous()
 
     model.register_forward_pre_hook(note_labels, with_kwargs=True)
+    model.register_forward_hook(forget, always_call=True)
     layer.forward = types.MethodType(output_forward, layer)
     model.compute_language_model_loss = types.MethodType(loss, model)
     return True
