@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from tests.test_train_support import train_curves, write_recipe
@@ -83,3 +84,22 @@ def test_trainer_reports_saved_tensors_and_adapter_inputs_shrinks_them(tmp_path)
     (total_keep, fc2_keep), (total_rec, fc2_rec) = runs[True], runs[False]
     assert fc2_keep > 0.0 and fc2_rec < fc2_keep / 4
     assert total_rec < total_keep
+
+
+@pytest.mark.slow
+def test_pipeline_stage_reports_every_forward_before_its_first_backward(tmp_path):
+    """1F1B with PP=2 and two micro-batches: stage 0 runs both forwards before its first backward, and the
+    census says it covered two (its totals are not one micro-batch's)."""
+    from tests.test_train_parallel import _torchrun
+
+    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=2", "trainer.logging.profile_start=2",
+                       "trainer.parallelism.pipeline=2", "cluster.nproc_per_node=2",
+                       "trainer.checkpoint.disable_last_saving=true")
+    run = tmp_path / "pp2"
+    res = _torchrun(cfg, run)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    text = (run / "logs" / "rank-0" / "debug.log").read_text()
+    assert re.search(r"\] saved tensors \| iteration 2 \| [0-9.]+ MiB \| micro-batches 2 \| ", text), text[-2000:]
+    report = (run / "profile" / "rank-0" / "saved_tensors.txt").read_text()
+    assert "by 2 micro-batch forward(s) before the first backward" in report
+    assert "decoder.layers.*.mlp" in report and "output_layer" not in report  # stage 0: no output layer
