@@ -187,6 +187,19 @@ def initial_state(cfg, perturb_seed: int = 7) -> dict:
         return {k: v.clone() for k, v in full_global_state_dict(model).items()}
 
 
+def single_process_references(names, cfg_for, packs, root, steps: int, perturb_seed: int, export=()):
+    """For each run name: its initial global state (cfg_for(name, {}) built in one process, adapters
+    perturbed) and the single-process trajectory from it ({name: state}, {name: trajectory}); the
+    runs named in `export` also export their adapter to <root>/<name>/adapter."""
+    states, refs = {}, {}
+    for name in names:
+        cfg = cfg_for(name, {})
+        states[name] = initial_state(cfg, perturb_seed=perturb_seed)
+        export_dir = f"{root}/{name}/adapter" if name in export else None
+        refs[name] = run_layout(cfg, states[name], packs, f"{root}/{name}", steps, export_dir=export_dir)["trajectory"]
+    return states, refs
+
+
 def assert_same_trajectory(got, ref, rtol: float, label: str, falls: bool = True) -> None:
     assert len(got) == len(ref), label
     for i, ((loss, norm), (rloss, rnorm)) in enumerate(zip(got, ref)):

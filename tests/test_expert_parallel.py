@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE
-from tests.parallel_helpers import (arch_layout_cfg, assert_same_trajectory, initial_state, run_layout, run_on_ranks,
-                                    synthetic_packs)
+from tests.parallel_helpers import (arch_layout_cfg, assert_same_trajectory, run_layout, run_on_ranks,
+                                    single_process_references, synthetic_packs)
 
 STEPS = 3
 ARCHS = {"qwen3_moe": QWEN3_MOE, "deepseek_mla": DEEPSEEK_MLA}
@@ -40,12 +40,8 @@ def _run(run, par, states, packs, root):
 @pytest.mark.slow
 def test_ep2_tp2_pp2_moe_match_single_process(tmp_path):
     packs = synthetic_packs(24, 32, vocab=128, seed=31)
-    states, refs = {}, {}
-    for arch in ARCHS:
-        states[arch] = initial_state(_cfg(arch, {}), perturb_seed=32)
-        export = str(tmp_path / arch / "adapter") if arch == "qwen3_moe" else None
-        refs[arch] = run_layout(_cfg(arch, {}), states[arch], packs, str(tmp_path / arch), STEPS,
-                                export_dir=export)["trajectory"]
+    states, refs = single_process_references(ARCHS, _cfg, packs, str(tmp_path), STEPS, perturb_seed=32,
+                                             export=("qwen3_moe",))
     per_rank = run_on_ranks(2, RUNS, functools.partial(_run, states=states, packs=packs, root=str(tmp_path)),
                             tmp_path / "res")
     for rank, results in enumerate(per_rank):

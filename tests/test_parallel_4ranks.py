@@ -9,8 +9,8 @@ import functools
 import pytest
 
 from tests.model_helpers import DEEPSEEK_MLA
-from tests.parallel_helpers import (arch_layout_cfg, assert_same_trajectory, initial_state, layout_cfg, run_layout,
-                                    run_on_ranks, synthetic_packs)
+from tests.parallel_helpers import (arch_layout_cfg, assert_same_trajectory, layout_cfg, run_layout, run_on_ranks,
+                                    single_process_references, synthetic_packs)
 
 STEPS = 3
 RUNS = {"deepseek_mla": {"pipeline": 2, "expert": 2}, "dense": {"tensor": 2, "sequence_parallel": True, "pipeline": 2}}
@@ -27,10 +27,7 @@ def _run(run, par, states, packs, root):
 @pytest.mark.slow
 def test_four_ranks_pp_dp_ep_and_tp_pp_match_single_process(tmp_path):
     packs = synthetic_packs(24, 32, vocab=128, seed=41)
-    states, refs = {}, {}
-    for run in RUNS:
-        states[run] = initial_state(_cfg(run, {}), perturb_seed=42)
-        refs[run] = run_layout(_cfg(run, {}), states[run], packs, str(tmp_path / run), STEPS)["trajectory"]
+    states, refs = single_process_references(RUNS, _cfg, packs, str(tmp_path), STEPS, perturb_seed=42)
     per_rank = run_on_ranks(4, RUNS, functools.partial(_run, states=states, packs=packs, root=str(tmp_path)),
                             tmp_path / "res")
     for rank, results in enumerate(per_rank):
