@@ -90,7 +90,9 @@ case "${1:-}" in
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute --profile 8-9 --timeout 300 \
           --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true \
           --set trainer.precision.fp8_recipe=tensorwise "${AI[@]}"
-    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/profile.jsonl" ;;
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/profile.jsonl"
+    # a device call returns only a few files: ship the per-run summaries as one archive
+    (cd "$OUT" && tar czf profile-files.tar.gz profile-*.txt saved-tensors-*.txt && rm -f profile-*.txt saved-tensors-*.txt) ;;
   moe)
     { for r in recipes/proxies/*.yaml; do
         $TP --recipe "$r" --nproc "${NPROC:-1}" --docs packed --label "$(basename "$r" .yaml)" \
