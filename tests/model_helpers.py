@@ -26,6 +26,7 @@ def tiny_cfg(**overrides) -> Config:
 # ---------------------------------------------------------------------------------------------
 import contextlib
 import os
+import random
 import socket
 
 import torch
@@ -97,9 +98,24 @@ def models_with_same_adapters(configs, seed: int):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port for a rendezvous, picked BELOW the kernel's ephemeral range: a port the kernel hands
+    out itself (bind to 0) can be taken by one of gloo's own outgoing connections before the rendezvous
+    binds it (EADDRINUSE, seen in CI); ports below that range are never assigned to outgoing sockets."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random(os.urandom(8))
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 # Tiny MoE / MLA architectures (model-section overrides for tiny_cfg / parallel_helpers.layout_cfg).
