@@ -59,7 +59,7 @@ def test_render_every_recipe_every_runtime(recipe, runtime, tmp_path):
     nproc = c["nproc_per_node"] or c["gpus_per_node"] or 1
     assert f"--nnodes \"$NNODES\" --nproc-per-node {nproc}" in script
     assert '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in script
-    assert "MASTER_PORT=$(( 20000 + ${JOB_ID//[!0-9]/} % 20000 ))" in script
+    assert "MASTER_PORT=$(( 12000 + ${JOB_ID//[!0-9]/} % 20000 ))" in script
     assert re.search(r"^\s*srun --nodes=\"\$NNODES\" --ntasks-per-node=1 ", script, flags=re.M)
     assert '"${LAUNCH[@]}" &' in script and 'wait "$CHILD"' in script
     for name, value in {**c["env"]}.items():
