@@ -8,7 +8,7 @@ Profiles iterations start..end (inclusive, 1-based) on the ranks in `profile_ran
 <run_dir>/profile/rank-<r>/summary.txt: the top operators and kernels by self time on the device (CPU
 time on a CPU run), with shapes grouped off, and, when `profile_trace` is true, trace.json for
 chrome://tracing / Perfetto (large for big models). Given the model, the first profiled step also
-writes saved_tensors.txt: what its first micro-batch's forward keeps for backward, by module
+writes saved_tensors.txt: what its forwards before the first backward keep for it, by module
 (trainer.saved_census). The profiled steps' throughput in the log includes
 the profiler's overhead (writing the results does not: the caller pauses its clock for it). A run resumed
 inside the window profiles the rest of it; a window the run never reaches is logged as skipped. Nothing is
@@ -69,16 +69,20 @@ class StepProfiler:
             self._census.start()
 
     def after_step(self, iteration: int) -> float:
-        """Seconds spent writing the results (0 unless the window ends here): not training time."""
+        """Seconds spent writing the results (census after the first profiled step, profile at the end of
+        the window; else 0): not training time."""
+        spent = 0.0
         if self._census is not None:
             t0 = time.perf_counter()
             self._write_census(iteration)
-            if self._prof is not None and iteration >= self.end:
-                return time.perf_counter() - t0 + self.close(iteration)
-            return time.perf_counter() - t0
+            spent = time.perf_counter() - t0
         if self._prof is not None and iteration >= self.end:
-            return self.close(iteration)
-        return 0.0
+            spent += self.close(iteration)
+        return spent
+
+    def _rel(self, path: str) -> str:
+        """path relative to the run directory (out_dir is <run_dir>/profile/rank-R)."""
+        return os.path.relpath(path, os.path.dirname(os.path.dirname(self.out_dir)))
 
     def _write_census(self, iteration: int) -> None:
         census, self._census = self._census, None
@@ -91,9 +95,8 @@ class StepProfiler:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(f"iteration {iteration}\n{text}")
         if self.log is not None:
-            run_dir = os.path.dirname(os.path.dirname(self.out_dir))
             self.log.line(f"saved tensors | iteration {iteration} | {census.total_mib():.2f} MiB | micro-batches "
-                          f"{census.forwards} | path {os.path.relpath(path, run_dir)}")
+                          f"{census.forwards} | path {self._rel(path)}")
 
     def close(self, iteration: Optional[int] = None) -> float:
         """Stop and write the results (also when training ends inside the window); returns the seconds it
@@ -122,7 +125,6 @@ class StepProfiler:
         if self.trace:
             prof.export_chrome_trace(os.path.join(self.out_dir, "trace.json"))
         if self.log is not None:
-            run_dir = os.path.dirname(os.path.dirname(self.out_dir))
-            self.log.line(f"profile written | iterations {self.start}-{last} | path {os.path.relpath(path, run_dir)}")
+            self.log.line(f"profile written | iterations {self.start}-{last} | path {self._rel(path)}")
         self._done = True
         return time.perf_counter() - t0

@@ -45,8 +45,7 @@ class SavedTensorCensus:
         self.root = id(model)
         self.forwards = 0  # model forwards recorded (pipeline schedules run several before a backward)
         # weights (and views of them, e.g. W.t() saved by a matmul) are not activations
-        self.weights = {id(t) for t in (*model.parameters(), *model.buffers())}
-        self.weights |= {_storage_key(t)[0] for t in (*model.parameters(), *model.buffers())}
+        self.weights = {_storage_key(t)[0] for t in (*model.parameters(), *model.buffers())}
         self.device = device
         self.stack: list[str] = []
         self.storages: dict[int, tuple[str, int, str]] = {}
@@ -68,7 +67,7 @@ class SavedTensorCensus:
     def _pack(self, t):
         if self.recording and isinstance(t, torch.Tensor) and t.device.type == self.device.type:
             key, nbytes = _storage_key(t)
-            if key and key not in self.storages and key not in self.weights and id(t) not in self.weights:
+            if key and key not in self.storages and key not in self.weights:
                 where = self.stack[-1] if self.stack else "(outside modules)"
                 self.storages[key] = (where, nbytes, f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}")
         return t

@@ -6,9 +6,10 @@ megatron's GPTModel computes logits = output_layer(h) ([tokens, vocab/tp], bf16 
 per-token CE; autograd keeps those logits for backward (TE's fused CE writes its gradient into them):
 2 GiB for 8192 tokens of a 128k vocabulary, at the very point of peak memory (end of forward). LoRA
 never trains the output layer, so backward only needs dCE_t/dh_t = (softmax_t - onehot_t) W for each
-token t. This module computes that in the forward pass, a chunk of tokens at a time (~256 MiB of
-fp32 logits, plus their bf16 GEMM output and the bf16 copy for the gradient GEMM), keeps it ([tokens, hidden], 64 MiB at the same shape), and backward scales
-each token's row by that token's incoming gradient (its mask / N weight). Vocab-parallel (TP) exactly
+token t. This module computes that in the forward pass, a chunk of tokens at a time (CHUNK_BYTES of
+fp32 logits, plus their bf16 GEMM output and the bf16 copy for the gradient GEMM), keeps it ([tokens,
+hidden], 64 MiB at the same shape), and backward scales each token's row by that token's incoming
+gradient (its mask / N weight). Vocab-parallel (TP) exactly
 like megatron: max, sum-of-exp and target logit are all-reduced over the TP group per chunk; the input
 is gathered from the sequence-parallel region (or copied to the TP region) first, so its gradient is
 reduce-scattered (all-reduced) across TP as ColumnParallelLinear's would be.
@@ -78,7 +79,7 @@ class _FrozenOutputCE(torch.autograd.Function):
 
 
 def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                        sequence_parallel: bool, chunk_bytes: int | None = None) -> torch.Tensor:
+                        sequence_parallel: bool) -> torch.Tensor:
     """Per-token CE [s, b] of hidden [s(/tp with SP), b, h] against labels [s, b] through the frozen
     vocab-parallel weight [vocab/tp, h]; the same values megatron's output layer + CE give."""
     from megatron.core.tensor_parallel import mappings as tpm
@@ -88,14 +89,14 @@ def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
         hidden = (tpm.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
                   if sequence_parallel else tpm.copy_to_tensor_model_parallel_region(hidden))
     s, b, h = hidden.shape
-    chunk = max(1, (chunk_bytes or CHUNK_BYTES) // (4 * weight.shape[0]))
+    chunk = max(1, CHUNK_BYTES // (4 * weight.shape[0]))
     want_grad = torch.is_grad_enabled() and hidden.requires_grad  # (evaluation: loss only)
     loss = _FrozenOutputCE.apply(hidden.reshape(s * b, h), weight, labels.reshape(s * b), chunk, group, tp,
                                  rank * weight.shape[0], want_grad)
     return loss.reshape(s, b)
 
 
-def install_chunked_loss(model, chunk_bytes: int | None = None) -> bool:
+def install_chunked_loss(model) -> bool:
     """Route a labelled forward through chunked_output_loss. False (megatron's path stays): no output
     layer on this stage, not megatron's plain ColumnParallelLinear (e.g. a TE LM head), or logits that
     megatron transforms between output layer and loss (MuP scaling, multi-token prediction)."""
@@ -136,7 +137,7 @@ def install_chunked_loss(model, chunk_bytes: int | None = None) -> bool:
                                "before the loss (an unsupported megatron feature); set "
                                "trainer.recompute.chunked_loss: false")
         per_token = chunked_output_loss(hidden, w, labels.transpose(0, 1).contiguous(),
-                                        bool(getattr(layer, "sequence_parallel", False)), chunk_bytes)
+                                        bool(getattr(layer, "sequence_parallel", False)))
         return per_token.transpose(0, 1).contiguous()
 
     model.register_forward_pre_hook(note_labels, with_kwargs=True)
