@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from primus_slurm.progress import read_progress  # noqa: E402
 from primus_slurm.recipe import dump, load_recipe  # noqa: E402
+from primus_slurm.render import job_env  # noqa: E402
 from trainer.data.mlperf import write_synthetic  # noqa: E402
 
 
@@ -80,7 +81,10 @@ def main() -> int:
     (run_dir / "recipe.resolved.yaml").write_text(dump(r.resolved))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "trainer", "--config", str(run_dir / "recipe.resolved.yaml"), "--run-dir", str(run_dir)]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # the variables a submitted job exports (env profile + cluster.env); this process's own environment
+    # wins, so `VAR=x python3 bench/...` A/B-tests one of them (and the device's multicast-off settings stay)
+    job = {k: str(v) for k, v in job_env(r.resolved).items()}
+    env = {**job, **os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -100,6 +104,7 @@ def main() -> int:
         "rc": rc, "wall_s": round(time.time() - t0, 1), "iteration": p.iteration, "lm_loss": p.lm_loss,
         "tokens_per_s_per_gpu": p.tokens_per_s_gpu, "tflops_per_gpu": p.tflops_gpu, "peak_mem_gib": p.mem_peak_gib,
         "ms_per_iter": p.ms_per_iter, "precision": precision_line,
+        "job_env": {k: env[k] for k in sorted(job)},
     }
     if rc != 0:
         result["tail"] = tail

@@ -62,11 +62,17 @@ def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
     return lines + list(c["extra_sbatch"])
 
 
+def job_env(resolved: dict) -> dict:
+    """The variables the job script exports: its env profile's, then cluster.env."""
+    c = resolved["cluster"]
+    return {**profiles()[c["env_profile"]]["env"], **c["env"]}
+
+
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None) -> str:
     c = resolved["cluster"]
     executor = executor or concrete_executor(resolved["cluster"]["executor"])
     profile = profiles()[c["env_profile"]]
-    env = {**profile["env"], **c["env"]}
+    env = job_env(resolved)
     python = c["python"]
     if executor == "local" and python == "python3":
         python = sys.executable  # the local job runs beside the launcher: use its interpreter

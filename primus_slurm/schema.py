@@ -168,6 +168,8 @@ SCHEMA: dict = {
             "context": Field("int", 1, min=1, max=1024),
             "expert": Field("int", 1, min=1, max=1024),
             "sequence_parallel": Field("bool", False),
+            "tp_comm_overlap": Field("bool", False, help="overlap the tensor-parallel all-gathers / reduce-scatters "
+                                     "with the GEMMs (TE userbuffers; needs sequence_parallel, a GPU and TE)"),
         },
         "precision": {
             "bf16": Field("bool", True),

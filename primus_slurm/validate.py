@@ -152,6 +152,9 @@ def _parallel(t: dict, c: dict) -> None:
              "(megatron-core's MoE token dispatch requires it)")
     if par["sequence_parallel"] and tp == 1:
         fail("`trainer.parallelism.sequence_parallel` needs `trainer.parallelism.tensor` > 1")
+    if par["tp_comm_overlap"] and not par["sequence_parallel"]:
+        fail("`trainer.parallelism.tp_comm_overlap` needs `trainer.parallelism.sequence_parallel: true` "
+             "(and so tensor > 1): it overlaps the sequence-parallel all-gathers and reduce-scatters")
     s = t["schedule"]
     if s["global_batch_size"] % (s["micro_batch_size"] * dp):
         fail(f"`trainer.schedule.global_batch_size` ({s['global_batch_size']}) must be divisible by "

@@ -50,6 +50,8 @@ BAD = [
     ("trainer: {model: {num_query_groups: 3}}", "`trainer.model.num_query_groups`"),
     ("trainer: {parallelism: {expert: 2}}", "`trainer.parallelism.expert`"),
     ("trainer: {parallelism: {sequence_parallel: true}}", "`trainer.parallelism.sequence_parallel`"),
+    ("trainer: {parallelism: {tp_comm_overlap: true}}", "`trainer.parallelism.tp_comm_overlap` needs"),
+    ("trainer: {parallelism: {tp_comm_overlap: maybe}}", "`trainer.parallelism.tp_comm_overlap`"),
     ("trainer: {schedule: {min_lr: 1.0}}", "`trainer.schedule.min_lr`"),
     ("experiment: {name: 'x; rm -rf /'}", "`experiment.name`"),
     ("experiment: {name: '$(id)'}", "`experiment.name`"),

@@ -130,6 +130,11 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
     if wired is not None:  # trainer.recompute.adapter_inputs: what it rewired (zero: nothing eligible)
         logger.line(f"adapter inputs | scope {cfg.trainer.recompute.adapter_inputs_scope} | fc2 {wired['fc2']} | "
                     f"norm {wired['norm']}")
+    ub_tokens = getattr(model, "_primus_tp_overlap", None)
+    if ub_tokens:
+        from trainer.model.tp_overlap import describe
+
+        logger.line(describe(model, ub_tokens))
     if getattr(model, "_primus_chunked_loss", False):
         logger.line("chunked loss | output layer + cross-entropy in token chunks, logits not kept")
     params = trainable_parameters(model)

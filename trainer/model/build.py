@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.model import arch, seeding, specs
+from trainer.model import arch, seeding, specs, tp_overlap
 from trainer.model.chunked_loss import install_chunked_loss
 from trainer.model.lora import apply_lora
 from trainer.model.lora_inputs import wire_adapter_input_recompute
@@ -74,6 +74,7 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool):
     kwargs.update(arch.mla_kwargs(m))
     kwargs.update(_recompute_kwargs(cfg.trainer.recompute))
     kwargs.update(_precision_kwargs(cfg))
+    kwargs.update(tp_overlap.config_kwargs(cfg))
     return arch.config_class(m)(**kwargs)
 
 
@@ -105,9 +106,11 @@ def build_model(cfg, device: torch.device):
     m = cfg.trainer.model
     config = make_transformer_config(cfg, device, use_te)
     setattr(config, seeding.SEED_ATTR, int(cfg.experiment.seed))  # per-layer init seeds (trainer.model.seeding)
+    ub_tokens = tp_overlap.initialize(cfg, config, device, use_te)  # before TE's linears are built
     with fp8_params.init_context(config):
         model = _gpt_model(config, m, device)
     model._primus_uses_te = use_te
+    model._primus_tp_overlap = ub_tokens
     model.to(device)
     if cfg.trainer.checkpoint.pretrained:
         from trainer.model.hf_import import load_hf_llama

@@ -1,0 +1,56 @@
+"""trainer.parallelism.tp_comm_overlap: the megatron flags it sets, and its refusals where TE userbuffers
+cannot run (the overlap itself needs a GPU with TE; its throughput is in bench/results)."""
+import pytest
+import torch
+
+from tests.model_helpers import tiny_cfg
+from trainer.config import ConfigError
+from trainer.model import tp_overlap
+from trainer.model.build import make_transformer_config
+from trainer.model.forward import model_inputs
+
+ON = {"parallelism": {"tensor": 2, "sequence_parallel": True, "tp_comm_overlap": True}}
+
+
+def test_off_by_default_sets_nothing():
+    cfg = tiny_cfg()
+    assert cfg.trainer.parallelism.tp_comm_overlap is False
+    assert tp_overlap.config_kwargs(cfg) == {}
+    config = make_transformer_config(cfg, torch.device("cpu"), use_te=False)
+    assert config.tp_comm_overlap is False
+    assert tp_overlap.initialize(cfg, config, torch.device("cpu"), use_te=False) is None
+
+
+def test_flags_reach_a_real_transformer_config():
+    cfg = tiny_cfg(trainer=ON)
+    config = make_transformer_config(cfg, torch.device("cpu"), use_te=False)
+    # frozen base: no wgrad GEMM, so the bulk overlaps are off and dgrad's reduce-scatter is pipelined
+    assert (config.tp_comm_overlap, config.tp_comm_overlap_ag, config.tp_comm_overlap_rs) == (True, True, True)
+    assert config.tp_comm_overlap_rs_dgrad is True
+    assert (config.tp_comm_bulk_dgrad, config.tp_comm_bulk_wgrad) == (False, False)
+    assert tp_overlap.UB_CONFIG == {"qkv_dgrad": {"method": "pipeline"}, "fc1_dgrad": {"method": "pipeline"}}
+
+
+@pytest.mark.parametrize("device,use_te,extra,expect", [
+    ("cpu", False, {}, "needs a GPU with Transformer Engine"),
+    ("cpu", True, {}, "needs a GPU with Transformer Engine"),
+    ("cuda", False, {}, "needs a GPU with Transformer Engine"),
+    ("cuda", True, {"precision": {"fp4": "e2m1", "fp4_emulation": True}}, "with trainer.precision.fp4"),
+])
+def test_refusals_name_the_field(device, use_te, extra, expect):
+    cfg = tiny_cfg(trainer={**ON, **extra})
+    config = make_transformer_config(cfg, torch.device("cpu"), use_te=False)
+    with pytest.raises(ConfigError) as info:
+        tp_overlap.initialize(cfg, config, torch.device(device), use_te=use_te)
+    msg = str(info.value)
+    assert msg.startswith("trainer.parallelism.tp_comm_overlap") and expect in msg and "\n" not in msg
+
+
+def test_micro_batch_must_match_the_buffers(monkeypatch):
+    monkeypatch.setattr(tp_overlap, "_tokens", 2 * 16)
+    model = torch.nn.Linear(2, 2)
+    batch = {"tokens": torch.zeros(2, 16, dtype=torch.long), "labels": torch.zeros(2, 16, dtype=torch.long)}
+    assert model_inputs(model, batch)["input_ids"].shape == (1, 32)
+    short = {k: v[:1] for k, v in batch.items()}
+    with pytest.raises(ValueError, match="micro-batch of 16 tokens.*= 32"):
+        model_inputs(model, short)

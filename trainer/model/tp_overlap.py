@@ -1,0 +1,92 @@
+"""Tensor-parallel communication overlap: TE userbuffers for sequence-parallel TP.
+
+    kwargs = config_kwargs(cfg)                  # TransformerConfig flags ({} when off)
+    initialize(cfg, config, device, use_te)      # the userbuffers, once, before the model is built
+    check_tokens(n)                              # a micro-batch must have the buffers' token count
+
+With sequence parallelism every TP linear all-gathers its input (column-parallel) or reduce-scatters its
+output (row-parallel), in forward and again in backward; with NCCL these run between the GEMMs. TE's
+userbuffers split each GEMM into chunks and move the next chunk's data while the current one multiplies
+(`trainer.parallelism.tp_comm_overlap: true`).
+
+LoRA freezes the base weights, so there is no weight-gradient GEMM: TE's default "bulk" overlaps of the
+column linears' backward (the input all-gather for wgrad hidden behind dgrad, the dgrad reduce-scatter
+hidden behind wgrad) have nothing to hide behind. Here the column linears' dgrad reduce-scatter is
+pipelined with their own dgrad GEMM instead (qkv_dgrad / fc1_dgrad: method pipeline,
+tp_comm_overlap_rs_dgrad), which is what NVIDIA's LoRA overlap configs do for fc1.
+
+TE skips the forward all-gather overlap of a LayerNormLinear that returns its norm output, and LoRA
+asks for that output unless `trainer.recompute.adapter_inputs` (scope all|norm) folds the norm into the
+adapter: use both together.
+
+The buffers have a fixed shape, [seq_length x micro_batch_size, hidden]: every micro-batch
+(training and evaluation) must have exactly that many tokens, which packed batches do.
+
+CUDA multicast stays off: UB_SKIPMC=1 is set unless the environment already sets it (TE then exchanges
+through CUDA IPC handles; a multicast object can take a shared host's GPUs down).
+"""
+from __future__ import annotations
+
+import os
+
+from trainer.config import ConfigError
+
+# the column linears' dgrad reduce-scatter pipelined with their dgrad GEMM (no wgrad GEMM to hide behind)
+UB_CONFIG = {"qkv_dgrad": {"method": "pipeline"}, "fc1_dgrad": {"method": "pipeline"}}
+_tokens: int | None = None
+
+
+def config_kwargs(cfg) -> dict:
+    """megatron-core TransformerConfig flags for the recipe ({} when tp_comm_overlap is off)."""
+    if not cfg.trainer.parallelism.tp_comm_overlap:
+        return {}
+    return dict(tp_comm_overlap=True, tp_comm_overlap_ag=True, tp_comm_overlap_rs=True,
+                tp_comm_overlap_rs_dgrad=True, tp_comm_bulk_dgrad=False, tp_comm_bulk_wgrad=False,
+                tp_comm_bootstrap_backend="nccl")
+
+
+def initialize(cfg, config, device, use_te: bool) -> int | None:
+    """Create TE's userbuffers for this recipe; returns their token count (None when off)."""
+    global _tokens
+    if not getattr(config, "tp_comm_overlap", False):
+        return None
+    t = cfg.trainer
+    if device.type != "cuda" or not use_te:
+        raise ConfigError("trainer.parallelism.tp_comm_overlap needs a GPU with Transformer Engine (TE "
+                          "userbuffers); this process has neither: set it to false")
+    if t.precision.fp4:
+        raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.fp4 is not supported "
+                          "(userbuffers carry BF16 or FP8): set one of them off")
+    if not config.sequence_parallel or int(config.context_parallel_size) > 1:
+        raise ConfigError("trainer.parallelism.tp_comm_overlap needs sequence_parallel: true and context: 1")
+    os.environ.setdefault("UB_SKIPMC", "1")
+    from transformer_engine.pytorch.module import base as te_base
+
+    tokens = int(t.data.seq_length) * int(t.schedule.micro_batch_size)
+    kwargs = dict(shape=[tokens, int(config.hidden_size)], tp_size=int(config.tensor_model_parallel_size),
+                  dtype=config.params_dtype, ub_cfgs=UB_CONFIG, bootstrap_backend=config.tp_comm_bootstrap_backend)
+    mode = getattr(te_base, "UserBufferQuantizationMode", None)
+    if mode is not None:
+        kwargs["quantization_modes"] = [mode.FP8 if config.fp8 else mode.NONE]
+    else:  # TE before quantization_modes
+        kwargs["use_fp8"] = bool(config.fp8)
+    te_base.initialize_ub(**kwargs)
+    _tokens = tokens
+    return tokens
+
+
+def check_tokens(n: int) -> None:
+    """Refuse a micro-batch whose token count differs from the userbuffers' (TE would fail obscurely)."""
+    if _tokens is not None and n != _tokens:
+        raise ValueError(f"trainer.parallelism.tp_comm_overlap: a micro-batch of {n} tokens, but the userbuffers "
+                         f"hold seq_length x micro_batch_size = {_tokens}; every micro-batch must be that size")
+
+
+def describe(model, tokens: int) -> str:
+    """The log line: buffer size and how many norm linears overlap their forward all-gather."""
+    names = [n for n, m in model.named_modules() if getattr(m, "ub_name", None) and hasattr(m, "return_layernorm_output")]
+    blocked = [n for n in names if model.get_submodule(n).return_layernorm_output]
+    return (f"tp comm overlap | TE userbuffers | {tokens} tokens a micro-batch | norm linears with forward all-gather "
+            f"overlap {len(names) - len(blocked)} of {len(names)}"
+            + (" (LoRA keeps their norm output: set trainer.recompute.adapter_inputs)" if blocked else "")
+            + f" | UB_SKIPMC {os.environ.get('UB_SKIPMC')}")
