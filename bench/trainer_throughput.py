@@ -54,6 +54,8 @@ def main() -> int:
     ap.add_argument("--label", default=None)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--timeout", type=int, default=540)
+    ap.add_argument("--no-job-env", action="store_true",
+                    help="run without the recipe's env profile / cluster.env (A/B of the profile itself)")
     ap.add_argument("--profile", default=None, metavar="A-B",
                     help="profile iterations A..B (trainer.logging.profile_*) and copy the summary to --profile-out")
     ap.add_argument("--profile-out", default=os.environ.get("OUT", "."))
@@ -83,7 +85,7 @@ def main() -> int:
            "-m", "trainer", "--config", str(run_dir / "recipe.resolved.yaml"), "--run-dir", str(run_dir)]
     # the variables a submitted job exports (env profile + cluster.env); this process's own environment
     # wins, so `VAR=x python3 bench/...` A/B-tests one of them (and the device's multicast-off settings stay)
-    job = {k: str(v) for k, v in job_env(r.resolved).items()}
+    job = {} if args.no_job_env else {k: str(v) for k, v in job_env(r.resolved).items()}
     env = {**job, **os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.time()
     try:
