@@ -66,12 +66,14 @@ def main() -> int:
     t = r0.resolved["trainer"]
     seq, vocab = t["data"]["seq_length"], t["model"]["vocab_size"]
     iters, gbs = t["schedule"]["train_iters"], t["schedule"]["global_batch_size"]
-    data = work / f"data-{args.docs}-{seq}"
+    n_packs = iters * gbs + 8
+    # keyed by everything the data depends on: a model must never read another vocabulary's token ids
+    data = work / f"data-{args.docs}-{seq}-v{vocab}-n{n_packs}"
     if not (data / "train.npy").exists():
         if args.docs == "single":
-            write_single_doc(data, iters * gbs + 8, seq, vocab, seed=1)
+            write_single_doc(data, n_packs, seq, vocab, seed=1)
         else:
-            write_synthetic(str(data), iters * gbs + 8, seq, vocab, seed=1)
+            write_synthetic(str(data), n_packs, seq, vocab, seed=1)
     if args.profile:
         a, _, b = args.profile.partition("-")
         args.overrides += [f"trainer.logging.profile_start={int(a)}", f"trainer.logging.profile_end={int(b or a)}"]

@@ -53,3 +53,18 @@ def test_deterministic_and_too_short_seq_length(tmp_path):
         build_datasets(cfg(a, tmp_path, seq=256, validation=False))
     with pytest.raises(DataError, match=r"^trainer.data.train.path: no such MLPerf packed file"):
         build_datasets(cfg(tmp_path / "missing", tmp_path))
+
+
+def test_token_ids_beyond_the_model_vocab_are_refused(tmp_path):
+    """Data written for a larger vocabulary (another model's tokenizer) must not train silently: megatron's
+    vocab-parallel embedding maps unknown ids to zero vectors."""
+    d = tmp_path / "mlperf"
+    write_synthetic(str(d), n_packs=8, seq_length=512, vocab_size=1000, seed=0)
+    c = cfg(d, tmp_path, seq=512)
+    c["trainer"]["model"] = {"vocab_size": 1000}
+    train, _, _ = build_datasets(c)
+    top = int(train.tokens.max())
+    assert 900 < top < 1000
+    c["trainer"]["model"] = {"vocab_size": top}
+    with pytest.raises(DataError, match=rf"trainer.model.vocab_size: the train data has token id {top} >= vocab_size {top}"):
+        build_datasets(c)

@@ -41,7 +41,8 @@ from .options import DataOptions
 from .tokenize import IGNORE_INDEX
 
 __all__ = ["build_datasets", "collate", "iterate_batches", "global_batch_indices", "dp_slice",
-           "rank_micro_batches", "PackedDataset", "DataError", "DataOptions", "IGNORE_INDEX", "load_splits"]
+           "rank_micro_batches", "PackedDataset", "DataError", "DataOptions", "IGNORE_INDEX", "load_splits",
+           "check_vocab"]
 
 
 def load_splits(opts: DataOptions, tokenizer: Any = None):
@@ -69,4 +70,25 @@ def build_datasets(cfg: Any, rank: int = 0, world_size: int = 1, tokenizer: Any 
     """(train, val, stats) from the resolved recipe. Every rank calls it; the first to take the cache lock
     tokenizes and packs, the others read its cache file. Both datasets are the full splits on every rank;
     data-parallel sharding happens per iteration with `global_batch_indices` / `dp_slice`."""
-    return load_splits(DataOptions.from_config(cfg), tokenizer)
+    train, val, stats = load_splits(DataOptions.from_config(cfg), tokenizer)
+    check_vocab({"train": train, "validation": val}, _model_vocab(cfg))
+    return train, val, stats
+
+
+def _model_vocab(cfg: Any):
+    try:
+        return cfg.trainer.model.vocab_size
+    except AttributeError:
+        return ((cfg.get("trainer") or {}).get("model") or {}).get("vocab_size") if isinstance(cfg, dict) else None
+
+
+def check_vocab(splits: dict, vocab_size) -> None:
+    """Refuse token ids the model has no embedding for: megatron's vocab-parallel embedding would turn them
+    into zero vectors (and their labels into nonsense losses) without a word."""
+    if not vocab_size:
+        return
+    for name, ds in splits.items():
+        top = int(ds.tokens.max()) if ds is not None and ds.tokens.size else -1
+        if top >= int(vocab_size):
+            raise DataError(f"trainer.model.vocab_size: the {name} data has token id {top} >= vocab_size "
+                            f"{vocab_size} (data or tokenizer made for another model?)")
