@@ -54,3 +54,23 @@ def test_micro_batch_must_match_the_buffers(monkeypatch):
     short = {k: v[:1] for k, v in batch.items()}
     with pytest.raises(ValueError, match="micro-batch of 16 tokens.*= 32"):
         model_inputs(model, short)
+
+
+def test_log_line_counts_norm_linears_that_cannot_overlap(monkeypatch):
+    """TE skips the forward all-gather overlap of a LayerNormLinear that returns its norm output (what LoRA
+    asks for without adapter_inputs): the log line must say how many are affected."""
+    def norm_linear(returns_norm_output):
+        m = torch.nn.Linear(2, 2)
+        m.ub_name, m.return_layernorm_output = "qkv", returns_norm_output
+        return m
+
+    row = torch.nn.Linear(2, 2)
+    row.ub_name = "proj"  # a row-parallel linear: no norm output, not counted
+    model = torch.nn.Sequential(norm_linear(False), norm_linear(True), row, torch.nn.Linear(2, 2))
+    monkeypatch.setenv("UB_SKIPMC", "1")
+    line = tp_overlap.describe(model, 8192)
+    assert "8192 tokens a micro-batch" in line and "forward all-gather overlap 1 of 2" in line
+    assert "set trainer.recompute.adapter_inputs" in line and line.endswith("UB_SKIPMC 1")
+    model[1].return_layernorm_output = False
+    line = tp_overlap.describe(model, 8192)
+    assert "overlap 2 of 2" in line and "adapter_inputs" not in line
