@@ -1,4 +1,5 @@
 """HF Llama (GQA, untied) saved locally -> megatron GPTModel: logits match transformers'."""
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -54,3 +55,38 @@ def test_hf_llama_logits_match(tmp_path):
         with torch.no_grad():
             far = other(input_ids=tokens, position_ids=None, attention_mask=None)
     assert (far - ref).abs().max() > 1e-1
+
+
+def test_import_reads_one_tensor_at_a_time(tmp_path):
+    """A rank must not hold the whole checkpoint (138 GB for Llama2-70B, on every rank): nothing is read
+    until the loader reaches a tensor, and each megatron tensor reads only its own HF tensors."""
+    from trainer.model.hf_import import SafetensorsDir, hf_to_megatron
+
+    make_hf_llama(tmp_path / "hf", seed=1, layers=3)
+    hf = SafetensorsDir(tmp_path / "hf")
+    with dist_session(tiny_cfg()) as info:
+        config = build_model(tiny_cfg(), info.device).config
+    full = hf_to_megatron(hf, config, te_layout=False, layer_offset=1, num_local_layers=1)
+    assert hf.reads == 0 and len(full) == 9
+    reads = []
+    for name in full:
+        before = hf.reads
+        assert full[name].dim() in (1, 2)
+        reads.append((name.rsplit(".", 2)[-2], hf.reads - before))
+    assert dict(reads)["linear_qkv"] == 3 and dict(reads)["linear_fc1"] == 2 and hf.reads == 12
+    assert torch.equal(full["decoder.layers.0.self_attention.linear_proj.weight"],
+                       hf["model.layers.1.self_attn.o_proj.weight"])  # layer_offset picks the HF layer
+
+
+def test_missing_layer_tensor_is_refused_before_loading(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    make_hf_llama(tmp_path / "hf", seed=2)
+    (f,) = (tmp_path / "hf").glob("*.safetensors")
+    tensors = load_file(str(f))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    cfg = tiny_cfg(trainer={"checkpoint": {"pretrained": str(tmp_path / "hf")}})
+    with dist_session(cfg) as info:
+        with pytest.raises(KeyError, match="lacks 1 tensors.*model.layers.1.mlp.up_proj.weight"):
+            build_model(cfg, info.device)

@@ -9,27 +9,74 @@ rank's TP shard):
 * o_proj -> linear_proj, down_proj -> linear_fc2, embed_tokens, lm_head, norms by name; with TE the
   input/post-attention norms live inside linear_qkv / linear_fc1 as layer_norm_weight.
 Both use the same (rotate-half) RoPE convention, so q/k need no permutation.
+
+Memory: nothing is read up front. The safetensors files are memory-mapped (SafetensorsDir) and each
+megatron tensor is built when the loader reaches it (LazyTensors), so a rank holds one converted tensor
+at a time instead of the whole checkpoint (138 GB for Llama2-70B, once per rank).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from trainer.model.sharding import canonical_params, load_full_state_dict
 
 
-def read_safetensors_dir(hf_dir) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+class SafetensorsDir(Mapping):
+    """The tensors of every *.safetensors file in a directory, each read on access (memory-mapped files).
+    `reads` counts the tensors read so far."""
 
-    files = sorted(Path(hf_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {hf_dir}")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f)))
-    return out
+    def __init__(self, hf_dir):
+        from safetensors import safe_open
+
+        files = sorted(Path(hf_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {hf_dir}")
+        self._where = {}
+        for f in files:
+            handle = safe_open(str(f), framework="pt")
+            self._where.update((key, handle) for key in handle.keys())
+        self.reads = 0
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        tensor = self._where[key].get_tensor(key)
+        self.reads += 1
+        return tensor
+
+    def __contains__(self, key) -> bool:  # (Mapping's default would read the tensor)
+        return key in self._where
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+class LazyTensors(Mapping):
+    """name -> tensor, each built by its thunk when accessed (and not kept)."""
+
+    def __init__(self, thunks: dict[str, Callable[[], torch.Tensor]]):
+        self._thunks = thunks
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._thunks[key]()
+
+    def __contains__(self, key) -> bool:
+        return key in self._thunks
+
+    def __iter__(self):
+        return iter(self._thunks)
+
+    def __len__(self) -> int:
+        return len(self._thunks)
+
+    def only(self, keys) -> "LazyTensors":
+        return LazyTensors({k: f for k, f in self._thunks.items() if k in keys})
 
 
 def fuse_qkv(q, k, v, heads: int, groups: int) -> torch.Tensor:
@@ -67,34 +114,39 @@ def _check_config(hf_dir, cfg) -> None:
                          + ", ".join(f"{k} hf={a} recipe={b}" for k, (a, b) in bad.items()))
 
 
-def hf_to_megatron(hf: dict[str, torch.Tensor], config, te_layout: bool,
-                   layer_offset: int = 0, num_local_layers: int | None = None) -> dict[str, torch.Tensor]:
-    """Full megatron tensors (canonical names) for local layers [offset, offset+num) of the HF state."""
+def hf_to_megatron(hf: Mapping, config, te_layout: bool,
+                   layer_offset: int = 0, num_local_layers: int | None = None) -> LazyTensors:
+    """Full megatron tensors (canonical names) for local layers [offset, offset+num) of the HF state,
+    each converted when accessed."""
     heads, groups = config.num_attention_heads, config.num_query_groups
     n = config.num_layers if num_local_layers is None else num_local_layers
+
+    def same(key):
+        return lambda: hf[key]
+
     out = {}
     if "model.embed_tokens.weight" in hf:
-        out["embedding.word_embeddings.weight"] = hf["model.embed_tokens.weight"]
-    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    out["output_layer.weight"] = hf.get("lm_head.weight", hf.get("model.embed_tokens.weight"))
+        out["embedding.word_embeddings.weight"] = same("model.embed_tokens.weight")
+    out["decoder.final_layernorm.weight"] = same("model.norm.weight")
+    out["output_layer.weight"] = same("lm_head.weight" if "lm_head.weight" in hf else "model.embed_tokens.weight")
     for i in range(n):
         src, dst = f"model.layers.{layer_offset + i}.", f"decoder.layers.{i}."
         a, m = dst + "self_attention.", dst + "mlp."
-        out[a + "linear_qkv.weight"] = fuse_qkv(hf[src + "self_attn.q_proj.weight"],
-                                                hf[src + "self_attn.k_proj.weight"],
-                                                hf[src + "self_attn.v_proj.weight"], heads, groups)
-        out[a + "linear_proj.weight"] = hf[src + "self_attn.o_proj.weight"]
-        out[m + "linear_fc1.weight"] = torch.cat([hf[src + "mlp.gate_proj.weight"],
-                                                  hf[src + "mlp.up_proj.weight"]], dim=0)
-        out[m + "linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
-        ln_in, ln_post = hf[src + "input_layernorm.weight"], hf[src + "post_attention_layernorm.weight"]
+        out[a + "linear_qkv.weight"] = lambda src=src: fuse_qkv(
+            hf[src + "self_attn.q_proj.weight"], hf[src + "self_attn.k_proj.weight"],
+            hf[src + "self_attn.v_proj.weight"], heads, groups)
+        out[a + "linear_proj.weight"] = same(src + "self_attn.o_proj.weight")
+        out[m + "linear_fc1.weight"] = lambda src=src: torch.cat(
+            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0)
+        out[m + "linear_fc2.weight"] = same(src + "mlp.down_proj.weight")
+        ln_in, ln_post = same(src + "input_layernorm.weight"), same(src + "post_attention_layernorm.weight")
         if te_layout:
             out[a + "linear_qkv.layer_norm_weight"] = ln_in
             out[m + "linear_fc1.layer_norm_weight"] = ln_post
         else:
             out[dst + "input_layernorm.weight"] = ln_in
             out[dst + "pre_mlp_layernorm.weight"] = ln_post
-    return out
+    return LazyTensors(out)
 
 
 def load_hf_llama(model, hf_dir) -> None:
@@ -104,13 +156,18 @@ def load_hf_llama(model, hf_dir) -> None:
 
     config = model.config
     _check_config(hf_dir, config)
-    hf = read_safetensors_dir(hf_dir)
+    hf = SafetensorsDir(hf_dir)
     params = canonical_params(model)
     te_layout = any(k.endswith("linear_qkv.layer_norm_weight") for k in params)
     n_local = len(model.decoder.layers)
     offset = get_transformer_layer_offset(config) if ps.get_pipeline_model_parallel_world_size() > 1 else 0
-    full = hf_to_megatron(hf, config, te_layout, layer_offset=offset, num_local_layers=n_local)
-    full = {k: v for k, v in full.items() if k in params}
+    layer_keys = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                  "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+    absent = [k for i in range(offset, offset + n_local) for k in (f"model.layers.{i}.{n}.weight" for n in layer_keys)
+              if k not in hf]
+    if absent:  # before any weight is copied: no half-loaded model
+        raise KeyError(f"HF checkpoint {hf_dir} lacks {len(absent)} tensors, e.g. {absent[:3]}")
+    full = hf_to_megatron(hf, config, te_layout, layer_offset=offset, num_local_layers=n_local).only(params)
     base = {k for k in params if not k.endswith((".lora_a", ".lora_b"))}
     missing = sorted(base - set(full))
     if missing:
