@@ -5,6 +5,7 @@ The third session's 70B numbers read an 8B run's cached data (ids up to 128k for
 cache now keys by vocabulary, and the trainer refuses out-of-vocabulary ids either way."""
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,12 @@ TINY = ["trainer.data.seq_length=256", "trainer.schedule.train_iters=6", "traine
 
 def bench(work: Path, vocab: int) -> dict:
     sets = [a for kv in [*TINY, f"trainer.model.vocab_size={vocab}"] for a in ("--set", kv)]
+    # the caller's environment overrides the profile's variables (A/B by hand): keep it out of the way
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM")}
     out = subprocess.run([sys.executable, str(ROOT / "bench/trainer_throughput.py"), "--recipe",
                           str(ROOT / "recipes/quickstart.yaml"), "--nproc", "1", "--workdir", str(work),
-                          "--label", f"v{vocab}", *sets], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          "--label", f"v{vocab}", *sets], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     assert out.returncode == 0 and len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
     return json.loads(lines[0])

@@ -68,3 +68,13 @@ def test_token_ids_beyond_the_model_vocab_are_refused(tmp_path):
     c["trainer"]["model"] = {"vocab_size": top}
     with pytest.raises(DataError, match=rf"trainer.model.vocab_size: the train data has token id {top} >= vocab_size {top}"):
         build_datasets(c)
+
+
+def test_padding_id_beyond_the_model_vocab_is_refused(tmp_path):
+    from trainer.data import PackedDataset, check_vocab
+
+    ds = PackedDataset(np.array([3, 4, 5]), np.ones(3), np.array([0, 3]), np.array([0]), np.array([0, 1]), 8,
+                       pad_id=32000)  # e.g. a Llama-2 tokenizer with an added <pad>
+    check_vocab({"train": ds}, 32001)
+    with pytest.raises(DataError, match="the train data has padding id 32000 >= vocab_size 32000"):
+        check_vocab({"train": ds, "validation": None}, 32000)

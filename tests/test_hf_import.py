@@ -78,15 +78,16 @@ def test_import_reads_one_tensor_at_a_time(tmp_path):
                        hf["model.layers.1.self_attn.o_proj.weight"])  # layer_offset picks the HF layer
 
 
-def test_missing_layer_tensor_is_refused_before_loading(tmp_path):
+@pytest.mark.parametrize("gone", ["model.layers.1.mlp.up_proj.weight", "model.norm.weight"])
+def test_missing_tensor_is_refused_before_loading(tmp_path, gone):
     from safetensors.torch import load_file, save_file
 
     make_hf_llama(tmp_path / "hf", seed=2)
     (f,) = (tmp_path / "hf").glob("*.safetensors")
     tensors = load_file(str(f))
-    del tensors["model.layers.1.mlp.up_proj.weight"]
+    del tensors[gone]
     save_file(tensors, str(f), metadata={"format": "pt"})
     cfg = tiny_cfg(trainer={"checkpoint": {"pretrained": str(tmp_path / "hf")}})
     with dist_session(cfg) as info:
-        with pytest.raises(KeyError, match="lacks 1 tensors.*model.layers.1.mlp.up_proj.weight"):
+        with pytest.raises(KeyError, match=f"lacks 1 tensors.*{gone}"):
             build_model(cfg, info.device)

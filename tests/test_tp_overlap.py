@@ -28,7 +28,6 @@ def test_flags_reach_a_real_transformer_config():
     assert (config.tp_comm_overlap, config.tp_comm_overlap_ag, config.tp_comm_overlap_rs) == (True, True, True)
     assert config.tp_comm_overlap_rs_dgrad is True
     assert (config.tp_comm_bulk_dgrad, config.tp_comm_bulk_wgrad) == (False, False)
-    assert tp_overlap.UB_CONFIG == {"qkv_dgrad": {"method": "pipeline"}, "fc1_dgrad": {"method": "pipeline"}}
 
 
 @pytest.mark.parametrize("device,use_te,extra,expect", [
@@ -36,6 +35,9 @@ def test_flags_reach_a_real_transformer_config():
     ("cpu", True, {}, "needs a GPU with Transformer Engine"),
     ("cuda", False, {}, "needs a GPU with Transformer Engine"),
     ("cuda", True, {"precision": {"fp4": "e2m1", "fp4_emulation": True}}, "with trainer.precision.fp4"),
+    ("cuda", True, {"parallelism": {"tensor": 2, "sequence_parallel": False, "tp_comm_overlap": True}},
+     "needs sequence_parallel: true"),
+    ("cuda", True, {"parallelism": {**ON["parallelism"], "context": 2}}, "and context: 1"),
 ])
 def test_refusals_name_the_field(device, use_te, extra, expect):
     cfg = tiny_cfg(trainer={**ON, **extra})
@@ -44,6 +46,18 @@ def test_refusals_name_the_field(device, use_te, extra, expect):
         tp_overlap.initialize(cfg, config, torch.device(device), use_te=use_te)
     msg = str(info.value)
     assert msg.startswith("trainer.parallelism.tp_comm_overlap") and expect in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("precision,expect", [
+    ({"fp8_recipe": "blockwise"}, "not blockwise"),  # TE cannot fill a buffer from block-scaled data
+    ({"first_last_layers_bf16": True}, "first_last_layers_bf16"),  # BF16 layers would need a second buffer set
+])
+def test_fp8_variants_userbuffers_cannot_carry(precision, expect):
+    cfg = tiny_cfg(trainer={**ON, "precision": {"fp8": "hybrid", "bf16": True, "fp8_recipe": "tensorwise", **precision}})
+    config = make_transformer_config(tiny_cfg(trainer=ON), torch.device("cpu"), use_te=False)
+    config.fp8 = "hybrid"  # (a CPU cannot build an FP8 config; the refusal reads the recipe's precision)
+    with pytest.raises(ConfigError, match=expect):
+        tp_overlap.initialize(cfg, config, torch.device("cuda"), use_te=True)
 
 
 def test_micro_batch_must_match_the_buffers(monkeypatch):
@@ -58,19 +72,27 @@ def test_micro_batch_must_match_the_buffers(monkeypatch):
 
 def test_log_line_counts_norm_linears_that_cannot_overlap(monkeypatch):
     """TE skips the forward all-gather overlap of a LayerNormLinear that returns its norm output (what LoRA
-    asks for without adapter_inputs): the log line must say how many are affected."""
-    def norm_linear(returns_norm_output):
-        m = torch.nn.Linear(2, 2)
-        m.ub_name, m.return_layernorm_output = "qkv", returns_norm_output
-        return m
+    asks for without adapter_inputs): the log line says how many, counting each wrapped linear once (LoRALinear
+    forwards attribute reads to its base)."""
+    from trainer.model.lora import LoRALinear
+
+    class NormLinear(torch.nn.Linear):  # the attributes TE's LayerNormLinear carries
+        def __init__(self):
+            super().__init__(4, 4, bias=False)
+            self.layer_norm_weight = torch.nn.Parameter(torch.ones(4))
+            self.return_layernorm_output, self.ub_name, self.parallel_mode = False, "qkv", "column"
+
+    def lora(base):
+        return LoRALinear(base, "linear_qkv", dim=2, alpha=4, dropout=0.0, dropout_position="pre", a_init="xavier",
+                          b_init="zero", tp_size=1, tp_rank=0, sequence_parallel=False, seed=0)
 
     row = torch.nn.Linear(2, 2)
     row.ub_name = "proj"  # a row-parallel linear: no norm output, not counted
-    model = torch.nn.Sequential(norm_linear(False), norm_linear(True), row, torch.nn.Linear(2, 2))
+    model = torch.nn.Sequential(lora(NormLinear()), NormLinear(), row)
     monkeypatch.setenv("UB_SKIPMC", "1")
-    line = tp_overlap.describe(model, 8192)
+    line = tp_overlap.describe(model, 8192)  # LoRA switched its base's norm output on
     assert "8192 tokens a micro-batch" in line and "forward all-gather overlap 1 of 2" in line
     assert "set trainer.recompute.adapter_inputs" in line and line.endswith("UB_SKIPMC 1")
-    model[1].return_layernorm_output = False
+    model[0].base.return_layernorm_output = False  # what adapter_inputs (norm scope) does
     line = tp_overlap.describe(model, 8192)
     assert "overlap 2 of 2" in line and "adapter_inputs" not in line

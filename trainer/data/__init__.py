@@ -83,12 +83,16 @@ def _model_vocab(cfg: Any):
 
 
 def check_vocab(splits: dict, vocab_size) -> None:
-    """Refuse token ids the model has no embedding for: megatron's vocab-parallel embedding would turn them
-    into zero vectors (and their labels into nonsense losses) without a word."""
+    """Refuse token ids (padding included) the model has no embedding for: with tensor parallelism megatron's
+    vocab-parallel embedding turns them into zero vectors and their labels into nonsense losses without a
+    word; without it they index past the embedding table."""
     if not vocab_size:
         return
     for name, ds in splits.items():
-        top = int(ds.tokens.max()) if ds is not None and ds.tokens.size else -1
+        if ds is None:
+            continue
+        top = max(int(ds.tokens.max()) if ds.tokens.size else -1, ds.pad_id)
         if top >= int(vocab_size):
-            raise DataError(f"trainer.model.vocab_size: the {name} data has token id {top} >= vocab_size "
+            what = "padding id" if top == ds.pad_id and (not ds.tokens.size or ds.tokens.max() < top) else "token id"
+            raise DataError(f"trainer.model.vocab_size: the {name} data has {what} {top} >= vocab_size "
                             f"{vocab_size} (data or tokenizer made for another model?)")

@@ -58,25 +58,31 @@ class SafetensorsDir(Mapping):
 
 
 class LazyTensors(Mapping):
-    """name -> tensor, each built by its thunk when accessed (and not kept)."""
+    """name -> tensor converted from HF tensors when accessed (and not kept). Each entry is
+    (HF source names, function of those tensors)."""
 
-    def __init__(self, thunks: dict[str, Callable[[], torch.Tensor]]):
-        self._thunks = thunks
+    def __init__(self, hf: Mapping, entries: dict[str, tuple[tuple[str, ...], Callable]]):
+        self._hf, self._entries = hf, entries
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self._thunks[key]()
+        sources, fn = self._entries[key]
+        return fn(*(self._hf[s] for s in sources))
 
     def __contains__(self, key) -> bool:
-        return key in self._thunks
+        return key in self._entries
 
     def __iter__(self):
-        return iter(self._thunks)
+        return iter(self._entries)
 
     def __len__(self) -> int:
-        return len(self._thunks)
+        return len(self._entries)
 
     def only(self, keys) -> "LazyTensors":
-        return LazyTensors({k: f for k, f in self._thunks.items() if k in keys})
+        return LazyTensors(self._hf, {k: e for k, e in self._entries.items() if k in keys})
+
+    def absent_sources(self) -> list[str]:
+        """HF names these entries need that the checkpoint lacks (no tensor is read)."""
+        return sorted({s for sources, _ in self._entries.values() for s in sources if s not in self._hf})
 
 
 def fuse_qkv(q, k, v, heads: int, groups: int) -> torch.Tensor:
@@ -122,7 +128,13 @@ def hf_to_megatron(hf: Mapping, config, te_layout: bool,
     n = config.num_layers if num_local_layers is None else num_local_layers
 
     def same(key):
-        return lambda: hf[key]
+        return (key,), lambda t: t
+
+    def qkv(q, k, v):
+        return fuse_qkv(q, k, v, heads, groups)
+
+    def gate_up(gate, up):
+        return torch.cat([gate, up], dim=0)
 
     out = {}
     if "model.embed_tokens.weight" in hf:
@@ -132,12 +144,9 @@ def hf_to_megatron(hf: Mapping, config, te_layout: bool,
     for i in range(n):
         src, dst = f"model.layers.{layer_offset + i}.", f"decoder.layers.{i}."
         a, m = dst + "self_attention.", dst + "mlp."
-        out[a + "linear_qkv.weight"] = lambda src=src: fuse_qkv(
-            hf[src + "self_attn.q_proj.weight"], hf[src + "self_attn.k_proj.weight"],
-            hf[src + "self_attn.v_proj.weight"], heads, groups)
+        out[a + "linear_qkv.weight"] = tuple(src + f"self_attn.{x}_proj.weight" for x in "qkv"), qkv
         out[a + "linear_proj.weight"] = same(src + "self_attn.o_proj.weight")
-        out[m + "linear_fc1.weight"] = lambda src=src: torch.cat(
-            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0)
+        out[m + "linear_fc1.weight"] = (src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"), gate_up
         out[m + "linear_fc2.weight"] = same(src + "mlp.down_proj.weight")
         ln_in, ln_post = same(src + "input_layernorm.weight"), same(src + "post_attention_layernorm.weight")
         if te_layout:
@@ -146,7 +155,7 @@ def hf_to_megatron(hf: Mapping, config, te_layout: bool,
         else:
             out[dst + "input_layernorm.weight"] = ln_in
             out[dst + "pre_mlp_layernorm.weight"] = ln_post
-    return LazyTensors(out)
+    return LazyTensors(hf, out)
 
 
 def load_hf_llama(model, hf_dir) -> None:
@@ -161,13 +170,10 @@ def load_hf_llama(model, hf_dir) -> None:
     te_layout = any(k.endswith("linear_qkv.layer_norm_weight") for k in params)
     n_local = len(model.decoder.layers)
     offset = get_transformer_layer_offset(config) if ps.get_pipeline_model_parallel_world_size() > 1 else 0
-    layer_keys = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                  "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
-    absent = [k for i in range(offset, offset + n_local) for k in (f"model.layers.{i}.{n}.weight" for n in layer_keys)
-              if k not in hf]
+    full = hf_to_megatron(hf, config, te_layout, layer_offset=offset, num_local_layers=n_local).only(params)
+    absent = full.absent_sources()
     if absent:  # before any weight is copied: no half-loaded model
         raise KeyError(f"HF checkpoint {hf_dir} lacks {len(absent)} tensors, e.g. {absent[:3]}")
-    full = hf_to_megatron(hf, config, te_layout, layer_offset=offset, num_local_layers=n_local).only(params)
     base = {k for k in params if not k.endswith((".lora_a", ".lora_b"))}
     missing = sorted(base - set(full))
     if missing:

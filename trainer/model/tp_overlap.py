@@ -19,7 +19,8 @@ TE skips the forward all-gather overlap of a LayerNormLinear that returns its no
 asks for that output unless `trainer.recompute.adapter_inputs` (scope all|norm) folds the norm into the
 adapter: use both together.
 
-The buffers have a fixed shape, [seq_length x micro_batch_size, hidden]: every micro-batch
+The buffers have a fixed shape, [sample length x micro_batch_size, hidden] (sample length: seq_length
+rounded up to data.pad_to_multiple_of): every micro-batch
 (training and evaluation) must have exactly that many tokens, which packed batches do.
 
 CUDA multicast stays off: UB_SKIPMC=1 is set unless the environment already sets it (TE then exchanges
@@ -57,12 +58,20 @@ def initialize(cfg, config, device, use_te: bool) -> int | None:
     if t.precision.fp4:
         raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.fp4 is not supported "
                           "(userbuffers carry BF16 or FP8): set one of them off")
+    if t.precision.fp8 and t.precision.fp8_recipe == "blockwise":  # TE fills no buffer from block-scaled data
+        raise ConfigError("trainer.parallelism.tp_comm_overlap works with fp8_recipe delayed or tensorwise, "
+                          "not blockwise: change one of them")
+    if t.precision.fp8 and t.precision.first_last_layers_bf16:  # would need BF16 and FP8 buffer sets
+        raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.first_last_layers_bf16 "
+                          "is not supported: set one of them off")
     if not config.sequence_parallel or int(config.context_parallel_size) > 1:
         raise ConfigError("trainer.parallelism.tp_comm_overlap needs sequence_parallel: true and context: 1")
     os.environ.setdefault("UB_SKIPMC", "1")
     from transformer_engine.pytorch.module import base as te_base
 
-    tokens = int(t.data.seq_length) * int(t.schedule.micro_batch_size)
+    from trainer.data import DataOptions
+
+    tokens = DataOptions.from_config(cfg).sample_length * int(t.schedule.micro_batch_size)
     kwargs = dict(shape=[tokens, int(config.hidden_size)], tp_size=int(config.tensor_model_parallel_size),
                   dtype=config.params_dtype, ub_cfgs=UB_CONFIG, bootstrap_backend=config.tp_comm_bootstrap_backend)
     mode = getattr(te_base, "UserBufferQuantizationMode", None)
@@ -79,14 +88,15 @@ def check_tokens(n: int) -> None:
     """Refuse a micro-batch whose token count differs from the userbuffers' (TE would fail obscurely)."""
     if _tokens is not None and n != _tokens:
         raise ValueError(f"trainer.parallelism.tp_comm_overlap: a micro-batch of {n} tokens, but the userbuffers "
-                         f"hold seq_length x micro_batch_size = {_tokens}; every micro-batch must be that size")
+                         f"hold sample length x micro_batch_size = {_tokens}; every micro-batch must be that size")
 
 
 def describe(model, tokens: int) -> str:
     """The log line: buffer size and how many norm linears overlap their forward all-gather."""
-    names = [n for n, m in model.named_modules() if getattr(m, "ub_name", None) and hasattr(m, "return_layernorm_output")]
-    blocked = [n for n in names if model.get_submodule(n).return_layernorm_output]
+    # TE's own modules only: LoRALinear forwards attribute reads to its base and would count twice
+    mods = [m for m in model.modules() if vars(m).get("ub_name") and "return_layernorm_output" in vars(m)]
+    blocked = sum(bool(m.return_layernorm_output) for m in mods)
     return (f"tp comm overlap | TE userbuffers | {tokens} tokens a micro-batch | norm linears with forward all-gather "
-            f"overlap {len(names) - len(blocked)} of {len(names)}"
+            f"overlap {len(mods) - blocked} of {len(mods)}"
             + (" (LoRA keeps their norm output: set trainer.recompute.adapter_inputs)" if blocked else "")
             + f" | UB_SKIPMC {os.environ.get('UB_SKIPMC')}")
