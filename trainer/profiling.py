@@ -6,7 +6,8 @@
 
 Profiles iterations start..end (inclusive, 1-based) on the ranks in `profile_ranks` and writes
 <run_dir>/profile/rank-<r>/summary.txt: the top operators and kernels by self time on the device (CPU
-time on a CPU run), with shapes grouped off, and, when `profile_trace` is true, trace.json for
+time on a CPU run), with shapes grouped off, then on a GPU the device timeline (busy vs idle time and
+kernel time by kind, trainer.profile_timeline), and, when `profile_trace` is true, trace.json for
 chrome://tracing / Perfetto (large for big models). Given the model, the first profiled step also
 writes saved_tensors.txt: what its forwards before the first backward keep for it, by module
 (trainer.saved_census). The profiled steps' throughput in the log includes
@@ -98,6 +99,18 @@ class StepProfiler:
             self.log.line(f"saved tensors | iteration {iteration} | {census.total_mib():.2f} MiB | micro-batches "
                           f"{census.forwards} | path {self._rel(path)}")
 
+    def _timeline(self, prof, iterations: str) -> tuple[str, str]:
+        """Busy/idle device time of the window (trainer.profile_timeline); nothing on a CPU run."""
+        if self.device.type != "cuda":
+            return "", ""
+        from trainer.profile_timeline import device_intervals, timeline_report
+
+        try:
+            return timeline_report(device_intervals(prof), iterations)
+        except Exception as err:  # noqa: BLE001 - a diagnostic must not end the run; say why it is missing
+            why = f"device timeline unavailable | {type(err).__name__}: {err}"
+            return why + "\n", why
+
     def close(self, iteration: Optional[int] = None) -> float:
         """Stop and write the results (also when training ends inside the window); returns the seconds it
         took. A window the run never reached is logged as skipped."""
@@ -120,8 +133,11 @@ class StepProfiler:
         table = prof.key_averages().table(sort_by=key, row_limit=ROWS)
         last = self.end if iteration is None else iteration
         path = os.path.join(self.out_dir, "summary.txt")
+        timeline, line = self._timeline(prof, f"{self.start}-{last}")
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(f"iterations {self.start}-{last}, sorted by {key}\n{table}\n")
+            fh.write(f"iterations {self.start}-{last}, sorted by {key}\n{table}\n{timeline}")
+        if line and self.log is not None:
+            self.log.line(line)
         if self.trace:
             prof.export_chrome_trace(os.path.join(self.out_dir, "trace.json"))
         if self.log is not None:
