@@ -7,6 +7,7 @@
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70bfast   the same without full recompute (adapter-input recompute, FP8 params)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
+#   bash bench/gpu_suite.sh 70bprofile   the fastest 70B configuration profiled: operator table + device timeline
 #   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
 #   bash bench/gpu_suite.sh profile   torch.profiler summaries of two steps + saved-tensor census: 8B BF16 keep /
 #                                     adapter_inputs_scope fc2|norm|all, 8B FP8 keep / adapter_inputs, 70B
@@ -89,6 +90,11 @@ case "${1:-}" in
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute-ub --timeout 300 "${NR[@]}" "${P8[@]}" "${UB[@]}"
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-fullrecompute-ub --timeout 300 "${P8[@]}" "${UB[@]}"
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bub.jsonl" ;;
+  70bprofile)  # where the 70B step goes: busy vs idle device time (profile-<label>.txt ends with the timeline)
+    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-keep-profile --profile 8-9 --timeout 300 \
+          --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true \
+          --set trainer.precision.fp8_recipe=tensorwise
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bprofile.jsonl" ;;
   profile)  # where the time and memory go: top kernels of two steps (profile-<label>.txt) and what one
             # micro-batch's forward keeps for backward (saved-tensors-<label>.txt), in $OUT
     AI=(--set trainer.recompute.adapter_inputs=true)
