@@ -18,7 +18,9 @@ def test_off_by_default_sets_nothing():
     assert tp_overlap.config_kwargs(cfg) == {}
     config = make_transformer_config(cfg, torch.device("cpu"), use_te=False)
     assert config.tp_comm_overlap is False
+    tp_overlap._tokens = 4096  # as left by an earlier model with the overlap in this process
     assert tp_overlap.initialize(cfg, config, torch.device("cpu"), use_te=False) is None
+    tp_overlap.check_tokens(16)  # no stale buffer size refuses this model's micro-batches
 
 
 def test_flags_reach_a_real_transformer_config():

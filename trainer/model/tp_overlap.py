@@ -49,12 +49,13 @@ def config_kwargs(cfg) -> dict:
 def initialize(cfg, config, device, use_te: bool) -> int | None:
     """Create TE's userbuffers for this recipe; returns their token count (None when off)."""
     global _tokens
+    _tokens = None  # (a model built earlier in this process may have set it)
     if not getattr(config, "tp_comm_overlap", False):
         return None
     t = cfg.trainer
     if device.type != "cuda" or not use_te:
         raise ConfigError("trainer.parallelism.tp_comm_overlap needs a GPU with Transformer Engine (TE "
-                          "userbuffers); this process has neither: set it to false")
+                          "userbuffers), which this process does not have: set it to false")
     if t.precision.fp4:
         raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.fp4 is not supported "
                           "(userbuffers carry BF16 or FP8): set one of them off")
