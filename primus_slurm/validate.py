@@ -194,6 +194,3 @@ def _data_and_schedule(t: dict) -> None:
     lg = t["logging"]
     if lg["profile_end"] is not None and (lg["profile_start"] is None or lg["profile_end"] < lg["profile_start"]):
         fail(f"`trainer.logging.profile_end` ({lg['profile_end']}) needs `trainer.logging.profile_start` <= it")
-    if ckpt["pretrained"] and t["precision"]["fp8_param"]:
-        fail("`trainer.precision.fp8_param` with `trainer.checkpoint.pretrained`: loading an HF checkpoint into "
-             "FP8 parameters is not supported yet; set fp8_param: false (fp8_weight_cache: false saves memory too)")

@@ -33,8 +33,6 @@ BAD = [
     ("trainer: {recompute: {adapter_inputs_scope: mlp}}", "`trainer.recompute.adapter_inputs_scope`"),
     ("trainer: {logging: {profile_start: 6, profile_end: 5}}", "`trainer.logging.profile_end` (5) needs"),
     ("trainer: {logging: {profile_ranks: [zero]}}", "`trainer.logging.profile_ranks[0]`"),
-    ("trainer: {precision: {fp8_param: true, fp8: hybrid, fp8_recipe: tensorwise, bf16: true}}",
-     "loading an HF checkpoint into FP8"),
     ("trainer: {precision: {fp8_param: true, fp8: hybrid, bf16: true}}",
      "needs `trainer.precision.fp8_recipe: tensorwise|blockwise`"),
     ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),

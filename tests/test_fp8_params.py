@@ -58,3 +58,28 @@ def test_precision_line_names_fp8_weight_storage():
     assert _storage_dtype(bf16) == "bfloat16"
     fp8 = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.bfloat16).as_subclass(Float8Tensor), requires_grad=False)
     assert _storage_dtype(fp8) == "fp8"
+
+
+def _e4m3(x, scale):
+    return (x * scale).to(torch.float8_e4m3fn).float() / scale
+
+
+def test_pretrained_weight_check_passes_good_fp8_copies_and_refuses_a_stale_scale():
+    """fp8_param + checkpoint.pretrained: each FP8 weight is compared with the checkpoint value it was copied
+    from; a copy quantized with a wrong scale (here 1.0 for a std-0.005 weight: subnormals) is refused."""
+    import pytest
+
+    from trainer.precision.fp8_params import check_loaded, e4m3_error
+
+    w = torch.randn(256, 512, generator=torch.Generator().manual_seed(0)) * 0.005
+    own = 448.0 / float(w.abs().max())
+    assert 0.02 < e4m3_error(w) < 0.035
+    check_loaded("w", _e4m3(w, own), w)  # tensorwise current scaling: exactly the reference
+    rows = 448.0 / w.abs().amax(dim=1, keepdim=True)
+    check_loaded("w", _e4m3(w, rows), w)  # finer (block/row) scales do better
+    check_loaded("w", w.to(torch.bfloat16), w)
+    check_loaded("zeros", torch.zeros(4, 4), torch.zeros(4, 4))
+    with pytest.raises(ValueError, match=r"fp8_param: w holds the checkpoint weight with relative error 0\.1"):
+        check_loaded("w", _e4m3(w, 1.0), w)
+    with pytest.raises(ValueError, match="the FP8 copy is wrong"):
+        check_loaded("w", torch.randn_like(w) * 0.005, w)

@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from trainer.precision.fp8_params import check_loaded, is_quantized
+
 
 def canonical(name: str) -> str:
     return name.replace(".base.", ".")
@@ -96,7 +98,10 @@ def load_full_state_dict(model, full: dict[str, torch.Tensor], strict: bool = Tr
                 if strict:
                     raise KeyError(f"model has no parameter {name}")
                 continue
-            p.copy_(to_local(name, tensor, p, tp_rank, tp_size).to(p.dtype))
+            local = to_local(name, tensor, p, tp_rank, tp_size).to(p.dtype)
+            p.copy_(local)
+            if is_quantized(p):  # the copy quantized (trainer.precision.fp8_param): check it held the value
+                check_loaded(name, p.dequantize(), local)
             loaded.append(name)
     return loaded
 

@@ -12,6 +12,11 @@ micro-batch's backward (after the whole step with pipeline parallelism, whose sc
 micro-batches), so at the forward's activation peak the weights cost 1 byte a parameter; re-making them
 costs one transpose per weight and micro-batch. (TE's GroupedLinear, MoE experts, asks for column-wise
 data in forward already, so expert weights keep 2 bytes a parameter.)
+
+Pretrained weights (checkpoint.pretrained) are copied into the FP8 parameters tensor by tensor; the copy
+quantizes with the parameter's own quantizer (TE's QuantizedTensor.copy_ -> quantize_). `check_loaded` then
+compares each FP8 weight with the checkpoint value and refuses one that is worse than E4M3 with the weight's
+own per-tensor scale, so a wrong scale fails loudly at load instead of training on a degraded base.
 """
 from __future__ import annotations
 
@@ -44,3 +49,37 @@ def release_transposes(model) -> int:
         p.update_usage(rowwise_usage=True, columnwise_usage=False)
         released += 1
     return released
+
+
+E4M3_MAX = 448.0
+
+
+def is_quantized(p) -> bool:
+    """True for a TE quantized parameter (Float8Tensor and its kin): copying into it quantizes."""
+    return hasattr(p, "_quantizer") and callable(getattr(p, "dequantize", None))
+
+
+def _rel_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    norm = float(exact.norm())
+    return float((approx - exact).norm()) / norm if norm > 0 else float(approx.abs().max())
+
+
+def e4m3_error(src: torch.Tensor) -> float:
+    """Relative (Frobenius) error of quantizing `src` to E4M3 with one scale from its own amax: the worst a
+    tensorwise or block-scaled FP8 copy of a weight should do."""
+    x = src.detach().float()
+    amax = float(x.abs().max())
+    if amax == 0.0:
+        return 0.0
+    scale = E4M3_MAX / amax
+    return _rel_error((x * scale).to(torch.float8_e4m3fn).float() / scale, x)
+
+
+def check_loaded(name: str, loaded: torch.Tensor, src: torch.Tensor, slack: float = 1.05) -> None:
+    """Refuse an FP8 weight that holds the checkpoint value worse than per-tensor E4M3 would (e.g. quantized with
+    a stale scale): `loaded` is the parameter's dequantized value, `src` what was copied into it."""
+    x = src.detach().float()
+    got, ref = _rel_error(loaded.detach().float(), x), e4m3_error(x)
+    if got > slack * ref + 1e-6:
+        raise ValueError(f"trainer.precision.fp8_param: {name} holds the checkpoint weight with relative error "
+                         f"{got:.4f}, worse than E4M3 with the weight's own scale ({ref:.4f}); the FP8 copy is wrong")
