@@ -52,6 +52,9 @@ class _StrictLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (list, dict, set)):
+                raise UserError(f"mapping key at line {key_node.start_mark.line + 1} is a {type(key).__name__}; "
+                                "keys must be plain names")
             if key in seen:
                 raise UserError(f"duplicate key `{key}` at line {key_node.start_mark.line + 1}")
             seen.add(key)
@@ -59,14 +62,17 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def read_yaml(path: Path) -> dict:
+    if path.exists() and not path.is_file():  # a directory, FIFO or device: never read it
+        raise UserError(f"recipe {str(path)!r} is not a regular file")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as fh:
+            data = fh.read(MAX_RECIPE_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"recipe file {str(path)!r} does not exist") from None
     except OSError as exc:
         raise UserError(f"cannot read recipe {str(path)!r}: {exc.strerror}") from None
     if len(data) > MAX_RECIPE_BYTES:
-        raise UserError(f"recipe {str(path)!r} is {len(data)} bytes; at most {MAX_RECIPE_BYTES} are allowed")
+        raise UserError(f"recipe {str(path)!r} is over {MAX_RECIPE_BYTES} bytes; at most {MAX_RECIPE_BYTES} are allowed")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -200,8 +206,12 @@ def apply_set(data: dict, key: str, value: Any) -> None:
         if i == len(parts) - 1:
             node[part] = value
         else:
-            if not isinstance(node.get(part), dict):
+            if node.get(part) is None:
                 node[part] = {}
+            elif not isinstance(node[part], dict):  # never silently drop what the recipe wrote there
+                where = ".".join(parts[:i + 1])
+                raise UserError(f"--set {key}: `{where}` must be a mapping, got {type(node[part]).__name__} "
+                                "in the recipe")
             node = node[part]
 
 
@@ -222,13 +232,17 @@ def load_recipe(path: str | os.PathLike, overrides=(), env: Mapping[str, str] | 
     raw = _load_with_extends(recipe_path)
     for item in overrides:
         apply_set(raw, *parse_set(item))
-    secrets = set((raw.get("cluster") or {}).get("secrets") or schema.SCHEMA["cluster"]["secrets"].default)
-    raw = interpolate(raw, env, {s for s in secrets if isinstance(s, str)})
     for section in ("experiment", "cluster", "trainer"):
         if not isinstance(raw.get(section, {}), dict):
             raise UserError(f"`{section}` must be a mapping, got {type(raw[section]).__name__}")
+    listed = (raw.get("cluster") or {}).get("secrets")
+    if listed is not None and (not isinstance(listed, list) or not all(isinstance(s, str) for s in listed)):
+        raise UserError("`cluster.secrets` must be a list of environment variable names")
+    raw = interpolate(raw, env, set(listed or ()) | set(schema.ALWAYS_SECRET))
     trainer = raw.get("trainer", {})
-    model = trainer.get("model") if isinstance(trainer.get("model"), dict) else {}
+    model = trainer.get("model", {})
+    if not isinstance(model, dict):
+        raise UserError(f"`trainer.model` must be a mapping (e.g. {{preset: llama3_8b}}), got {type(model).__name__}")
     preset = model.get("preset", schema.MODEL["preset"].default)
     if not isinstance(preset, str):
         raise UserError("`trainer.model.preset` must be a preset name")

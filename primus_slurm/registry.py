@@ -68,6 +68,8 @@ def entries() -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn line from a crashed writer; the others still count
+        if not isinstance(item, dict) or not isinstance(item.get("run_id"), str):
+            continue  # not a run entry (edited by hand?): skip it like a torn line
         merged.setdefault(item["run_id"], {}).update(item)
     return list(merged.values())
 

@@ -15,9 +15,10 @@ from primus_slurm.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+ALWAYS_SECRET = ("HF_TOKEN", "WANDB_API_KEY")  # protected whatever cluster.secrets lists
+TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$", re.ASCII)
 MAX_STR = 4096
-FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$")
+FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ SCHEMA: dict = {
         "gpus_per_node": Field("int", 8, min=0, max=64),
         "nproc_per_node": _opt("int", min=1, max=256, help="processes per node; default gpus_per_node (1 on CPU)"),
         "cpus_per_task": _opt("int", min=1, max=1024),
-        "mem": _opt("str", pattern=re.compile(r"^\d+[KMGT]?$")),
+        "mem": _opt("str", pattern=re.compile(r"^\d+[KMGT]?$", re.ASCII)),
         "time": Field("str", "04:00:00", pattern=TIME_RE, help="minutes, HH:MM:SS or D-HH:MM:SS"),
         "exclusive": Field("bool", True),
         "requeue": Field("bool", True),
@@ -126,7 +127,7 @@ SCHEMA: dict = {
             "image": _opt("str"),
             "mounts": Field("list", [], help="'src:dst[:ro]'"),
             "workdir": _opt("str"),
-            "shm_size": Field("str", "64g", pattern=re.compile(r"^\d+[kmgKMG]?$")),
+            "shm_size": Field("str", "64g", pattern=re.compile(r"^\d+[kmgKMG]?$", re.ASCII)),
             "extra_args": Field("list", []),
         },
     },

@@ -50,7 +50,12 @@ def submit(p: Prepared) -> dict:
     paths.check_paths(p.recipe.resolved, p.executor)  # data/tokenizer/checkpoint paths visible from here
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
-    runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
+    try:
+        runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
+    except OSError as exc:  # e.g. the workspace is a file, or not writable
+        shutil.rmtree(p.run_dir, ignore_errors=True)
+        raise UserError(f"cannot create the run directory {p.run_dir} (`experiment.workspace`): "
+                        f"{exc.strerror or exc}") from None
     info = runs.provenance(p.recipe.resolved, p.recipe.hash, p.run_id, p.executor)
     info["run_dir"] = str(p.run_dir)
     runs.write_run_json(p.run_dir, info)

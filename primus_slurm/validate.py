@@ -5,13 +5,22 @@ import fnmatch
 import re
 
 from primus_slurm.errors import UserError
-from primus_slurm.schema import ENV_NAME_RE
+from primus_slurm.schema import ALWAYS_SECRET, ENV_NAME_RE
 
 SBATCH_FLAG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@%/+=&|\[\]*!-]+)?$")
 CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,&|\[\]*()!:-]+$")
 MOUNT_RE = re.compile(r"^/[^:,\s]*:/[^:,\s]*(:(ro|rw))?$")
 IMAGE_RE = re.compile(r"^[A-Za-z0-9_./:@+#-]+$")
-WORKSPACE_RE = re.compile(r"^/[A-Za-z0-9_./+@=,-]*$")
+WORKSPACE_RE = re.compile(r"^/[A-Za-z0-9_./+@=-]*$")  # (no comma: container mount lists are comma-separated)
+# sbatch options the job script sets itself; sbatch also takes any unambiguous prefix (--sig=, --out=)
+MANAGED_SBATCH = ("job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "mem", "partition",
+                  "account", "qos", "reservation", "constraint", "time", "exclusive", "requeue", "no-requeue", "signal",
+                  "output", "error", "open-mode", "export")
+# variables the job script itself sets or relies on, and shell variables that change how it parses
+RESERVED_ENV = ("CHILD", "CONTAINER", "JOB_ID", "LAUNCH", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_WRAPPER",
+                "REQUEUE", "RUN_DIR", "SRUN", "TRAIN", "PYTHONPATH", "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
+                "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND")
+RESERVED_ENV_PREFIXES = ("SLURM_", "PRIMUS_RUN_")
 # the LoRA-wrappable linear names of each attention/MLP kind (megatron-core module names)
 DENSE_ATTN = ("self_attention.linear_qkv", "self_attention.linear_proj")
 MLA_ATTN = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
@@ -55,13 +64,15 @@ def validate(r: dict) -> None:
 
 def _cluster(c: dict, exp: dict) -> None:
     if not WORKSPACE_RE.match(exp["workspace"]):
-        fail(f"`experiment.workspace` resolves to {exp['workspace']!r}; use a path of letters, digits and ./_-+@=,")
+        fail(f"`experiment.workspace` resolves to {exp['workspace']!r}; use a path of letters, digits and ./_-+@=")
     for i, flag in enumerate(c["extra_sbatch"]):
         if not SBATCH_FLAG_RE.match(flag):
             fail(f"`cluster.extra_sbatch[{i}]` is {flag!r:.60}; expected one '--flag' or '--flag=value' "
                  "(letters, digits and _.,:@%/+=&|[]*!-)")
-        if flag.split("=")[0] in ("--signal", "--output", "--error", "--job-name", "--requeue", "--nodes"):
-            fail(f"`cluster.extra_sbatch[{i}]` sets {flag.split('=')[0]}, which primus-slurm manages; "
+        name = flag.split("=")[0][2:]
+        managed = [m for m in MANAGED_SBATCH if m.startswith(name)]
+        if managed:
+            fail(f"`cluster.extra_sbatch[{i}]` sets --{name} (--{managed[0]}), which primus-slurm manages; "
                  "use the cluster.* field instead")
     if c["constraint"] and not CONSTRAINT_RE.match(c["constraint"]):
         fail(f"`cluster.constraint` is {c['constraint']!r:.60}; expected a Slurm feature expression")
@@ -77,9 +88,11 @@ def _cluster(c: dict, exp: dict) -> None:
         if not ENV_NAME_RE.match(name):
             fail(f"`cluster.secrets[{i}]` is {name!r:.60}; expected an environment variable name")
     for key in c["env"]:
-        if key in c["secrets"]:
+        if key in c["secrets"] or key in ALWAYS_SECRET:
             fail(f"`cluster.env.{key}` would write the secret {key} into the job script; list it in "
                  "cluster.secrets and export it in your shell instead")
+        if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
+            fail(f"`cluster.env.{key}` is a variable the job script sets or relies on; choose another name")
     if c["executor"] == "local" and c["nodes"] > 1:
         fail(f"`cluster.nodes` is {c['nodes']} but `cluster.executor` is local; the local executor runs one node")
 
@@ -152,13 +165,30 @@ def _parallel(t: dict, c: dict) -> None:
              "(megatron-core's MoE token dispatch requires it)")
     if par["sequence_parallel"] and tp == 1:
         fail("`trainer.parallelism.sequence_parallel` needs `trainer.parallelism.tensor` > 1")
-    if par["tp_comm_overlap"] and not par["sequence_parallel"]:
-        fail("`trainer.parallelism.tp_comm_overlap` needs `trainer.parallelism.sequence_parallel: true` "
-             "(and so tensor > 1): it overlaps the sequence-parallel all-gathers and reduce-scatters")
+    if par["tp_comm_overlap"]:
+        _tp_comm_overlap(par, t["precision"], t["distributed"])
     s = t["schedule"]
     if s["global_batch_size"] % (s["micro_batch_size"] * dp):
         fail(f"`trainer.schedule.global_batch_size` ({s['global_batch_size']}) must be divisible by "
              f"micro_batch_size × data-parallel size = {s['micro_batch_size']} × {dp}")
+
+
+def _tp_comm_overlap(par: dict, prec: dict, dist: dict) -> None:
+    """What TE userbuffers cannot carry (the trainer checks the same, plus the GPU and TE)."""
+    what = "`trainer.parallelism.tp_comm_overlap`"
+    if not par["sequence_parallel"]:
+        fail(f"{what} needs `trainer.parallelism.sequence_parallel: true` (and so tensor > 1): it overlaps the "
+             "sequence-parallel all-gathers and reduce-scatters")
+    if par["context"] > 1:
+        fail(f"{what} needs `trainer.parallelism.context: 1`")
+    if dist["device"] == "cpu":
+        fail(f"{what} needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu")
+    if prec["fp4"]:
+        fail(f"{what} carries BF16 or FP8; set `trainer.precision.fp4` to null or the overlap off")
+    if prec["fp8"] and prec["fp8_recipe"] == "blockwise":
+        fail(f"{what} works with `trainer.precision.fp8_recipe` delayed or tensorwise, not blockwise")
+    if prec["fp8"] and prec["first_last_layers_bf16"]:
+        fail(f"{what} cannot be combined with `trainer.precision.first_last_layers_bf16`")
 
 
 def _lora(lora: dict, model: dict) -> None:

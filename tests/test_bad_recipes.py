@@ -81,6 +81,36 @@ BAD = [
     ("trainer: {schedule: {lr: 0.1}}\ntrainer: {schedule: {lr: 0.2}}", "duplicate key"),
     ("trainer: {schedule: {lr: [0.1}", "not valid YAML"),
     (f"experiment: {{description: '{'x' * 5000}'}}", "`experiment.description`"),
+    # section and list types checked before anything reads them
+    ("cluster: [1, 2]", "`cluster` must be a mapping"),
+    ("cluster: {secrets: 5}", "`cluster.secrets` must be a list"),
+    ("cluster: {secrets: [[HF_TOKEN]]}", "`cluster.secrets` must be a list"),
+    ("trainer: {model: llama3_8b}", "`trainer.model` must be a mapping"),
+    ("? [a, b]\n: 1", "keys must be plain names"),
+    # sbatch takes unambiguous prefixes: --sig= is --signal=
+    ("cluster: {extra_sbatch: ['--sig=B:USR1@600']}", "sets --sig (--signal), which primus-slurm manages"),
+    ("cluster: {extra_sbatch: ['--out=/tmp/x']}", "(--output)"),
+    ("cluster: {extra_sbatch: ['--export=NONE']}", "(--export)"),
+    ("cluster: {extra_sbatch: ['--no-requeue']}", "(--no-requeue)"),
+    ("cluster: {env: {JOB_ID: '777'}}", "`cluster.env.JOB_ID` is a variable the job script"),
+    ("cluster: {env: {SLURM_JOB_ID: '1'}}", "`cluster.env.SLURM_JOB_ID`"),
+    ("cluster: {env: {IFS: ','}}", "`cluster.env.IFS`"),
+    ("cluster: {secrets: [WANDB_API_KEY], env: {HF_TOKEN: x}}", "would write the secret HF_TOKEN"),
+    ("cluster: {time: '\u0660\u0664:\u0660\u0660:\u0660\u0660'}", "`cluster.time`"),  # Arabic-Indic digits
+    ("cluster: {mem: '\u0661\u0660G'}", "`cluster.mem`"),
+    ("experiment: {workspace: '/tmp/a,b'}", "`experiment.workspace`"),
+    # what TE userbuffers cannot carry is refused before anything is submitted
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true, tp_comm_overlap: true}}",
+     "`trainer.parallelism.tp_comm_overlap` needs a GPU"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true, context: 1, "
+     "tp_comm_overlap: true}, distributed: {device: cuda}, precision: {bf16: true, fp8: hybrid, "
+     "fp8_recipe: blockwise}}", "not blockwise"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true, "
+     "tp_comm_overlap: true}, distributed: {device: cuda}, precision: {bf16: true, fp4: e2m1, fp4_emulation: true}}",
+     "carries BF16 or FP8"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true, "
+     "tp_comm_overlap: true}, distributed: {device: cuda}, precision: {bf16: true, fp8: hybrid, "
+     "fp8_recipe: tensorwise, first_last_layers_bf16: true}}", "first_last_layers_bf16"),
 ]
 
 
@@ -116,6 +146,7 @@ def test_bad_recipe_validate(body, expect, tmp_path, capsys, monkeypatch):
     (["validate", "/nonexistent/recipe.yaml"], "does not exist"),
     (["validate", "no_such_recipe_name"], "not found"),
     (["render", QS, "--executor", "pbs"], "pbs"),
+    (["render", QS, "--executor", "slurm", "--run-dir", "/tmp/x\ntouch /tmp/pwned #"], "the run directory"),
     (["validate"], "RECIPE"),
 ])
 def test_bad_cli(argv, expect, capsys):
@@ -152,3 +183,14 @@ def test_injection_is_quoted_in_rendered_script(tmp_path):
     assert proc.returncode == 0 and proc.stdout == evil
     assert not marker.exists()
     assert not re.search(r"^[^'#]*\$\(touch", script, flags=re.M)
+
+
+def test_run_dir_behind_a_symlink_is_checked_after_resolving(tmp_path, capsys):
+    """The workspace passes its pattern, but a symlink on the way resolves to a name with a newline: the run
+    directory lands unquoted in #SBATCH lines, so it is refused after symlinks are followed."""
+    evil = tmp_path / "evil\ntouch pwned #"
+    evil.mkdir()
+    (tmp_path / "ws").symlink_to(evil)
+    line = _check_error(capsys, ["submit", QS, "--executor", "slurm", "--dry-run", "--set",
+                                 f"experiment.workspace={tmp_path}/ws"], "the run directory")
+    assert "symlinks" in line

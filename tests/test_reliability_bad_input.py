@@ -96,6 +96,11 @@ def submit_fails(d: Path, capsys, argv: list[str], expect: str) -> str:
     return lines[0]
 
 
+def _fifo(path: Path) -> str:
+    os.mkfifo(path)
+    return str(path)
+
+
 def _recipe(d: Path, text, name: str = "r.yaml") -> str:
     path = d / name
     path.parent.mkdir(exist_ok=True)
@@ -179,7 +184,11 @@ SUBMIT_CASES = {
     "local-multi-node": lambda d: ([QS, "--executor", "local", "--set", "cluster.nodes=2"], "`cluster.nodes`"),
     "no-recipe": lambda d: ([], "RECIPE"),
     "missing-recipe": lambda d: ([f"{d}/nope.yaml"], "does not exist"),
-    "recipe-is-a-directory": lambda d: ([_recipe(d, b"", "dir.yaml/x")[:-2]], "cannot read recipe"),
+    "recipe-is-a-directory": lambda d: ([_recipe(d, b"", "dir.yaml/x")[:-2]], "is not a regular file"),
+    "recipe-is-a-fifo": lambda d: ([_fifo(d / "pipe.yaml")], "is not a regular file"),  # (reading it would hang)
+    "workspace-is-a-file": lambda d: ([QS, "--executor", "local", "--set",
+                                       f"experiment.workspace={_recipe(d, 'x', 'afile')}"],
+                                      "cannot create the run directory"),
     "empty-recipe": lambda d: ([_recipe(d, "")], "`trainer.data.train.path`"),
     "top-level-list": lambda d: ([_recipe(d, "- a\n- b\n")], "must be a mapping"),
     "non-utf8-file": lambda d: ([_recipe(d, f"extends: {QS}\nexperiment:\n  name: ".encode() + b"\xff\xfe\n")],

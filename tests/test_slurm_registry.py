@@ -53,6 +53,16 @@ def test_torn_line_is_skipped(tmp_path, monkeypatch):
     assert [e["run_id"] for e in registry.entries()] == ["r1"]
 
 
+def test_lines_that_are_not_run_entries_are_skipped(tmp_path, monkeypatch):
+    """A hand-edited registry ({} or a list on a line) must not break status/list/logs with a KeyError."""
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path))
+    registry.record({"run_id": "r1", "run_dir": "/x"})
+    with open(tmp_path / registry.FILE_NAME, "a") as f:
+        f.write('{}\n[1, 2]\n{"run_id": 7}\n')
+    registry.record({"run_id": "r2", "run_dir": "/y"})
+    assert [e["run_id"] for e in registry.entries()] == ["r1", "r2"]
+
+
 def test_provenance_names_this_checkout(tmp_path):
     info = runs.provenance({"experiment": {"name": "x"}, "cluster": {"stall_minutes": 5},
                             "trainer": {"schedule": {"train_iters": 7}}}, "h" * 64, "rid", "local")
