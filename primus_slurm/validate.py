@@ -102,6 +102,9 @@ DELAYED_FP8_PARAM = ("with delayed scaling TE quantizes frozen weights once with
 
 
 def _precision(p: dict) -> None:
+    if p["fp4_param_gather"]:  # megatron's distributed-optimizer all-gather: nothing here would read it
+        fail("`trainer.precision.fp4_param_gather` has no effect in LoRA training: the frozen base is sharded by "
+             "tensor/pipeline parallelism only and no parameters are all-gathered; remove it")
     if p["fp4"] and p["fp8"]:
         fail("`trainer.precision.fp4` and `trainer.precision.fp8` are mutually exclusive; set one of them to null")
     for flag in ("fp4_param", "fp4_param_gather", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard"):
@@ -152,6 +155,9 @@ def _parallel(t: dict, c: dict) -> None:
     if tp * pp * cp > world or world % (tp * pp * cp):
         fail(f"`trainer.parallelism` tensor×pipeline×context = {tp * pp * cp} must divide the world size "
              f"{world} (cluster.nodes × processes per node)")
+    if cp > 1:  # megatron would take the whole packed sequence for each rank's chunk: wrong attention and RoPE
+        fail(f"`trainer.parallelism.context` is {cp}; context parallelism is not supported yet (packed THD batches "
+             "are not split across context-parallel ranks): use 1")
     dp = world // (tp * pp * cp)
     if ep > 1 and not m["num_moe_experts"]:
         fail("`trainer.parallelism.expert` > 1 needs a MoE model (trainer.model.num_moe_experts)")

@@ -41,6 +41,7 @@ BAD = [
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
     ("cluster: {nproc_per_node: 3}\ntrainer: {parallelism: {tensor: 3}}", "`trainer.parallelism.tensor`"),
     ("trainer: {parallelism: {pipeline: 2}}", "tensor×pipeline×context"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {context: 2}}", "context parallelism is not supported"),
     ("cluster: {nproc_per_node: 2}\ntrainer: {schedule: {global_batch_size: 5}}", "`trainer.schedule.global_batch_size`"),
     ("trainer: {data: {seq_length: 4096}}", "`trainer.data.seq_length`"),
     ("trainer: {lora: {target_modules: [linear_qkvv]}}", "`trainer.lora.target_modules[0]`"),

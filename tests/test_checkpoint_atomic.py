@@ -110,6 +110,9 @@ def test_recipe_hash_ignores_resume_mutable_fields():
     assert ckpt.recipe_hash(changed) == h
     changed["schedule"]["lr"] = 2e-4
     assert ckpt.recipe_hash(changed) != h
+    # experiment.seed drives the data order and the adapters' init: a resume must not change it silently
+    assert ckpt.recipe_hash(base, seed=1) == ckpt.recipe_hash(changed | {"schedule": base["schedule"]}, seed=1)
+    assert ckpt.recipe_hash(base, seed=1) != ckpt.recipe_hash(base, seed=2)
 
 
 def test_resume_refused_when_recipe_changed(tmp_path):

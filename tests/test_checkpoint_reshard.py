@@ -47,7 +47,7 @@ def test_resume_on_another_layout_continues_the_trajectory(tmp_path):
     for r in ranks:  # the ranks saved on their own layouts, and resumed our TP=1 checkpoint at TP=2
         for name in SAVED:
             assert_same_trajectory(r[name]["trajectory"], ref[:2], 1e-5, name, falls=False)
-        assert r["tp1_to_tp2"]["note"] == "resharded from world_size 1 tensor 1 pipeline 1 data_parallel 1"
+        assert r["tp1_to_tp2"]["note"] == "resharded from world_size 1 tensor 1 pipeline 1 data_parallel 1 expert 1"
         assert_same_trajectory(r["tp1_to_tp2"]["trajectory"], ref[2:], 1e-5, "tp1->tp2", falls=False)
     for name in SAVED:
         saved = ranks[0][name]["checkpoint"]

@@ -76,3 +76,22 @@ def test_iterate_batches_finite_epoch_covers_every_pack_once(train):
     stacked = torch.cat(seen)
     assert stacked.shape[0] == len(train)
     assert torch.equal(stacked[5], torch.from_numpy(train[5]["input_ids"]))
+
+
+def test_collate_closes_each_packs_tail():
+    """A pack whose cu_seqlens stop before its end (padding not listed as a segment) must not let the next
+    row's first document attend to that tail: collate closes every row at its own length."""
+    import numpy as np
+    import pytest
+
+    from trainer.data import collate
+
+    def pack(cu):
+        n = 8
+        return {"input_ids": np.arange(n), "labels": np.arange(n), "loss_mask": np.ones(n), "position_ids": np.arange(n),
+                "cu_seqlens": np.asarray(cu), "num_tokens": cu[-1]}
+
+    batch = collate([pack([0, 3, 5]), pack([0, 4, 8])])
+    assert batch["cu_seqlens"].tolist() == [0, 3, 5, 8, 12, 16] and batch["max_seqlen"] == 4
+    with pytest.raises(ValueError, match="cu_seqlens ends at 9, past its 8 tokens"):
+        collate([pack([0, 9])])

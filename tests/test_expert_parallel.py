@@ -23,7 +23,10 @@ from tests.parallel_helpers import (arch_layout_cfg, assert_same_trajectory, run
 STEPS = 3
 ARCHS = {"qwen3_moe": QWEN3_MOE, "deepseek_mla": DEEPSEEK_MLA}
 RUNS = {"qwen3_moe/ep2": {"expert": 2}, "deepseek_mla/ep2": {"expert": 2},
-        "qwen3_moe/tp2_sp": {"tensor": 2, "sequence_parallel": True}, "deepseek_mla/pp2": {"pipeline": 2}}
+        "qwen3_moe/tp2_sp": {"tensor": 2, "sequence_parallel": True}, "deepseek_mla/pp2": {"pipeline": 2},
+        # the EP=2 checkpoint resumed by the same two ranks at EP=1 (DP=2): same world, other experts per rank
+        "qwen3_moe/ep1_resumed": {}}
+RESUMED = "qwen3_moe/ep1_resumed"
 
 
 def _cfg(arch: str, par: dict):
@@ -32,6 +35,9 @@ def _cfg(arch: str, par: dict):
 
 def _run(run, par, states, packs, root):
     arch = run.split("/")[0]
+    if run == RESUMED:
+        return run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", 1,
+                          resume=f"{root}/qwen3_moe/ep2/checkpoints/iter_0000002")
     ep2 = run == "qwen3_moe/ep2"  # also checkpoints (experts spread over EP) and exports
     return run_layout(_cfg(arch, par), states[arch], packs, f"{root}/{run}", STEPS,
                       save_at=2 if ep2 else None, export_dir=f"{root}/{run}/adapter" if ep2 else None)
@@ -47,7 +53,10 @@ def test_ep2_tp2_pp2_moe_match_single_process(tmp_path):
     for rank, results in enumerate(per_rank):
         assert results["qwen3_moe/ep2"]["dp"] == 2
         for run, got in results.items():
-            assert_same_trajectory(got["trajectory"], refs[run.split("/")[0]], 1e-5, f"{run} rank {rank}")
+            ref = refs[run.split("/")[0]][2:3] if run == RESUMED else refs[run.split("/")[0]]
+            assert_same_trajectory(got["trajectory"], ref, 1e-5, f"{run} rank {rank}", falls=run != RESUMED)
+        assert results[RESUMED]["note"].startswith("resharded from world_size 2 tensor 1 pipeline 1 data_parallel 2 "
+                                                   "expert 2")
     # the EP=2 checkpoint (each rank's file holds its own 2 experts) resumes at EP=1: the next step matches
     resumed = run_layout(_cfg("qwen3_moe", {}), states["qwen3_moe"], packs, str(tmp_path / "ep2_to_ep1"), 1,
                          resume=results["qwen3_moe/ep2"]["checkpoint"])

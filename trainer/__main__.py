@@ -92,7 +92,7 @@ def _train(cfg, run_dir: str, attempt: int) -> int:
     logger = TrainLogger(run_dir, info.rank, attempt, tensorboard=bool(cfg.trainer.logging.tensorboard))
     stop = StopSignal().install()
     try:
-        rhash = ckpt.recipe_hash(cfg.trainer.to_dict())
+        rhash = ckpt.recipe_hash(cfg.trainer.to_dict(), seed=cfg.experiment.seed)
         resume_path = find_resume(cfg, run_dir, rhash)
         logger.start(attempt, info.world_size, info.device,
                      os.path.relpath(resume_path, run_dir) if resume_path else None)

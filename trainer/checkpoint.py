@@ -47,8 +47,9 @@ def iter_name(iteration: int) -> str:
     return f"iter_{int(iteration):07d}"
 
 
-def recipe_hash(trainer_cfg: dict) -> str:
-    """sha256 (16 hex) of the trainer section without the RESUME_MUTABLE fields."""
+def recipe_hash(trainer_cfg: dict, seed=None) -> str:
+    """sha256 (16 hex) of the trainer section without the RESUME_MUTABLE fields, plus experiment.seed when
+    given (it drives the data order and the adapters' init)."""
     d = json.loads(json.dumps(trainer_cfg, sort_keys=True, default=str))
     for path in RESUME_MUTABLE:
         node = d
@@ -56,6 +57,8 @@ def recipe_hash(trainer_cfg: dict) -> str:
             node = node.get(key, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node.pop(path[-1], None)
+    if seed is not None:
+        d = {"trainer": d, "experiment.seed": seed}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

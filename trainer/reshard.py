@@ -5,7 +5,7 @@
 Every rank's checkpoint file (trainer/checkpoint.py) holds its adapter shards keyed by GLOBAL name
 (trainer.model.layout: layer and expert indices of the whole model, so PP stages and EP ranks never
 collide) in parameter order, and its AdamW state in the same order. metadata.json records the layout
-(world size, tensor, pipeline, data_parallel); the file name records each file's (tp, pp, dp) coords.
+(world size, tensor, pipeline, data_parallel, expert); the file name records each file's (tp, pp, dp) coords.
 
 * Same layout: this rank's own file is loaded as is (adapters, AdamW moments, RNG): bit-exact.
 * Different layout: a rank reads shard files (data-parallel rank 0 first, further ones only for
@@ -30,12 +30,17 @@ from trainer import checkpoint as ckpt
 _SHARD = re.compile(r"^rank-(\d+)_tp(\d+)_pp(\d+)_dp(\d+)\.pt$")
 
 
+LAYOUT_KEYS = ("world_size", "tensor", "pipeline", "data_parallel", "expert")
+
+
 def layout_of(meta: dict) -> tuple:
-    return tuple(int(meta.get(k, -1)) for k in ("world_size", "tensor", "pipeline", "data_parallel"))
+    # (checkpoints from before "expert" was recorded hold no EP size: 1 is assumed, and a mismatch of the
+    # files' adapters with this rank's falls back to resharding below)
+    return tuple(int(meta.get(k, 1 if k == "expert" else -1)) for k in LAYOUT_KEYS)
 
 
 def current_layout(info) -> tuple:
-    return (info.world_size, info.tp_size, info.pp_size, info.dp_size)
+    return (info.world_size, info.tp_size, info.pp_size, info.dp_size, info.ep_size)
 
 
 def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
@@ -48,12 +53,16 @@ def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
     if old == current_layout(info):
         state, _ = ckpt.load(path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank),
                              device=info.device)
-        load_adapter_state_dict(model, state["adapter"])
-        optimizer.load_state_dict(state["optimizer"])
-        ckpt.set_rng_state(state["rng"], info.device)
-        return int(state["iteration"]), None
+        try:
+            load_adapter_state_dict(model, state["adapter"])
+        except KeyError:  # same sizes, other adapters in this rank's file (an older checkpoint's EP change)
+            state = None
+        if state is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            ckpt.set_rng_state(state["rng"], info.device)
+            return int(state["iteration"]), None
     iteration = load_resharded(path, old[1], model, optimizer, info.tp_rank, info.tp_size)
-    note = "resharded from world_size {} tensor {} pipeline {} data_parallel {}".format(*old)
+    note = "resharded from " + " ".join(f"{k} {v}" for k, v in zip(LAYOUT_KEYS, old))
     return iteration, note
 
 

@@ -29,7 +29,12 @@ def collate(packs: Sequence[dict]) -> dict:
         raise ValueError("all packs of a batch must have the same length")
     cu = [np.zeros(1, dtype=np.int64)]
     for b, p in enumerate(packs):
-        cu.append(np.asarray(p["cu_seqlens"][1:], dtype=np.int64) + b * S)
+        ends = np.asarray(p["cu_seqlens"][1:], dtype=np.int64)
+        if ends.size and ends[-1] > S:
+            raise ValueError(f"pack {b}: cu_seqlens ends at {int(ends[-1])}, past its {S} tokens")
+        if not ends.size or ends[-1] < S:  # close the pack's tail: the next row's first document must not
+            ends = np.append(ends, S)      # attend to it as one segment
+        cu.append(ends + b * S)
     cu_all = np.concatenate(cu)
     loss_mask = torch.from_numpy(np.stack([p["loss_mask"] for p in packs]).astype(np.float32))
     return {

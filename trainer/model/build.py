@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.config import ConfigError
 from trainer.model import arch, seeding, specs, tp_overlap
 from trainer.model.chunked_loss import install_chunked_loss
 from trainer.model.lora import apply_lora
@@ -42,6 +43,9 @@ def _recompute_kwargs(rcfg) -> dict:
 def make_transformer_config(cfg, device: torch.device, use_te: bool):
     """TransformerConfig for the recipe; fusions only where their kernels exist (GPU)."""
     m, par, prec = cfg.trainer.model, cfg.trainer.parallelism, cfg.trainer.precision
+    if int(par.context) > 1:  # (validate refuses it too; a hand-edited resolved recipe ends here)
+        raise ConfigError("trainer.parallelism.context > 1 is not supported yet: packed (THD) batches are not "
+                          "split across context-parallel ranks; use 1")
     bf16 = bool(prec.bf16)
     dtype = torch.bfloat16 if bf16 else torch.float32
     on_gpu = device.type == "cuda"
