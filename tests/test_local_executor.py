@@ -55,6 +55,9 @@ def test_local_failed_diverged_stalled_and_cancelled(job_env, job_recipe):
     assert row["state"] == "FAILED" and row["exit_code"] not in (None, 0) and row["trainer_exit_code"] == 5
     follow = cli(job_env, "logs", failing["run_id"], "-f")
     assert follow.returncode == row["exit_code"]
+    ended = cli(job_env, "cancel", failing["run_id"])  # a finished run is not "cancelled"
+    assert ended.returncode == 0 and "already ended (FAILED); nothing to cancel" in ended.stdout
+    assert status_json(job_env, failing["run_id"])["state"] == "FAILED"
 
     row = wait_state(job_env, diverging["run_id"], {"DIVERGED"}, timeout=120)
     assert row["diverged"] is True
