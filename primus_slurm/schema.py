@@ -247,8 +247,13 @@ SCHEMA: dict = {
 
 
 def nearest(name: str, options) -> str:
+    if not options:  # under a free-form mapping's entry or a plain value: nothing can nest there
+        return "; nothing can be set below a single value"
     match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
-    return f"; did you mean `{match[0]}`?" if match else f"; allowed: {', '.join(sorted(options))}"
+    if match:
+        return f"; did you mean `{match[0]}`?"
+    hint = " (a model preset file belongs in `trainer.model.preset`, not `extends`)" if name in MODEL else ""
+    return f"; allowed: {', '.join(sorted(options))}{hint}"
 
 
 def _check_text(path: str, value: str) -> None:

@@ -88,6 +88,7 @@ BAD = [
     ("cluster: {secrets: [[HF_TOKEN]]}", "`cluster.secrets` must be a list"),
     ("trainer: {model: llama3_8b}", "`trainer.model` must be a mapping"),
     ("? [a, b]\n: 1", "keys must be plain names"),
+    ("family: llama\nhidden_size: 64", "belongs in `trainer.model.preset`, not `extends`"),  # a model file extended
     # sbatch takes unambiguous prefixes: --sig= is --signal=
     ("cluster: {extra_sbatch: ['--sig=B:USR1@600']}", "sets --sig (--signal), which primus-slurm manages"),
     ("cluster: {extra_sbatch: ['--out=/tmp/x']}", "(--output)"),
@@ -148,6 +149,7 @@ def test_bad_recipe_validate(body, expect, tmp_path, capsys, monkeypatch):
     (["validate", "no_such_recipe_name"], "not found"),
     (["render", QS, "--executor", "pbs"], "pbs"),
     (["render", QS, "--executor", "slurm", "--run-dir", "/tmp/x\ntouch /tmp/pwned #"], "the run directory"),
+    (["validate", QS, "--set", "cluster.env.FOO.BAR=1"], "nothing can be set below a single value"),
     (["validate"], "RECIPE"),
 ])
 def test_bad_cli(argv, expect, capsys):
