@@ -77,10 +77,8 @@ def cancel_cmd(run):
     entry = registry.find(run)
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
-    from primus_slurm.status import TERMINAL, collect
-
-    ended = collect([entry])[0]["scheduler_state"]
-    if ended in TERMINAL:
+    ended = status_mod.collect([entry])[0]["scheduler_state"]
+    if ended in status_mod.TERMINAL:
         click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) already ended ({ended}); nothing to cancel")
         return
     if info.get("executor") == "local":

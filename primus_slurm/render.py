@@ -13,8 +13,6 @@ from primus_slurm.errors import UserError
 from primus_slurm.resources import templates_dir
 from primus_slurm.validate import WORKSPACE_RE, nproc_per_node
 
-RUN_DIR_RE = WORKSPACE_RE
-
 TEMPLATE = "job.sh.j2"
 # Variables the script itself exports; containers that do not inherit the host environment get them by name.
 SCRIPT_VARS = ("PRIMUS_RUN_DIR", "PRIMUS_RUN_ID", "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")
@@ -72,7 +70,7 @@ def job_env(resolved: dict) -> dict:
 
 
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None) -> str:
-    if not RUN_DIR_RE.match(str(run_dir)):  # it lands unquoted in #SBATCH lines (symlinks already resolved)
+    if not WORKSPACE_RE.match(str(run_dir)):  # it lands unquoted in #SBATCH lines (symlinks already resolved)
         raise UserError(f"the run directory {str(run_dir)!r} must be an absolute path of letters, digits and "
                         "./_-+@= (check `experiment.workspace` and the symlinks on its way)")
     c = resolved["cluster"]

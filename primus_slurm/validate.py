@@ -107,11 +107,9 @@ def _precision(p: dict) -> None:
              "tensor/pipeline parallelism only and no parameters are all-gathered; remove it")
     if p["fp4"] and p["fp8"]:
         fail("`trainer.precision.fp4` and `trainer.precision.fp8` are mutually exclusive; set one of them to null")
-    for flag in ("fp4_param", "fp4_param_gather", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard"):
+    for flag in ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard"):
         if p[flag] and not p["fp4"]:
             fail(f"`trainer.precision.{flag}` needs `trainer.precision.fp4: e2m1`")
-    if p["fp4_param_gather"] and not p["fp4_param"]:
-        fail("`trainer.precision.fp4_param_gather` needs `trainer.precision.fp4_param: true`")
     if p["fp4_param"] and p["fp4_emulation"]:
         fail("`trainer.precision.fp4_param` stores weights in FP4 with native TE kernels; it cannot be combined "
              "with `trainer.precision.fp4_emulation`")
@@ -185,8 +183,6 @@ def _tp_comm_overlap(par: dict, prec: dict, dist: dict) -> None:
     if not par["sequence_parallel"]:
         fail(f"{what} needs `trainer.parallelism.sequence_parallel: true` (and so tensor > 1): it overlaps the "
              "sequence-parallel all-gathers and reduce-scatters")
-    if par["context"] > 1:
-        fail(f"{what} needs `trainer.parallelism.context: 1`")
     if dist["device"] == "cpu":
         fail(f"{what} needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu")
     if prec["fp4"]:

@@ -34,8 +34,8 @@ LAYOUT_KEYS = ("world_size", "tensor", "pipeline", "data_parallel", "expert")
 
 
 def layout_of(meta: dict) -> tuple:
-    # (checkpoints from before "expert" was recorded hold no EP size: 1 is assumed, and a mismatch of the
-    # files' adapters with this rank's falls back to resharding below)
+    # (checkpoints from before "expert" was recorded hold no EP size: 1 is assumed, and restore reshards
+    # when this rank's file holds other adapters)
     return tuple(int(meta.get(k, 1 if k == "expert" else -1)) for k in LAYOUT_KEYS)
 
 
@@ -46,6 +46,7 @@ def current_layout(info) -> tuple:
 def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
     """Load adapters + optimizer (+ RNG on the same layout); returns (iteration, reshard note or None)."""
     from trainer.model import load_adapter_state_dict
+    from trainer.model.lora import adapter_parameters
 
     with open(os.path.join(path, "metadata.json")) as fh:
         meta = json.load(fh)
@@ -53,11 +54,9 @@ def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
     if old == current_layout(info):
         state, _ = ckpt.load(path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank),
                              device=info.device)
-        try:
+        # (an older checkpoint recorded no EP size: after an EP change this rank's file holds other experts)
+        if state["adapter"].keys() == adapter_parameters(model).keys():
             load_adapter_state_dict(model, state["adapter"])
-        except KeyError:  # same sizes, other adapters in this rank's file (an older checkpoint's EP change)
-            state = None
-        if state is not None:
             optimizer.load_state_dict(state["optimizer"])
             ckpt.set_rng_state(state["rng"], info.device)
             return int(state["iteration"]), None

@@ -91,8 +91,8 @@ def check_vocab(splits: dict, vocab_size) -> None:
     for name, ds in splits.items():
         if ds is None:
             continue
-        top = max(int(ds.tokens.max()) if ds.tokens.size else -1, ds.pad_id)
+        what, top = max(("token id", int(ds.tokens.max()) if ds.tokens.size else -1), ("padding id", ds.pad_id),
+                        key=lambda item: item[1])
         if top >= int(vocab_size):
-            what = "padding id" if top == ds.pad_id and (not ds.tokens.size or ds.tokens.max() < top) else "token id"
             raise DataError(f"trainer.model.vocab_size: the {name} data has {what} {top} >= vocab_size "
                             f"{vocab_size} (data or tokenizer made for another model?)")

@@ -65,8 +65,8 @@ def initialize(cfg, config, device, use_te: bool) -> int | None:
     if t.precision.fp8 and t.precision.first_last_layers_bf16:  # would need BF16 and FP8 buffer sets
         raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.first_last_layers_bf16 "
                           "is not supported: set one of them off")
-    if not config.sequence_parallel or int(config.context_parallel_size) > 1:
-        raise ConfigError("trainer.parallelism.tp_comm_overlap needs sequence_parallel: true and context: 1")
+    if not config.sequence_parallel:  # (context > 1 never gets here: make_transformer_config refuses it)
+        raise ConfigError("trainer.parallelism.tp_comm_overlap needs sequence_parallel: true")
     os.environ.setdefault("UB_SKIPMC", "1")
     from transformer_engine.pytorch.module import base as te_base
 
