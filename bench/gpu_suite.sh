@@ -14,6 +14,7 @@
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
 #   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
 #   bash bench/gpu_suite.sh compare-realtext   the same on recipes/compare_realtext.yaml (real English text)
+#   bash bench/gpu_suite.sh fp8param-hf   fp8_param loaded from an HF checkpoint vs BF16 / FP8 on that recipe
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bench-out}
@@ -139,6 +140,25 @@ print(json.dumps({"bench": "moe-realtext", "proxy": name, "rc": rc, "first_loss"
                   "tail": log[-1500:] if rc else ""}))
 PY
     done | tee -a "$OUT/moe-realtext.jsonl" ;;
+  fp8param-hf)  # fp8_param from an HF checkpoint (recipes/data/realtext/base): the load check's summary line and
+                # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations)
+    for p in bf16 fp8 fp8param; do
+      case $p in
+        bf16) set_p=() ;;
+        fp8) set_p=(--set trainer.precision.fp8=hybrid --set trainer.precision.fp8_recipe=tensorwise) ;;
+        fp8param) set_p=(--set trainer.precision.fp8=hybrid --set trainer.precision.fp8_recipe=tensorwise
+                         --set trainer.precision.fp8_param=true) ;;
+      esac
+      python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow \
+        --run-id "20261130-000000-0000$(printf %02d ${#p})" --set experiment.workspace=/tmp/f8hf \
+        --set trainer.schedule.train_iters=60 --set trainer.precision.bf16=true --set trainer.distributed.device=cuda \
+        --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 "${set_p[@]}" > "$OUT/f8hf-$p.log" 2>&1
+      rc=$?
+      echo "{\"bench\": \"fp8param-hf\", \"precision\": \"$p\", \"rc\": $rc, \"pretrained\": \"$(grep -o 'pretrained |.*' "$OUT/f8hf-$p.log" | head -1)\"}"
+    done | tee -a "$OUT/fp8param-hf.jsonl"
+    python3 -m primus_slurm compare /tmp/f8hf/compare_realtext/20261130-000000-000004 \
+      /tmp/f8hf/compare_realtext/20261130-000000-000003 /tmp/f8hf/compare_realtext/20261130-000000-000008 \
+      | tee "$OUT/fp8param-hf.txt" ;;
   compare|compare-realtext)
     R=quickstart; [ "$1" = compare-realtext ] && R=compare_realtext
     for p in bf16 fp8 fp4emu; do
@@ -156,5 +176,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|profile|moe|moe-realtext|compare|compare-realtext" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac

@@ -83,3 +83,12 @@ def test_pretrained_weight_check_passes_good_fp8_copies_and_refuses_a_stale_scal
         check_loaded("w", _e4m3(w, 1.0), w)
     with pytest.raises(ValueError, match="the FP8 copy is wrong"):
         check_loaded("w", torch.randn_like(w) * 0.005, w)
+
+
+def test_pretrained_summary_names_the_worst_fp8_weight_relative_to_its_reference():
+    from trainer.model.hf_import import pretrained_summary
+
+    assert pretrained_summary("/ckpt", ["a", "b"], []) == "pretrained | path /ckpt | tensors 2"
+    line = pretrained_summary("/ckpt", ["a", "b", "c"], [("a", 0.030, 0.030), ("b", 0.020, 0.010), ("c", 0.0, 0.0)])
+    assert line == ("pretrained | path /ckpt | tensors 3 | fp8_param weights checked 3 | worst b relative error "
+                    "0.0200 (E4M3 with its own scale 0.0100)")

@@ -178,4 +178,16 @@ def load_hf_llama(model, hf_dir) -> None:
     missing = sorted(base - set(full))
     if missing:
         raise KeyError(f"HF checkpoint {hf_dir} gives no weight for {missing[:4]}")
-    load_full_state_dict(model, full, strict=False)
+    checks: list = []
+    loaded = load_full_state_dict(model, full, strict=False, fp8_checks=checks)
+    model._primus_pretrained = pretrained_summary(hf_dir, loaded, checks)
+
+
+def pretrained_summary(hf_dir, loaded: list, checks: list) -> str:
+    """The log line of an HF import: what was copied and, for FP8 parameters, how well they hold it."""
+    line = f"pretrained | path {hf_dir} | tensors {len(loaded)}"
+    if checks:
+        name, got, ref = max(checks, key=lambda c: c[1] / c[2] if c[2] else c[1])
+        line += (f" | fp8_param weights checked {len(checks)} | worst {name} relative error {got:.4f} "
+                 f"(E4M3 with its own scale {ref:.4f})")
+    return line

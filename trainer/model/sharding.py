@@ -80,8 +80,10 @@ def merge_shards(name: str, parts: list[torch.Tensor], dim: Optional[int], gated
     return torch.cat(parts, dim=dim)
 
 
-def load_full_state_dict(model, full: dict[str, torch.Tensor], strict: bool = True) -> list[str]:
-    """Copy full tensors (canonical names) into this rank's shards; returns the names loaded."""
+def load_full_state_dict(model, full: dict[str, torch.Tensor], strict: bool = True,
+                         fp8_checks: Optional[list] = None) -> list[str]:
+    """Copy full tensors (canonical names) into this rank's shards; returns the names loaded.
+    fp8_checks, when given, collects (name, relative error, E4M3 reference) of each quantized weight."""
     from megatron.core import parallel_state as ps
 
     tp_rank, tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
@@ -101,7 +103,9 @@ def load_full_state_dict(model, full: dict[str, torch.Tensor], strict: bool = Tr
             local = to_local(name, tensor, p, tp_rank, tp_size).to(p.dtype)
             p.copy_(local)
             if is_quantized(p):  # the copy quantized (trainer.precision.fp8_param): check it held the value
-                check_loaded(name, p.dequantize(), local)
+                errors = check_loaded(name, p.dequantize(), local)
+                if fp8_checks is not None:
+                    fp8_checks.append((name, *errors))
             loaded.append(name)
     return loaded
 

@@ -75,11 +75,13 @@ def e4m3_error(src: torch.Tensor) -> float:
     return _rel_error((x * scale).to(torch.float8_e4m3fn).float() / scale, x)
 
 
-def check_loaded(name: str, loaded: torch.Tensor, src: torch.Tensor, slack: float = 1.05) -> None:
+def check_loaded(name: str, loaded: torch.Tensor, src: torch.Tensor, slack: float = 1.05) -> tuple[float, float]:
     """Refuse an FP8 weight that holds the checkpoint value worse than per-tensor E4M3 would (e.g. quantized with
-    a stale scale): `loaded` is the parameter's dequantized value, `src` what was copied into it."""
+    a stale scale): `loaded` is the parameter's dequantized value, `src` what was copied into it.
+    Returns (its relative error, the E4M3 reference error) for the load summary."""
     x = src.detach().float()
     got, ref = _rel_error(loaded.detach().float(), x), e4m3_error(x)
     if got > slack * ref + 1e-6:
         raise ValueError(f"trainer.precision.fp8_param: {name} holds the checkpoint weight with relative error "
                          f"{got:.4f}, worse than E4M3 with the weight's own scale ({ref:.4f}); the FP8 copy is wrong")
+    return got, ref
