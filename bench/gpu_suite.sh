@@ -141,24 +141,32 @@ print(json.dumps({"bench": "moe-realtext", "proxy": name, "rc": rc, "first_loss"
 PY
     done | tee -a "$OUT/moe-realtext.jsonl" ;;
   fp8param-hf)  # fp8_param from an HF checkpoint (recipes/data/realtext/base): the load check's summary line and
-                # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations)
-    for p in bf16 fp8 fp8param; do
+                # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations); + FP8 attention
+    i=0; runs=()
+    for p in bf16 fp8 fp8param delayed-fp8param delayed-fp8param-fp8attn; do
+      F8=(--set trainer.precision.fp8=hybrid)
       case $p in
         bf16) set_p=() ;;
-        fp8) set_p=(--set trainer.precision.fp8=hybrid --set trainer.precision.fp8_recipe=tensorwise) ;;
-        fp8param) set_p=(--set trainer.precision.fp8=hybrid --set trainer.precision.fp8_recipe=tensorwise
-                         --set trainer.precision.fp8_param=true) ;;
+        fp8) set_p=("${F8[@]}" --set trainer.precision.fp8_recipe=tensorwise) ;;
+        fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_recipe=tensorwise --set trainer.precision.fp8_param=true) ;;
+        delayed-fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true) ;;
+        delayed-fp8param-fp8attn) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true
+                                         --set trainer.precision.fp8_dot_product_attention=true) ;;
       esac
-      python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow \
-        --run-id "20261130-000000-0000$(printf %02d ${#p})" --set experiment.workspace=/tmp/f8hf \
-        --set trainer.schedule.train_iters=60 --set trainer.precision.bf16=true --set trainer.distributed.device=cuda \
-        --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 "${set_p[@]}" > "$OUT/f8hf-$p.log" 2>&1
+      i=$((i + 1)); id="20261130-000000-00000$i"; runs+=("/tmp/f8hf/compare_realtext/$id")
+      python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow --run-id "$id" \
+        --set experiment.workspace=/tmp/f8hf --set trainer.schedule.train_iters=60 --set trainer.precision.bf16=true \
+        --set trainer.distributed.device=cuda --set trainer.distributed.backend=nccl --set cluster.env_profile=h200 \
+        "${set_p[@]}" > "$OUT/f8hf-$p.log" 2>&1
       rc=$?
-      echo "{\"bench\": \"fp8param-hf\", \"precision\": \"$p\", \"rc\": $rc, \"pretrained\": \"$(grep -o 'pretrained |.*' "$OUT/f8hf-$p.log" | head -1)\"}"
-    done | tee -a "$OUT/fp8param-hf.jsonl"
-    python3 -m primus_slurm compare /tmp/f8hf/compare_realtext/20261130-000000-000004 \
-      /tmp/f8hf/compare_realtext/20261130-000000-000003 /tmp/f8hf/compare_realtext/20261130-000000-000008 \
-      | tee "$OUT/fp8param-hf.txt" ;;
+      python3 - "$p" "$rc" "$OUT/f8hf-$p.log" <<'PY' | tee -a "$OUT/fp8param-hf.jsonl"
+import json, re, sys
+name, rc, log = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], errors="replace").read()
+lines = [m for m in re.findall(r"\] ((?:pretrained|precision|fp8_param) \|.*)", log)]
+print(json.dumps({"bench": "fp8param-hf", "run": name, "rc": rc, "lines": lines, "tail": log[-800:] if rc else ""}))
+PY
+    done
+    python3 -m primus_slurm compare "${runs[@]}" | tee "$OUT/fp8param-hf.txt" ;;
   compare|compare-realtext)
     R=quickstart; [ "$1" = compare-realtext ] && R=compare_realtext
     for p in bf16 fp8 fp4emu; do

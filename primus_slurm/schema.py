@@ -186,8 +186,10 @@ SCHEMA: dict = {
             "fp8_weight_cache": Field("bool", True, help="keep quantized copies of the frozen base weights "
                                       "between steps (faster; ~2 bytes/param more); false for models that barely fit"),
             "fp8_param": Field("bool", False, help="keep the frozen base weights as FP8 tensors only (quantized "
-                               "once at init: 1 byte a parameter instead of 2, no per-step re-quantization); "
-                               "needs fp8 with fp8_recipe tensorwise|blockwise, and random or megatron-initialised weights"),
+                               "once, each with a scale from its own amax: 1 byte a parameter instead of 2, no "
+                               "per-step re-quantization); needs fp8; works with checkpoint.pretrained"),
+            "fp8_dot_product_attention": Field("bool", False, help="run attention in FP8 (TE fused attention; "
+                                               "needs fp8, fp8_recipe delayed on Hopper, tensorwise from CC 10.0)"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),

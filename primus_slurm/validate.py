@@ -97,10 +97,6 @@ def _cluster(c: dict, exp: dict) -> None:
         fail(f"`cluster.nodes` is {c['nodes']} but `cluster.executor` is local; the local executor runs one node")
 
 
-DELAYED_FP8_PARAM = ("with delayed scaling TE quantizes frozen weights once with the initial scale 1.0 and "
-                     "never rescales them")
-
-
 def _precision(p: dict) -> None:
     if p["fp4_param_gather"]:  # megatron's distributed-optimizer all-gather: nothing here would read it
         fail("`trainer.precision.fp4_param_gather` has no effect in LoRA training: the frozen base is sharded by "
@@ -115,8 +111,11 @@ def _precision(p: dict) -> None:
              "with `trainer.precision.fp4_emulation`")
     if p["fp8_param"] and not p["fp8"]:
         fail("`trainer.precision.fp8_param` needs `trainer.precision.fp8: hybrid|e4m3`")
-    if p["fp8_param"] and p["fp8_recipe"] == "delayed":
-        fail(f"`trainer.precision.fp8_param` needs `trainer.precision.fp8_recipe: tensorwise|blockwise`: {DELAYED_FP8_PARAM}")
+    if p["fp8_dot_product_attention"] and not p["fp8"]:
+        fail("`trainer.precision.fp8_dot_product_attention` needs `trainer.precision.fp8: hybrid|e4m3`")
+    if p["fp8_dot_product_attention"] and p["fp8_recipe"] == "blockwise":
+        fail("`trainer.precision.fp8_dot_product_attention` needs `trainer.precision.fp8_recipe: delayed|tensorwise` "
+             "(TE has no FP8 attention for blockwise scaling)")
     if (p["fp4"] or p["fp8"]) and not p["bf16"]:
         fail(f"`trainer.precision.{'fp4' if p['fp4'] else 'fp8'}` needs `trainer.precision.bf16: true` "
              "(low-precision GEMMs run inside a bf16 model)")

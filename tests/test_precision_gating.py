@@ -48,9 +48,22 @@ def test_fp8_param_needs_fp8():
     assert refuse(H200, fp8_param=True).startswith("trainer.precision.fp8_param: true needs trainer.precision.fp8")
 
 
-def test_fp8_param_refuses_delayed_scaling():
-    assert "fp8_param: true needs trainer.precision.fp8_recipe: tensorwise|blockwise" in refuse(
-        H200, fp8="hybrid", fp8_param=True, fp8_recipe="delayed")
+def test_fp8_param_runs_with_every_fp8_recipe():  # delayed too: trainer.precision.fp8_params.copy_own_scale
+    for recipe in ("delayed", "tensorwise", "blockwise"):
+        assert check_capabilities(cfg(fp8="hybrid", fp8_param=True, fp8_recipe=recipe), H200).kind == "fp8"
+
+
+def test_fp8_attention_needs_fp8_and_a_recipe_te_runs_it_with_on_this_gpu():
+    assert refuse(H200, fp8_dot_product_attention=True).startswith(
+        "trainer.precision.fp8_dot_product_attention: true needs trainer.precision.fp8: hybrid|e4m3")
+    assert "does not work with fp8_recipe: blockwise" in refuse(
+        H200, fp8="hybrid", fp8_recipe="blockwise", fp8_dot_product_attention=True)
+    msg = refuse(H200, fp8="hybrid", fp8_recipe="tensorwise", fp8_dot_product_attention=True)
+    assert "with fp8_recipe: tensorwise needs compute capability >= 10.0" in msg and "found 9.0" in msg, msg
+    assert check_capabilities(cfg(fp8="hybrid", fp8_recipe="delayed", fp8_dot_product_attention=True),
+                              H200).kind == "fp8"
+    assert check_capabilities(cfg(fp8="hybrid", fp8_recipe="tensorwise", fp8_dot_product_attention=True),
+                              B200).kind == "fp8"
 
 
 def test_param_gather_needs_param():

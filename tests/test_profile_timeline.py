@@ -34,6 +34,9 @@ def test_report_text_and_log_line():
 @pytest.mark.parametrize("name,kind", [("ampere_bf16_s16816gemm_bf16_128x64", "gemm"),
                                        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "communication"),
                                        ("void at::native::vectorized_elementwise_kernel<8>", "other"),
-                                       ("flash_fwd_kernel", "attention"), ("Memset (Device)", "copy")])
+                                       ("flash_fwd_kernel", "attention"), ("Memset (Device)", "copy"),
+                                       # a 70B H200 profile's cuDNN attention (it was counted as gemm)
+                                       ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7", "attention"),
+                                       ("nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN", "gemm")])
 def test_kernel_kinds(name, kind):
     assert kernel_kind(name) == kind

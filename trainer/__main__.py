@@ -126,8 +126,8 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
     model = build_model(cfg, info.device)
     precision.apply_emulation(model, cfg)
     logger.line(precision.describe(cfg, model))
-    if getattr(model, "_primus_pretrained", None):
-        logger.line(model._primus_pretrained)
+    if getattr(model, "_primus_weights_line", None):
+        logger.line(model._primus_weights_line)
     wired = getattr(model, "_primus_adapter_inputs", None)
     if wired is not None:  # trainer.recompute.adapter_inputs: what it rewired (zero: nothing eligible)
         logger.line(f"adapter inputs | scope {cfg.trainer.recompute.adapter_inputs_scope} | fc2 {wired['fc2']} | "

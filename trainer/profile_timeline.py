@@ -12,9 +12,9 @@ that run side by side (communication beside a GEMM). This report takes every dev
 """
 from __future__ import annotations
 
-KINDS = (
-    ("gemm", ("gemm", "nvjet", "cutlass", "cublas", "xmma", "wgmma")),
+KINDS = (  # first match wins: cuDNN's attention kernels name their wgmma tiles too
     ("attention", ("flash", "fmha", "sdpa", "attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "cublas", "xmma", "wgmma")),
     ("communication", ("nccl", "userbuffers")),
     ("copy", ("memcpy", "memset")),
 )

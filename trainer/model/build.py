@@ -124,6 +124,11 @@ def build_model(cfg, device: torch.device):
                                       "only, not MoE / multi-latent attention (random weights work)")
 
         load_hf_llama(model, cfg.trainer.checkpoint.pretrained)
+    elif getattr(config, "fp8_param", False):  # delayed scaling: give megatron's initial FP8 weights their own scales
+        checks = fp8_params.rescale_delayed(model)
+        if checks:
+            model._primus_weights_line = "fp8_param | initial weights rescaled from their own amax" + \
+                fp8_params.checks_summary(checks)
     apply_lora(model, cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
                tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
                seed=int(cfg.experiment.seed))

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from trainer.model.sharding import canonical_params, load_full_state_dict
+from trainer.precision.fp8_params import checks_summary
 
 
 class SafetensorsDir(Mapping):
@@ -180,14 +181,9 @@ def load_hf_llama(model, hf_dir) -> None:
         raise KeyError(f"HF checkpoint {hf_dir} gives no weight for {missing[:4]}")
     checks: list = []
     loaded = load_full_state_dict(model, full, strict=False, fp8_checks=checks)
-    model._primus_pretrained = pretrained_summary(hf_dir, loaded, checks)
+    model._primus_weights_line = pretrained_summary(hf_dir, loaded, checks)
 
 
 def pretrained_summary(hf_dir, loaded: list, checks: list) -> str:
     """The log line of an HF import: what was copied and, for FP8 parameters, how well they hold it."""
-    line = f"pretrained | path {hf_dir} | tensors {len(loaded)}"
-    if checks:
-        name, got, ref = max(checks, key=lambda c: c[1] / c[2] if c[2] else c[1])
-        line += (f" | fp8_param weights checked {len(checks)} | worst {name} relative error {got:.4f} "
-                 f"(E4M3 with its own scale {ref:.4f})")
-    return line
+    return f"pretrained | path {hf_dir} | tensors {len(loaded)}" + checks_summary(checks)

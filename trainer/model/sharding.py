@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from trainer.precision.fp8_params import check_loaded, is_quantized
+from trainer.precision.fp8_params import check_loaded, copy_own_scale, is_quantized
 
 
 def canonical(name: str) -> str:
@@ -100,8 +100,8 @@ def load_full_state_dict(model, full: dict[str, torch.Tensor], strict: bool = Tr
                 if strict:
                     raise KeyError(f"model has no parameter {name}")
                 continue
-            local = to_local(name, tensor, p, tp_rank, tp_size).to(p.dtype)
-            p.copy_(local)
+            local = to_local(name, tensor, p, tp_rank, tp_size).to(device=p.device, dtype=p.dtype)
+            copy_own_scale(p, local)
             if is_quantized(p):  # the copy quantized (trainer.precision.fp8_param): check it held the value
                 errors = check_loaded(name, p.dequantize(), local)
                 if fp8_checks is not None:

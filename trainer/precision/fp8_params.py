@@ -13,10 +13,18 @@ micro-batches), so at the forward's activation peak the weights cost 1 byte a pa
 costs one transpose per weight and micro-batch. (TE's GroupedLinear, MoE experts, asks for column-wise
 data in forward already, so expert weights keep 2 bytes a parameter.)
 
-Pretrained weights (checkpoint.pretrained) are copied into the FP8 parameters tensor by tensor; the copy
-quantizes with the parameter's own quantizer (TE's QuantizedTensor.copy_ -> quantize_). `check_loaded` then
-compares each FP8 weight with the checkpoint value and refuses one that is worse than E4M3 with the weight's
-own per-tensor scale, so a wrong scale fails loudly at load instead of training on a degraded base.
+Every FP8 weight is scaled from its own amax. Current and block scaling do that when they quantize; delayed
+scaling quantizes with its running scale, which for a weight built at init is the initial 1.0 (a std-0.02
+weight lands in E4M3's subnormals) and is never revisited for a frozen weight. So under delayed scaling
+`copy_own_scale` quantizes through a current-scaling quantizer of the same FP8 format and copies data and
+scale into the parameter (TE's Float8Tensor-to-Float8Tensor copy), and `rescale_delayed` does that for the
+weights megatron initialised. The GEMMs read each tensor's own scale, so the delayed recipe then only drives
+the activations and gradients (with its amax fused into the casts).
+
+Pretrained weights (checkpoint.pretrained) are copied into the FP8 parameters tensor by tensor (`copy_own_scale`).
+`check_loaded` then compares each FP8 weight with the value copied into it and refuses one that is worse than
+E4M3 with the weight's own per-tensor scale, so a wrong scale fails loudly at load instead of training on a
+degraded base.
 """
 from __future__ import annotations
 
@@ -59,6 +67,44 @@ def is_quantized(p) -> bool:
     return hasattr(p, "_quantizer") and callable(getattr(p, "dequantize", None))
 
 
+def _delayed(p) -> bool:
+    """A per-tensor FP8 weight whose quantizer is delayed scaling's (TE Float8Quantizer: a running scale)."""
+    return type(getattr(p, "_quantizer", None)).__name__ == "Float8Quantizer"
+
+
+def copy_own_scale(p, src: torch.Tensor) -> None:
+    """p.copy_(src), with a quantized p scaled from src's own amax whatever p's recipe (see the module doc)."""
+    if _delayed(p):
+        from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+
+        own = Float8CurrentScalingQuantizer(p._fp8_dtype, p.device, rowwise=True, columnwise=False)
+        src = own(src.to(device=p.device, dtype=p.dtype).contiguous())
+    p.copy_(src)
+
+
+def rescale_delayed(model) -> list:
+    """Re-quantize each frozen delayed-scaling FP8 weight with its own scale (values as initialised, to E4M3 of
+    the init's rounding); returns check_loaded's (name, error, reference) of each, checked."""
+    checks = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad or not _delayed(p):
+                continue
+            value = p.dequantize()
+            copy_own_scale(p, value)
+            checks.append((name, *check_loaded(name, p.dequantize(), value)))
+    return checks
+
+
+def checks_summary(checks: list) -> str:
+    """' | fp8_param weights checked N | worst NAME relative error E (E4M3 with its own scale R)', or ''."""
+    if not checks:
+        return ""
+    name, got, ref = max(checks, key=lambda c: c[1] / c[2] if c[2] else c[1])
+    return (f" | fp8_param weights checked {len(checks)} | worst {name} relative error {got:.4f} "
+            f"(E4M3 with its own scale {ref:.4f})")
+
+
 def _rel_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     norm = float(exact.norm())
     return float((approx - exact).norm()) / norm if norm > 0 else float(approx.abs().max())
@@ -79,7 +125,7 @@ def check_loaded(name: str, loaded: torch.Tensor, src: torch.Tensor, slack: floa
     """Refuse an FP8 weight that holds the checkpoint value worse than per-tensor E4M3 would (e.g. quantized with
     a stale scale): `loaded` is the parameter's dequantized value, `src` what was copied into it.
     Returns (its relative error, the E4M3 reference error) for the load summary."""
-    x = src.detach().float()
+    x = src.detach().float().to(loaded.device)
     got, ref = _rel_error(loaded.detach().float(), x), e4m3_error(x)
     if got > slack * ref + 1e-6:
         raise ValueError(f"trainer.precision.fp8_param: {name} holds the checkpoint weight with relative error "

@@ -40,6 +40,7 @@ class PrecisionSettings:
     fp4_recipe: str = "nvfp4"
     fp4_param: bool = False
     fp8_param: bool = False
+    fp8_dot_product_attention: bool = False
     fp4_param_gather: bool = False
     fp4_emulation: bool = False
     fp4_stochastic_rounding: bool = False
@@ -87,7 +88,7 @@ class PrecisionSettings:
                 shown = "|".join("null" if a is None else a for a in allowed)
                 where = "trainer.distributed.device" if name == "device" else f"{FIELD}.{name}"
                 raise PrecisionError(f"{where}: {value!r} is not one of {shown}")
-        for name in ("bf16", "fp4_param", "fp8_param", "fp4_param_gather", "fp4_emulation", "fp4_stochastic_rounding",
+        for name in ("bf16", "fp4_param", "fp8_param", "fp8_dot_product_attention", "fp4_param_gather", "fp4_emulation", "fp4_stochastic_rounding",
                      "fp4_random_hadamard", "first_last_layers_bf16"):
             if not isinstance(getattr(self, name), bool):
                 raise PrecisionError(f"{FIELD}.{name}: expected true or false, got {getattr(self, name)!r}")
