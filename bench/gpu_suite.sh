@@ -67,25 +67,25 @@ case "${1:-}" in
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-packed --timeout 560
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
   70bbf16)
-    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-packed --set trainer.precision.fp8=null --timeout 560
+    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-packed --set trainer.precision.fp8=null \
+        --set trainer.precision.fp8_param=false --timeout 560
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
-  70bfast)
+  70bfast)  # fp8_param under the recipe's delayed scaling (the fastest, fifth session); tensorwise for comparison
     NR=(--set trainer.recompute.granularity=null)
-    P8=(--set trainer.precision.fp8_param=true --set trainer.precision.fp8_recipe=tensorwise
-        --set trainer.recompute.adapter_inputs=true)
+    P8=(--set trainer.precision.fp8_param=true)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-keep --timeout 300 "${NR[@]}" \
-          --set trainer.precision.fp8_param=true --set trainer.precision.fp8_recipe=tensorwise  # fastest, 124 GiB
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}"
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-gbs4 --timeout 300 "${NR[@]}" \
-          "${P8[@]}" --set trainer.schedule.global_batch_size=4 --set trainer.schedule.train_iters=8
+          "${P8[@]}"  # fastest, 124 GiB
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}" \
+          --set trainer.recompute.adapter_inputs=true
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-fullrecompute --timeout 300 "${P8[@]}"
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-tensorwise-norecompute-keep --timeout 300 \
+          "${NR[@]}" "${P8[@]}" --set trainer.precision.fp8_recipe=tensorwise
       [ -n "${WITH_BF16:-}" ] && $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 \
-          "${NR[@]}" --set trainer.precision.fp8=null
+          "${NR[@]}" --set trainer.precision.fp8=null --set trainer.precision.fp8_param=false
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
   70bub)  # TE userbuffers: the sequence-parallel all-gathers / reduce-scatters overlapped with the GEMMs
     NR=(--set trainer.recompute.granularity=null)
-    P8=(--set trainer.precision.fp8_param=true --set trainer.precision.fp8_recipe=tensorwise
-        --set trainer.recompute.adapter_inputs=true)
+    P8=(--set trainer.precision.fp8_param=true --set trainer.recompute.adapter_inputs=true)
     UB=(--set trainer.parallelism.tp_comm_overlap=true)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}"
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-fp8param-norecompute-ub --timeout 300 "${NR[@]}" "${P8[@]}" "${UB[@]}"
@@ -93,8 +93,7 @@ case "${1:-}" in
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bub.jsonl" ;;
   70bprofile)  # where the 70B step goes: busy vs idle device time (profile-<label>.txt ends with the timeline)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-keep-profile --profile 8-9 --timeout 300 \
-          --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true \
-          --set trainer.precision.fp8_recipe=tensorwise
+          --set trainer.recompute.granularity=null --set trainer.precision.fp8_param=true
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bprofile.jsonl" ;;
   profile)  # where the time and memory go: top kernels of two steps (profile-<label>.txt) and what one
             # micro-batch's forward keeps for backward (saved-tensors-<label>.txt), in $OUT
@@ -141,17 +140,15 @@ print(json.dumps({"bench": "moe-realtext", "proxy": name, "rc": rc, "first_loss"
 PY
     done | tee -a "$OUT/moe-realtext.jsonl" ;;
   fp8param-hf)  # fp8_param from an HF checkpoint (recipes/data/realtext/base): the load check's summary line and
-                # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations); + FP8 attention
+                # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations)
     i=0; runs=()
-    for p in bf16 fp8 fp8param delayed-fp8param delayed-fp8param-fp8attn; do
+    for p in bf16 fp8 fp8param delayed-fp8param; do
       F8=(--set trainer.precision.fp8=hybrid)
       case $p in
         bf16) set_p=() ;;
         fp8) set_p=("${F8[@]}" --set trainer.precision.fp8_recipe=tensorwise) ;;
         fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_recipe=tensorwise --set trainer.precision.fp8_param=true) ;;
         delayed-fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true) ;;
-        delayed-fp8param-fp8attn) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true
-                                         --set trainer.precision.fp8_dot_product_attention=true) ;;
       esac
       i=$((i + 1)); id="20261130-000000-00000$i"; runs+=("/tmp/f8hf/compare_realtext/$id")
       python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow --run-id "$id" \

@@ -188,8 +188,8 @@ SCHEMA: dict = {
             "fp8_param": Field("bool", False, help="keep the frozen base weights as FP8 tensors only (quantized "
                                "once, each with a scale from its own amax: 1 byte a parameter instead of 2, no "
                                "per-step re-quantization); needs fp8; works with checkpoint.pretrained"),
-            "fp8_dot_product_attention": Field("bool", False, help="run attention in FP8 (TE fused attention; "
-                                               "needs fp8, fp8_recipe delayed on Hopper, tensorwise from CC 10.0)"),
+            "fp8_dot_product_attention": Field("bool", False, help="refused when true: TE's FP8 attention takes "
+                                               "bshd/sbhd only, the trainer runs packed THD"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),

@@ -40,3 +40,23 @@ def test_report_text_and_log_line():
                                        ("nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN", "gemm")])
 def test_kernel_kinds(name, kind):
     assert kernel_kind(name) == kind
+
+
+def test_device_intervals_keep_kernels_and_drop_gpu_user_annotations():
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    from trainer.profile_timeline import device_intervals
+
+    def event(i, name, start, end, device=DeviceType.CUDA, annotation=False):
+        return FunctionEvent(id=i, name=name, thread=0, start_us=start, end_us=end, device_type=device,
+                             is_user_annotation=annotation)
+
+    class Finished:  # what device_intervals reads of a finished torch.profiler.profile
+        def events(self):
+            return EventList([event(1, "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 10, 30),
+                              event(2, "nccl:_reduce_scatter_base", 10, 30, annotation=True),
+                              event(3, "aten::mm", 0, 40, device=DeviceType.CPU),
+                              event(4, "empty", 50, 50)])
+
+    assert device_intervals(Finished()) == [(10, 30, "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL")]

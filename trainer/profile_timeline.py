@@ -27,11 +27,15 @@ def kernel_kind(name: str) -> str:
 
 
 def device_intervals(prof) -> list[tuple[float, float, str]]:
-    """(start_us, end_us, name) of every device-side event a finished torch.profiler run recorded."""
+    """(start_us, end_us, name) of every device-side kernel/copy a finished torch.profiler run recorded.
+
+    GPU user annotations (NCCL's `nccl:_reduce_scatter_base` spans its own kernel) are left out: a 70B H200
+    profile counted every collective twice with them."""
     from torch.autograd import DeviceType
 
     return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-            if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start]
+            if getattr(e, "device_type", None) == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+            and e.time_range.end > e.time_range.start]
 
 
 def timeline(intervals) -> dict:

@@ -82,6 +82,5 @@ def describe(cfg: Any, model: Any = None, mode: Optional[Mode] = None) -> str:
         fields.append(f"emulated_linears {emulated_layer_count(model)}")
     if weight:
         fields.append(f"weight_dtype {weight[1]}")
-    if mode.kind == "fp8" and s.fp8_dot_product_attention:
-        fields.append("attention fp8")
+
     return " | ".join(fields)
