@@ -142,13 +142,16 @@ PY
   fp8param-hf)  # fp8_param from an HF checkpoint (recipes/data/realtext/base): the load check's summary line and
                 # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations)
     i=0; runs=()
-    for p in bf16 fp8 fp8param delayed-fp8param; do
+    # RUNS picks some; delayed-fp8param-tp2 loads the checkpoint into TP=2 shards (needs two GPUs)
+    for p in ${RUNS:-bf16 fp8 fp8param delayed-fp8param delayed-fp8param-tp2}; do
       F8=(--set trainer.precision.fp8=hybrid)
       case $p in
         bf16) set_p=() ;;
         fp8) set_p=("${F8[@]}" --set trainer.precision.fp8_recipe=tensorwise) ;;
         fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_recipe=tensorwise --set trainer.precision.fp8_param=true) ;;
         delayed-fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true) ;;
+        delayed-fp8param-tp2) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true --set trainer.parallelism.tensor=2
+                                     --set cluster.nproc_per_node=2 --set cluster.gpus_per_node=2) ;;
       esac
       i=$((i + 1)); id="20261130-000000-00000$i"; runs+=("/tmp/f8hf/compare_realtext/$id")
       python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow --run-id "$id" \

@@ -62,9 +62,10 @@ def test_fp8_attention_is_refused_everywhere_the_trainer_runs_thd(env):
                               "attention takes bshd/sbhd inputs only"), msg
 
 
-def test_param_gather_needs_param():
-    assert "fp4_param_gather: true needs trainer.precision.fp4_param: true" in refuse(
-        B200, fp4="e2m1", fp4_param_gather=True)
+def test_param_gather_is_refused():
+    for extra in ({}, {"fp4_param": True}):  # refused even with fp4_param: nothing all-gathers parameters
+        assert "fp4_param_gather: true has no effect in LoRA training" in refuse(
+            B200, fp4="e2m1", fp4_param_gather=True, **extra)
 
 
 def test_fp4_param_with_emulation():

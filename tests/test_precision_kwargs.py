@@ -1,10 +1,9 @@
 """transformer_config_kwargs: what megatron-core TransformerConfig receives for each mode."""
-import dataclasses
 
 import pytest
 import torch
 
-from trainer.precision import PrecisionError, ddp_config_kwargs, transformer_config_kwargs
+from trainer.precision import PrecisionError, transformer_config_kwargs
 from trainer.precision.capabilities import Environment
 from trainer.precision.config_kwargs import te_environment
 
@@ -83,19 +82,6 @@ def test_missing_megatron_field_is_an_error(monkeypatch):
     monkeypatch.setattr(ck, "_transformer_config_fields", lambda: {"bf16", "params_dtype", "fp8", "fp8_recipe"})
     with pytest.raises(PrecisionError, match="fp4, fp4_quantizer_factory, fp4_recipe"):
         transformer_config_kwargs(cfg(fp4="e2m1", fp4_emulation=True), H200)
-
-
-def test_ddp_kwargs():
-    from megatron.core.distributed import DistributedDataParallelConfig
-
-    fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    assert ddp_config_kwargs(cfg(fp4="e2m1"), B200) == {}
-    if "fp4_param_gather" in fields:
-        assert ddp_config_kwargs(cfg(fp4="e2m1", fp4_param=True, fp4_param_gather=True), B200) == {
-            "fp4_param_gather": True}
-    else:
-        with pytest.raises(PrecisionError, match="fp4_param_gather"):
-            ddp_config_kwargs(cfg(fp4="e2m1", fp4_param=True, fp4_param_gather=True), B200)
 
 
 def test_te_environment_for_native_nvfp4():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,35 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
     same = sum(resumed[i] == ref[i] for i in ref)
     print(f"stopped at {k0} (time limit) and {k1} (requeue); {same}/{ITERS} logged losses identical, "
           f"largest relative difference {worst:.3g}")
+
+
+def test_warning_signal_does_not_requeue_a_trainer_that_did_not_stop_to_be_resumed(local_slurm, job_env, tmp_path):
+    """The time-limit warning arrives, but the trainer dies before it checkpoints (SIGKILL while frozen): the job
+    script must not requeue (it used to, whatever the trainer's exit; a crash or a finished run reran)."""
+    recipe = trainer_recipe(tmp_path, "norequeue")
+    entry = submit(job_env, recipe, "trainer.schedule.train_iters=5000")
+    job, run_dir = entry["job_id"], Path(entry["run_dir"])
+    out = run_dir / "logs" / f"slurm-{job}.out"
+    frozen = None
+    try:
+        wait_text(run_dir / "logs" / "rank-0" / "debug.log", "] iteration 3/", 240)
+        frozen = worker_pids(run_dir)[0]
+        os.kill(frozen, signal.SIGSTOP)
+        # what slurmctld sends `signal_grace_s` before the time limit: USR2 to the batch shell only
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+        wait_text(out, "primus-slurm: caught SIGUSR2", 60)
+        os.kill(frozen, signal.SIGKILL)
+        frozen = None
+        row = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120,
+                         key="scheduler_state")
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        if job_info(job).get("JobState") not in (None, "COMPLETED", "FAILED"):
+            cancel(job)
+    text = read(out)
+    assert "but the trainer did not stop to be resumed" in text and "not requeueing" in text, text[-2000:]
+    assert "requeueing job" not in text
+    assert row["scheduler_state"] == "FAILED" and row["restarts"] == 0, row
+    assert job_info(job).get("Restarts") in ("0", None)
+    assert "] training finished" not in read(run_dir / "logs" / "rank-0" / "debug.log")

@@ -5,7 +5,6 @@ importable without torch):
 
     check_capabilities(cfg)          raise PrecisionError unless this machine can run the recipe's precision
     transformer_config_kwargs(cfg)   kwargs for megatron-core TransformerConfig
-    ddp_config_kwargs(cfg)           kwargs for megatron-core DistributedDataParallelConfig (fp4_param_gather)
     apply_emulation(model, cfg)      wrap megatron local linears with FP4 quantize-dequantize (no-TE path)
     describe(cfg, model)             the `precision | ...` log line (docs/contract.md section 3)
     te_environment(cfg)              NVTE_* variables native NVFP4 needs before TE is imported
@@ -22,7 +21,6 @@ _LAZY = {
     "probe_environment": "capabilities",
     "Environment": "capabilities",
     "transformer_config_kwargs": "config_kwargs",
-    "ddp_config_kwargs": "config_kwargs",
     "te_environment": "config_kwargs",
     "apply_emulation": "emulation",
     "describe": "logline",

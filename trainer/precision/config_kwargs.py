@@ -86,18 +86,6 @@ def transformer_config_kwargs(cfg: Any, env: Optional[Environment] = None) -> di
     return _filter(kw, required, _transformer_config_fields(), "TransformerConfig")
 
 
-def ddp_config_kwargs(cfg: Any, env: Optional[Environment] = None) -> dict:
-    """kwargs for megatron.core DistributedDataParallelConfig: fp4_param_gather when asked for."""
-    s = PrecisionSettings.from_cfg(cfg)
-    resolve_mode(s, env or probe_environment(s.device))
-    if not s.fp4_param_gather:
-        return {}
-    from megatron.core.distributed import DistributedDataParallelConfig
-
-    return _filter({"fp4_param_gather": True}, {"fp4_param_gather"},
-                   _fields(DistributedDataParallelConfig), "DistributedDataParallelConfig")
-
-
 def te_environment(cfg: Any) -> dict:
     """NVTE_* variables that make TE's NVFP4BlockScaling match the recipe's RHT / stochastic-rounding flags.
 

@@ -59,8 +59,9 @@ def config_errors(s: PrecisionSettings) -> Optional[str]:
         return f"{FIELD}.fp8_param: true needs {FIELD}.fp8: hybrid|e4m3 (fp8 is null)"
     if s.fp8_dot_product_attention:
         return f"{FIELD}.fp8_dot_product_attention: true is not supported: {FP8_ATTENTION_WHY}"
-    if s.fp4_param_gather and not s.fp4_param:
-        return f"{FIELD}.fp4_param_gather: true needs {FIELD}.fp4_param: true"
+    if s.fp4_param_gather:  # as primus_slurm.validate says: nothing all-gathers parameters here
+        return (f"{FIELD}.fp4_param_gather: true has no effect in LoRA training (the frozen base is sharded by "
+                "tensor/pipeline parallelism only; no parameters are all-gathered); remove it")
     if s.fp4_param and s.fp4_emulation:
         return (f"{FIELD}.fp4_param: true keeps weights as real FP4 tensors, which emulation has not; "
                 "set fp4_param: false to emulate, or run natively on FP4 hardware")
