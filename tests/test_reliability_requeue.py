@@ -128,33 +128,58 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
           f"largest relative difference {worst:.3g}")
 
 
-def test_warning_signal_does_not_requeue_a_trainer_that_did_not_stop_to_be_resumed(local_slurm, job_env, tmp_path):
-    """The time-limit warning arrives, but the trainer dies before it checkpoints (SIGKILL while frozen): the job
-    script must not requeue (it used to, whatever the trainer's exit; a crash or a finished run reran)."""
-    recipe = trainer_recipe(tmp_path, "norequeue")
-    entry = submit(job_env, recipe, "trainer.schedule.train_iters=5000")
-    job, run_dir = entry["job_id"], Path(entry["run_dir"])
-    out = run_dir / "logs" / f"slurm-{job}.out"
-    frozen = None
+
+def _warned_and_frozen(job_env, tmp_path, name: str):
+    """A running Slurm job whose trainer is frozen (SIGSTOP) at iteration 3 and whose batch shell has just had the
+    time-limit warning (USR2 to the batch shell only, what slurmctld sends `signal_grace_s` before the end)."""
+    entry = submit(job_env, trainer_recipe(tmp_path, name), "trainer.schedule.train_iters=5000")
+    run_dir = Path(entry["run_dir"])
+    out = run_dir / "logs" / f"slurm-{entry['job_id']}.out"
+    wait_text(run_dir / "logs" / "rank-0" / "debug.log", "] iteration 3/", 240)
+    pid = worker_pids(run_dir)[0]
+    os.kill(pid, signal.SIGSTOP)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", entry["job_id"]], check=True)
+    wait_text(out, "primus-slurm: caught SIGUSR2", 60)
+    return entry, run_dir, out, pid
+
+
+def test_warning_does_not_requeue_a_trainer_that_ended_for_good(local_slurm, job_env, tmp_path):
+    """The warning arrives, but the trainer's stop fails for good (its checkpoint cannot be written: exit 4). The
+    script must not requeue; before it requeued after every warning, rerunning finished, diverged or broken runs."""
+    entry, run_dir, out, pid = _warned_and_frozen(job_env, tmp_path, "endedforgood")
+    job = entry["job_id"]
     try:
-        wait_text(run_dir / "logs" / "rank-0" / "debug.log", "] iteration 3/", 240)
-        frozen = worker_pids(run_dir)[0]
-        os.kill(frozen, signal.SIGSTOP)
-        # what slurmctld sends `signal_grace_s` before the time limit: USR2 to the batch shell only
-        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
-        wait_text(out, "primus-slurm: caught SIGUSR2", 60)
-        os.kill(frozen, signal.SIGKILL)
-        frozen = None
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        (run_dir / "checkpoints").rmdir()
+        (run_dir / "checkpoints").write_text("not a directory\n")  # the save on stop fails
+        os.kill(pid, signal.SIGCONT)
         row = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120,
                          key="scheduler_state")
     finally:
-        if frozen is not None:
-            os.kill(frozen, signal.SIGCONT)
+        if pid in worker_pids(run_dir).values():
+            os.kill(pid, signal.SIGCONT)
         if job_info(job).get("JobState") not in (None, "COMPLETED", "FAILED"):
             cancel(job)
-    text = read(out)
-    assert "but the trainer did not stop to be resumed" in text and "not requeueing" in text, text[-2000:]
+    text, log = read(out), read(run_dir / "logs" / "rank-0" / "debug.log")
+    assert re.search(r"\] checkpoint failed \| iteration \d+ \| error", log), log[-2000:]
+    assert re.search(r"training finished \| iterations \d+ \| exit 4\n$", log), log[-2000:]
+    assert re.search(r"but the trainer ended for good \(training finished \| iterations \d+ \| exit 4\); "
+                     r"not requeueing", text), text[-2000:]
     assert "requeueing job" not in text
     assert row["scheduler_state"] == "FAILED" and row["restarts"] == 0, row
     assert job_info(job).get("Restarts") in ("0", None)
+
+
+def test_warning_requeues_a_trainer_killed_before_it_could_report(local_slurm, job_env, tmp_path):
+    """Killed during its stop (SIGKILL, e.g. torchrun's 30 s shutdown limit during a long save): no final line in
+    the log, so the job is requeued and the next attempt resumes from the last complete checkpoint."""
+    entry, run_dir, out, pid = _warned_and_frozen(job_env, tmp_path, "killedinstop")
+    job = entry["job_id"]
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_requeued(job, 1)
+    finally:
+        cancel(job)
+    text = read(out)
+    assert "requeueing job" in text and "(trainer: no final line)" in text, text[-2000:]
     assert "] training finished" not in read(run_dir / "logs" / "rank-0" / "debug.log")
