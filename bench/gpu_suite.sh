@@ -70,7 +70,8 @@ case "${1:-}" in
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-packed --set trainer.precision.fp8=null \
         --set trainer.precision.fp8_param=false --timeout 560
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
-  70bfast)  # fp8_param under the recipe's delayed scaling (the fastest, fifth session); tensorwise for comparison
+  70bfast)  # fp8_param under the recipe's tensorwise scaling; delayed (own-scale weights since the fifth session's
+            # fix, not measured yet) in the same call for comparison
     NR=(--set trainer.recompute.granularity=null)
     P8=(--set trainer.precision.fp8_param=true)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-keep --timeout 300 "${NR[@]}" \
@@ -78,8 +79,10 @@ case "${1:-}" in
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}" \
           --set trainer.recompute.adapter_inputs=true
       $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-fullrecompute --timeout 300 "${P8[@]}"
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-tensorwise-norecompute-keep --timeout 300 \
-          "${NR[@]}" "${P8[@]}" --set trainer.precision.fp8_recipe=tensorwise
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-delayed-norecompute-keep --timeout 300 \
+          "${NR[@]}" "${P8[@]}" --set trainer.precision.fp8_recipe=delayed
+      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-delayed-fullrecompute --timeout 300 \
+          "${P8[@]}" --set trainer.precision.fp8_recipe=delayed
       [ -n "${WITH_BF16:-}" ] && $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 \
           "${NR[@]}" --set trainer.precision.fp8=null --set trainer.precision.fp8_param=false
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
@@ -142,8 +145,11 @@ PY
   fp8param-hf)  # fp8_param from an HF checkpoint (recipes/data/realtext/base): the load check's summary line and
                 # the loss against BF16 and FP8 with BF16 weights, same data order (60 iterations)
     i=0; runs=()
-    # RUNS picks some; delayed-fp8param-tp2 loads the checkpoint into TP=2 shards (needs two GPUs)
-    for p in ${RUNS:-bf16 fp8 fp8param delayed-fp8param delayed-fp8param-tp2}; do
+    # RUNS picks some; delayed-fp8param-tp2 loads the checkpoint into TP=2 shards (run when two GPUs are visible)
+    ALL="bf16 fp8 fp8param delayed-fp8param"
+    [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] && ALL="$ALL delayed-fp8param-tp2"
+    rm -rf /tmp/f8hf  # fixed run ids: a second call on a warm machine starts clean
+    for p in ${RUNS:-$ALL}; do
       F8=(--set trainer.precision.fp8=hybrid)
       case $p in
         bf16) set_p=() ;;
@@ -152,6 +158,7 @@ PY
         delayed-fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true) ;;
         delayed-fp8param-tp2) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true --set trainer.parallelism.tensor=2
                                      --set cluster.nproc_per_node=2 --set cluster.gpus_per_node=2) ;;
+        *) echo "fp8param-hf: unknown run '$p' (bf16 fp8 fp8param delayed-fp8param delayed-fp8param-tp2)" >&2; exit 2 ;;
       esac
       i=$((i + 1)); id="20261130-000000-00000$i"; runs+=("/tmp/f8hf/compare_realtext/$id")
       python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow --run-id "$id" \

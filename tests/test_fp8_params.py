@@ -92,3 +92,82 @@ def test_pretrained_summary_names_the_worst_fp8_weight_relative_to_its_reference
     line = pretrained_summary("/ckpt", ["a", "b", "c"], [("a", 0.030, 0.030), ("b", 0.020, 0.010), ("c", 0.0, 0.0)])
     assert line == ("pretrained | path /ckpt | tensors 3 | fp8_param weights checked 3 | worst b relative error "
                     "0.0200 (E4M3 with its own scale 0.0100)")
+
+
+class Float8Quantizer:  # the class name is what marks TE's delayed-scaling quantizer (fp8_params._delayed)
+    scale = 1.0
+
+
+class _E4M3Weight:
+    """A stand-in for TE's Float8Tensor on CPU (no TE here): E4M3 data, a per-tensor scale, `dequantize`, and
+    `copy_` from another one taking data and scale, as TE's Float8Tensor-to-Float8Tensor copy does. Quantized
+    at 'init' with the delayed quantizer's initial scale 1.0, as TE does under delayed scaling."""
+
+    def __init__(self, value, scale=1.0):
+        self._quantizer, self.requires_grad = Float8Quantizer(), True  # LoRA has not frozen the base yet
+        self.data, self.scale = (value.float() * scale).to(torch.float8_e4m3fn), scale
+        self.shape, self.dtype, self.device = value.shape, torch.bfloat16, value.device
+
+    def dequantize(self):
+        return self.data.float() / self.scale
+
+    def copy_(self, other):
+        self.data, self.scale = other.data.clone(), other.scale
+
+
+def _own_scale(p):
+    return lambda src: _E4M3Weight(src, 448.0 / float(src.float().abs().max()))
+
+
+def _stale_model(std: float):
+    import functools
+    import types
+
+    module = torch.nn.Module()
+    init = functools.partial(torch.nn.init.normal_, mean=0.0, std=std)
+    module.param_init_meta = {"weight": types.SimpleNamespace(init_fn=init)}
+    module._parameters["weight"] = _E4M3Weight(init(torch.empty(256, 512)))  # rounded with the scale 1.0
+    outer = torch.nn.Sequential()
+    outer.add_module("proj", module)
+    return outer
+
+
+def test_redraw_delayed_draws_each_weight_again_and_quantizes_it_with_its_own_scale():
+    """Random init under delayed scaling (review finding: the first version skipped every weight because the base
+    still required grad, and re-scaling the scale-1.0 rounding cannot bring back what it lost)."""
+    from trainer.precision.fp8_params import e4m3_error, redraw_delayed
+
+    std = 0.02 / (2 * 80) ** 0.5  # megatron's output-layer init for 80 layers
+    model = _stale_model(std)
+    stale = model.proj.weight.dequantize()
+    assert float((stale == 0).float().mean()) > 0.4  # what the scale 1.0 did to it
+    checks = redraw_delayed(model, lambda name: 1234, _own_scale)
+    assert [c[0] for c in checks] == ["proj.weight"]
+    _, got, ref = checks[0]
+    assert got <= ref * 1.05 and 0.02 < ref < 0.035, checks
+    redrawn = model.proj.weight.dequantize()
+    assert float((redrawn == 0).float().mean()) < 0.01 and abs(float(redrawn.std()) / std - 1) < 0.05
+    again = _stale_model(std)
+    redraw_delayed(again, lambda name: 1234, _own_scale)
+    assert torch.equal(again.proj.weight.dequantize(), redrawn)  # seeded: the same draw every time
+    other = _stale_model(std)
+    redraw_delayed(other, lambda name: 99, _own_scale)
+    assert not torch.equal(other.proj.weight.dequantize(), redrawn)
+    assert e4m3_error(redrawn) < 0.035
+
+
+def test_init_seed_of_names_weights_by_global_layer_and_tp_rank():
+    """build_model's per-weight seeds for redraw_delayed, on a real (CPU) megatron model."""
+    from tests.model_helpers import dist_session, tiny_cfg
+    from trainer.model import build_model
+    from trainer.model.build import _init_seed_of
+
+    cfg = tiny_cfg()
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        seed_of = _init_seed_of(model, 1234)
+        names = [n for n, _ in model.named_parameters() if n.endswith("weight") and "linear_qkv" in n]
+        seeds = [seed_of(n) for n in names]
+        assert len(names) >= 2 and len(set(seeds)) == len(seeds)  # one stream per weight
+        assert seeds == [seed_of(n) for n in names] and seeds != [_init_seed_of(model, 1)(n) for n in names]
+        assert all(0 <= s < 2**63 for s in seeds)

@@ -37,6 +37,7 @@ def test_report_text_and_log_line():
                                        ("flash_fwd_kernel", "attention"), ("Memset (Device)", "copy"),
                                        # a 70B H200 profile's cuDNN attention (it was counted as gemm)
                                        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7", "attention"),
+                                       ("void cudnn::fusion::compute_dot_do_o_ragged_specialized<true>", "attention"),
                                        ("nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN", "gemm")])
 def test_kernel_kinds(name, kind):
     assert kernel_kind(name) == kind

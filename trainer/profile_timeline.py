@@ -13,7 +13,7 @@ that run side by side (communication beside a GEMM). This report takes every dev
 from __future__ import annotations
 
 KINDS = (  # first match wins: cuDNN's attention kernels name their wgmma tiles too
-    ("attention", ("flash", "fmha", "sdpa", "attn")),
+    ("attention", ("flash", "fmha", "sdpa", "attn", "dot_do_o")),  # cuDNN's backward dO·O reduction too
     ("gemm", ("gemm", "nvjet", "cutlass", "cublas", "xmma", "wgmma")),
     ("communication", ("nccl", "userbuffers")),
     ("copy", ("memcpy", "memset")),

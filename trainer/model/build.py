@@ -124,11 +124,11 @@ def build_model(cfg, device: torch.device):
                                       "only, not MoE / multi-latent attention (random weights work)")
 
         load_hf_llama(model, cfg.trainer.checkpoint.pretrained)
-    elif getattr(config, "fp8_param", False):  # delayed scaling: give megatron's initial FP8 weights their own scales
-        checks = fp8_params.rescale_delayed(model)
+    elif getattr(config, "fp8_param", False):  # delayed scaling: initial FP8 weights drawn again, own scales
+        checks = fp8_params.redraw_delayed(model, _init_seed_of(model, int(cfg.experiment.seed)))
         if checks:
-            model._primus_weights_line = "fp8_param | initial weights rescaled from their own amax" + \
-                fp8_params.checks_summary(checks)
+            model._primus_weights_line = "fp8_param | initial weights drawn in BF16 and quantized with their " \
+                "own scales" + fp8_params.checks_summary(checks)
     apply_lora(model, cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
                tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
                seed=int(cfg.experiment.seed))
@@ -140,6 +140,18 @@ def build_model(cfg, device: torch.device):
     if config.recompute_granularity is not None:
         _require_input_grads(model)
     return model
+
+
+def _init_seed_of(model, seed: int):
+    """Per-weight init seed: (experiment seed, global layer name, TP rank), so any PP layout draws alike."""
+    import zlib
+
+    from megatron.core import parallel_state as ps
+
+    from trainer.model.layout import namer
+
+    global_name, tp_rank = namer(model), ps.get_tensor_model_parallel_rank()
+    return lambda name: (seed * 1_000_003 + zlib.crc32(f"{global_name(name)}@tp{tp_rank}".encode())) % 2**63
 
 
 def _gpt_model(config, m, device):

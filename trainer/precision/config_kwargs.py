@@ -1,4 +1,4 @@
-"""Map trainer.precision onto megatron-core TransformerConfig / DistributedDataParallelConfig kwargs.
+"""Map trainer.precision onto megatron-core TransformerConfig kwargs.
 
 Only keys the installed megatron-core dataclass has are returned (0.16.1 on CPU CI, 0.19.2 on the
 GPU); a key the chosen mode *needs* but megatron lacks is a PrecisionError, never a silent drop.

@@ -17,8 +17,8 @@ Every FP8 weight is scaled from its own amax. Current and block scaling do that 
 scaling quantizes with its running scale, which for a weight built at init is the initial 1.0 (a std-0.02
 weight lands in E4M3's subnormals) and is never revisited for a frozen weight. So under delayed scaling
 `copy_own_scale` quantizes through a current-scaling quantizer of the same FP8 format and copies data and
-scale into the parameter (TE's Float8Tensor-to-Float8Tensor copy), and `rescale_delayed` does that for the
-weights megatron initialised. The GEMMs read each tensor's own scale, so the delayed recipe then only drives
+scale into the parameter (TE's Float8Tensor-to-Float8Tensor copy); for random init `redraw_delayed` draws
+each weight again in BF16 (the scale-1.0 rounding has already lost it) and copies it in the same way. The GEMMs read each tensor's own scale, so the delayed recipe then only drives
 the activations and gradients (with its amax fused into the casts).
 
 Pretrained weights (checkpoint.pretrained) are copied into the FP8 parameters tensor by tensor (`copy_own_scale`).
@@ -72,27 +72,43 @@ def _delayed(p) -> bool:
     return type(getattr(p, "_quantizer", None)).__name__ == "Float8Quantizer"
 
 
-def copy_own_scale(p, src: torch.Tensor) -> None:
+def _te_own_scale(p):
+    """TE's current-scaling quantizer of p's FP8 format: a scale from the tensor's own amax."""
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+
+    return Float8CurrentScalingQuantizer(p._fp8_dtype, p.device, rowwise=True, columnwise=False)
+
+
+def copy_own_scale(p, src: torch.Tensor, own_scale=_te_own_scale) -> None:
     """p.copy_(src), with a quantized p scaled from src's own amax whatever p's recipe (see the module doc)."""
     if _delayed(p):
-        from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
-
-        own = Float8CurrentScalingQuantizer(p._fp8_dtype, p.device, rowwise=True, columnwise=False)
-        src = own(src.to(device=p.device, dtype=p.dtype).contiguous())
+        src = own_scale(p)(src.to(device=p.device, dtype=p.dtype).contiguous())
     p.copy_(src)
 
 
-def rescale_delayed(model) -> list:
-    """Re-quantize each frozen delayed-scaling FP8 weight with its own scale (values as initialised, to E4M3 of
-    the init's rounding); returns check_loaded's (name, error, reference) of each, checked."""
+def redraw_delayed(model, seed_of, own_scale=_te_own_scale) -> list:
+    """Random init under delayed scaling: TE rounded each initial weight to E4M3 with the scale 1.0 (a
+    std-0.0016 output-layer weight loses about half its values to zero), so that value cannot be rescaled.
+    Each such weight is drawn again in BF16 by its module's own init function (megatron's init_method or
+    output_layer_init_method, TE's param_init_meta) from a generator seeded with seed_of(name), quantized
+    with its own scale and checked against the draw; returns check_loaded's (name, error, reference) of each.
+    Run before LoRA freezes the base: every parameter still requires grad here."""
     checks = []
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.requires_grad or not _delayed(p):
-                continue
-            value = p.dequantize()
-            copy_own_scale(p, value)
-            checks.append((name, *check_loaded(name, p.dequantize(), value)))
+        for module_name, module in model.named_modules():
+            meta = getattr(module, "param_init_meta", None) or {}
+            for leaf, p in module.named_parameters(recurse=False):
+                if leaf not in meta or not _delayed(p):
+                    continue
+                name = f"{module_name}.{leaf}" if module_name else leaf
+                value = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                cuda = [p.device.index if p.device.index is not None else torch.cuda.current_device()] \
+                    if p.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=cuda):
+                    torch.manual_seed(seed_of(name))
+                    meta[leaf].init_fn(value)
+                copy_own_scale(p, value, own_scale)
+                checks.append((name, *check_loaded(name, p.dequantize(), value)))
     return checks
 
 

@@ -22,9 +22,11 @@ CUSTOM_RECIPE_MIN_TE = (2, 9)
 FP8_MIN_CC = (8, 9)
 FP8_BLOCKWISE_MIN_CC = (9, 0)
 NVFP4_MIN_CC = (10, 0)
-# the same words as primus_slurm.validate's refusal (the login side cannot import the trainer)
+# primus_slurm.validate refuses the same (the login side cannot import the trainer). TE's backend selection
+# (nvte_get_fused_attn_backend) takes FP8 inputs in bshd/sbhd only; an H200 run failed with "No dot product
+# attention backend is available".
 FP8_ATTENTION_WHY = ("TE's FP8 fused attention takes bshd/sbhd inputs only, and this trainer always runs the "
-                     "packed THD layout (per-document cu_seqlens); attention runs in BF16")
+                     "packed THD layout (per-document cu_seqlens); remove it")
 FP8_MIN_GFX = 942
 MXFP4_GFX = 950
 
