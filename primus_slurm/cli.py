@@ -89,6 +89,9 @@ _register_optional("primus_slurm.jobs_cli")
 _register_optional("primus_slurm.precision_cli")
 
 
+_NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
 def run(argv=None) -> int:
     try:
         rv = main.main(args=argv, prog_name="primus-slurm", standalone_mode=False)
@@ -100,6 +103,9 @@ def run(argv=None) -> int:
     except click.Abort:
         click.echo("error: aborted", err=True)
         return 130
+    except _NO_ARGS_HELP as exc:  # `primus-slurm` alone: the help, as written
+        click.echo(exc.format_message(), err=True)
+        return 2
     except click.ClickException as exc:
         click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         return 2

@@ -1,6 +1,7 @@
 """`logs`: print or follow a run's trainer log (or its job stdout) until the job ends."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,36 +45,81 @@ def show(entry: dict, rank: int | None, stdout: bool, out=sys.stdout) -> None:
     out.flush()
 
 
+ARG_LINE = re.compile(r"^\[[^\]]*\] arg ")
+
+
+class _Printer:
+    """Writes a followed trainer log line by line, the resolved-settings (`arg …`) lines folded into one note."""
+
+    def __init__(self, out, run_dir: Path):
+        self.out, self.run_dir, self.partial, self.args = out, run_dir, "", 0
+
+    def write(self, text: str, path: Path) -> None:
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        shown = []
+        for line in lines:
+            if ARG_LINE.match(line):
+                if not self.args:
+                    shown.append(f"(the resolved settings, `arg …` lines, are in {path}; not shown here)")
+                self.args += 1
+                continue
+            shown.append(line)
+        if shown:
+            self.out.write("\n".join(shown) + "\n")
+            self.out.flush()
+
+    def close(self) -> None:
+        if self.partial:
+            self.out.write(self.partial + "\n")
+            self.out.flush()
+            self.partial = ""
+
+
 def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.stdout,
            err=sys.stderr) -> int:
     """Stream the log as it grows (switching to a newer attempt's file) until the job ends.
 
-    Returns the job's exit code (1 when it ended badly without one)."""
+    Returns the job's exit code (1 when it ended badly without one); Ctrl-C stops following, not the job (130)."""
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
     current, offset, state = None, 0, {"state": "PENDING"}
-    while True:
-        ended = state.get("state") in TERMINAL
-        path = pick_log(run_dir, info, rank, stdout)
-        if path is not None and path != current:
-            current, offset = path, 0
-        if current is not None and current.exists():
-            with open(current, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read()
-            if data:
-                offset += len(data)
-                out.write(data.decode("utf-8", "replace"))
-                out.flush()
-        if ended:
-            break
-        time.sleep(POLL_S)
-        state = scheduler_state(run_dir, info)
-        if state.get("state") == "UNKNOWN":  # scheduler forgot the job (no accounting): ask the trainer log
-            progress = read_progress(run_dir)
-            if progress.finished:
-                state = {"state": "COMPLETED" if progress.exit_code == 0 else "FAILED",
-                         "exit_code": progress.exit_code}
+    printer = _Printer(out, run_dir)
+    try:
+        while True:
+            ended = state.get("state") in TERMINAL
+            path = pick_log(run_dir, info, rank, stdout)
+            if path is not None and path != current:
+                printer.close()
+                current, offset = path, 0
+            if current is not None and current.exists():
+                with open(current, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+                if data:
+                    offset += len(data)
+                    text = data.decode("utf-8", "replace")
+                    if stdout:
+                        out.write(text)
+                        out.flush()
+                    else:
+                        printer.write(text, current)
+            if ended:
+                break
+            time.sleep(POLL_S)
+            state = scheduler_state(run_dir, info)
+            if state.get("state") == "UNKNOWN":  # scheduler forgot the job (no accounting): ask the trainer log
+                progress = read_progress(run_dir)
+                if progress.finished:
+                    state = {"state": "COMPLETED" if progress.exit_code == 0 else "FAILED",
+                             "exit_code": progress.exit_code}
+    except KeyboardInterrupt:
+        printer.close()
+        run_id = entry["run_id"]
+        err.write(f"\nprimus-slurm: stopped following; run {run_id} keeps running. Re-attach: "
+                  f"primus-slurm logs {run_id} -f; stop it: primus-slurm cancel {run_id}\n")
+        return 130
+    printer.close()
     if current is None and not stdout:  # the trainer never started: show why
         tail = job_stdout(run_dir, info)
         if tail.exists():

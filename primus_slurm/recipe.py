@@ -84,7 +84,8 @@ def read_yaml(path: Path) -> dict:
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"recipe {str(path)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     if loaded is None:
-        return {}
+        raise UserError(f"recipe {str(path)!r} is empty; a recipe is a YAML mapping (see `primus-slurm recipes` "
+                        "for examples)")
     if not isinstance(loaded, dict):
         raise UserError(f"recipe {str(path)!r} must be a mapping at the top level")
     return _substitute_recipe_dir(loaded, path.resolve().parent)
@@ -120,6 +121,9 @@ def find_recipe(name: str, relative_to: Path | None = None) -> Path:
     for cand in candidates:
         if cand.is_file():
             return cand
+    if Path(name).is_dir():
+        raise UserError(f"recipe {name!r} is a directory, not a regular file; give a recipe .yaml file or a name "
+                        "from `primus-slurm recipes`")
     raise UserError(f"recipe or preset {name!r} not found (looked in {', '.join(str(c) for c in candidates)})")
 
 

@@ -37,6 +37,9 @@ def test_local_job_completes_with_follow_and_status(job_env, job_recipe):
     rest, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     assert "training finished | iterations 4 | exit 0" in rest
+    assert "] arg " not in rest and "arg " not in line  # settings lines folded into one note while following
+    run_dir = Path(status_json(job_env, run_id)["run_dir"])
+    assert "] arg experiment.mode = sleep:3" in (run_dir / "logs" / "rank-0" / "debug.log").read_text()
 
     row = status_json(job_env, run_id)
     assert row["executor"] == "local" and row["state"] == "COMPLETED" and row["exit_code"] == 0
@@ -76,3 +79,24 @@ def test_unknown_run_is_a_clean_user_error(job_env):
     out = cli(job_env, "logs", "no-such-run")
     assert out.returncode == 2 and out.stderr.startswith("error: RUN 'no-such-run'")
     assert "Traceback" not in out.stderr
+
+
+def test_ctrl_c_stops_following_not_the_job(job_env, job_recipe):
+    import signal
+
+    proc = subprocess.Popen([str(CLI), "submit", str(job_recipe("sleep:300")), "--follow", *LOCAL],
+                            env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = ""
+    while "iteration 1/4" not in seen:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()
+        seen += line
+    assert "(the resolved settings, `arg …` lines, are in " in seen and "] arg " not in seen
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=30)
+    run_id = next(w for w in err.split() + seen.split() if w.count("-") == 2 and w[:8].isdigit())
+    assert proc.returncode == 130, err
+    assert f"stopped following; run {run_id} keeps running. Re-attach: primus-slurm logs {run_id} -f; " \
+           f"stop it: primus-slurm cancel {run_id}" in err
+    assert status_json(job_env, run_id)["state"] == "RUNNING"
+    assert cli(job_env, "cancel", run_id).returncode == 0

@@ -43,6 +43,7 @@ def main() -> int:
         print(text, flush=True)
 
     line(f"primus-trainer start | attempt {attempt} | world_size {world} | device cpu | resumed_from none")
+    line(f"arg experiment.mode = {mode}")  # the real trainer logs every resolved setting so
     line(f"allreduce | sum {value.item():g} | expected {expected:g} | nodes {','.join(gathered)}")
     if value.item() != expected:
         return 4
