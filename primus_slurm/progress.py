@@ -30,7 +30,9 @@ class Progress:
     last_checkpoint: str | None = None
     diverged: bool = False
     finished: bool = False
-    exit_code: int | None = None        # from `training finished | ... | exit N`
+    exit_code: int | None = None        # from `training finished | ... | exit N` (or an error line: 2 / 1)
+    error: str | None = None            # the last `error |`, `config error |` or `resume refused |` line
+    avg_tokens_per_s_gpu: float | None = None  # from `training summary` (the run's average, not the last window)
     last_event: str | None = None       # timestamp of the last line (local time, as logged)
     log_mtime: float | None = None
 
@@ -75,6 +77,10 @@ def _num(text: str | None) -> float | None:
         return None
 
 
+# the trainer's one-line failures (trainer/__main__.py) and their exit codes (docs/contract.md section 4)
+ERROR_HEADS = {"error": 1, "config error": 2, "resume refused": 2}
+
+
 def parse_lines(lines: list[str], progress: Progress) -> Progress:
     for raw in lines:
         m = _STAMP.match(raw.rstrip("\n"))
@@ -107,6 +113,12 @@ def parse_lines(lines: list[str], progress: Progress) -> Progress:
             progress.exit_code = int(code) if code and code.lstrip("-").isdigit() else None
         elif head.startswith("primus-trainer start"):
             progress.attempt = int(f.get("attempt", progress.attempt))
+        elif head == "training summary":
+            progress.avg_tokens_per_s_gpu = _num(f.get("tokens/s/GPU"))
+        elif head in ERROR_HEADS:
+            progress.error = body[:300]
+            if progress.exit_code is None:
+                progress.exit_code = ERROR_HEADS[head]
     return progress
 
 

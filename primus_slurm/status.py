@@ -108,8 +108,15 @@ def render_table(rows: list[dict], console=None) -> None:
         table.add_column(col, no_wrap=True)
     for r in rows:
         it = f"{r['iteration']}/{r['train_iters']}" if r["iteration"] is not None else "-"
+        # a finished run shows its average (`training summary`), a running one its last logged window
+        tokens = r.get("avg_tokens_per_s_gpu") if r.get("finished") and r.get("avg_tokens_per_s_gpu") else \
+            r["tokens_per_s_gpu"]
         table.add_row(r["run_id"], _fmt(r["name"]), _fmt(r["executor"]), _fmt(r["job_id"]), r["state"],
-                      _fmt(r["exit_code"]), it, _fmt(r["lm_loss"], ".4f"), _fmt(r["tokens_per_s_gpu"], ".1f"),
+                      _fmt(r["exit_code"]), it, _fmt(r["lm_loss"], ".4f"), _fmt(tokens, ".1f"),
                       _fmt(r["tflops_gpu"], ".2f"), _fmt(r["mem_peak_gib"], ".2f"), _eta(r["eta_s"]),
                       _fmt(r["last_checkpoint"]), str(r["restarts"]))
-    (console or Console(width=250)).print(table)
+    console = console or Console(width=250)
+    console.print(table)
+    for r in rows:  # why a run failed, from its trainer log
+        if r.get("error") and r["state"] not in ("RUNNING", "PENDING", "COMPLETED"):
+            console.print(f"{r['run_id']}: {r['error']}", markup=False, highlight=False)

@@ -190,6 +190,8 @@ SUBMIT_CASES = {
                                        f"experiment.workspace={_recipe(d, 'x', 'afile')}"],
                                       "cannot create the run directory"),
     "empty-recipe": lambda d: ([_recipe(d, "")], "is empty; a recipe is a YAML mapping"),
+    "tokenizer-dir-without-tokenizer": lambda d: ([QS, "--set", f"trainer.tokenizer.path={d}"],
+                                                  "is a directory without a tokenizer"),
     "comment-only-recipe": lambda d: ([_recipe(d, "# nothing yet\n", "comments.yaml")], "is empty"),
     "recipes-folder-as-recipe": lambda d: ([str(d)], "is a directory, not a regular file"),
     "top-level-list": lambda d: ([_recipe(d, "- a\n- b\n")], "must be a mapping"),

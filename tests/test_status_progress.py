@@ -77,3 +77,35 @@ def test_stall_uses_log_mtime_for_a_live_local_job(tmp_path):
         proc.kill()
         proc.wait()
     assert collect([entry])[0]["state"] == "FAILED"  # gone without an exit code
+
+
+def test_failures_and_the_run_average_reach_status(tmp_path):
+    """The trainer's one-line failures give status a reason and the exit code (no `training finished` line
+    follows them); a finished run's TOK/S/GPU is its `training summary` average, not the last window."""
+    import io
+
+    from rich.console import Console
+
+    from primus_slurm.status import render_table
+
+    p = parse_lines(["[2026-11-30 01:02:03] config error | trainer.tokenizer.path: no tokenizer.json in /x"], Progress())
+    assert (p.error, p.exit_code, p.finished) == ("config error | trainer.tokenizer.path: no tokenizer.json in /x", 2,
+                                                 False)
+    p = parse_lines(["[2026-11-30 01:02:03] error | RuntimeError: boom",
+                     "[2026-11-30 01:02:04] training finished | iterations 3 | exit 4"], Progress())
+    assert (p.error, p.exit_code) == ("error | RuntimeError: boom", 4)  # the finish line's code wins
+    summary = CONTRACT_LOG + ("[2026-11-30 01:03:00] training summary | iterations averaged 80 | tokens/s/GPU 999.5 | "
+                              "TFLOP/s/GPU 9.99 | ms/iter 130.0 | mem peak GiB 2.34\n"
+                              "[2026-11-30 01:03:01] training finished | iterations 100 | exit 0\n")
+    _write(tmp_path, "debug.log", summary)
+    p = read_progress(tmp_path)
+    assert p.avg_tokens_per_s_gpu == 999.5 and p.tokens_per_s_gpu == 1234.5
+    base = {"run_id": "r1", "name": "n", "executor": "local", "job_id": 1, "exit_code": 0, "restarts": 0,
+            **p.as_dict()}
+    out = io.StringIO()
+    render_table([{**base, "state": "COMPLETED"},
+                  {**base, "run_id": "r2", "state": "FAILED", "error": "config error | bad tokenizer"}],
+                 Console(file=out, width=250))
+    text = out.getvalue()
+    assert "999.5" in text and "1234.5" not in text
+    assert "r2: config error | bad tokenizer" in text and "r1: " not in text

@@ -39,8 +39,8 @@ def load_tokenizer(path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad trainer.tokenizer.path
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"trainer.tokenizer.path: cannot load tokenizer {path!r}: {first}") from None
+        reason = " ".join(str(e).split())[:400] or type(e).__name__  # the whole reason, on one line
+        raise DataError(f"trainer.tokenizer.path: cannot load tokenizer {path!r}: {reason}") from None
 
 
 def tokenizer_info(tok: Any) -> TokenizerInfo:
