@@ -39,8 +39,16 @@ def show(entry: dict, rank: int | None, stdout: bool, out=sys.stdout) -> None:
     info = {**entry, **runs.read_run_json(run_dir)}
     path = pick_log(run_dir, info, rank, stdout)
     if path is None or not path.exists():
+        run_id = entry["run_id"]
         what = "job stdout" if stdout else f"rank {rank or 0} trainer log"
-        raise UserError(f"run {entry['run_id']} has no {what} yet (try `logs {entry['run_id']} -f` or --stdout)")
+        if not run_dir.is_dir():
+            raise UserError(f"run {run_id}'s run directory {run_dir} no longer exists")
+        state = scheduler_state(run_dir, info).get("state")
+        if state in TERMINAL:
+            hint = "" if stdout else f"; its job stdout: `primus-slurm logs {run_id} --stdout`"
+            raise UserError(f"run {run_id} ended ({state}) without a {what}{hint}")
+        raise UserError(f"run {run_id} has no {what} yet (try `logs {run_id} -f`"
+                        f"{'' if stdout else ' or --stdout'})")
     out.write(path.read_text(errors="replace"))
     out.flush()
 

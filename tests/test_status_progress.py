@@ -109,3 +109,24 @@ def test_failures_and_the_run_average_reach_status(tmp_path):
     text = out.getvalue()
     assert "999.5" in text and "1234.5" not in text
     assert "r2: config error | bad tokenizer" in text and "r1: " not in text
+
+
+def test_logs_says_why_there_is_no_log(tmp_path):
+    """`logs RUN` on a run that ended before its trainer logged, and on a run whose directory is gone."""
+    import pytest
+
+    from primus_slurm import executors
+    from primus_slurm.errors import UserError
+    from primus_slurm.logs import show
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / executors.LOCAL_EXIT).write_text("1\n")  # the local wrapper's record of the script's exit
+    entry = {"run_id": "20261130-000000-abcdef", "run_dir": str(run_dir), "executor": "local"}
+    with pytest.raises(UserError, match=r"ended \(FAILED\) without a rank 0 trainer log; its job stdout: "
+                                        r"`primus-slurm logs 20261130-000000-abcdef --stdout`"):
+        show(entry, None, False)
+    with pytest.raises(UserError, match=r"ended \(FAILED\) without a job stdout$"):
+        show(entry, None, True)
+    with pytest.raises(UserError, match="run directory .* no longer exists"):
+        show({**entry, "run_dir": str(tmp_path / "gone")}, None, True)
