@@ -78,8 +78,10 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
     profile = profiles()[c["env_profile"]]
     env = job_env(resolved)
     python = c["python"]
-    if executor == "local" and python == "python3":
-        python = sys.executable  # the local job runs beside the launcher: use its interpreter
+    if python == "python3" and (executor == "local" or c["container"]["runtime"] == "none"):
+        # no container: the job runs the launcher's interpreter, the environment primus-slurm (and torch) were
+        # installed into (on Slurm that assumes a filesystem the nodes share; set cluster.python otherwise)
+        python = sys.executable
     context = {
         "run_id": run_id,
         "run_dir": run_dir,

@@ -138,3 +138,18 @@ def test_exponent_without_dot_is_a_number(tmp_path):
     assert (s["lr"], s["min_lr"], s["adam_eps"]) == (5e-3, 1e-4, 1e-6)
     with pytest.raises(Exception, match="trainer.schedule.lr"):
         load_recipe(recipe, ["trainer.schedule.lr=5e-3x"], env={})
+
+
+def test_bare_metal_slurm_runs_the_launchers_interpreter_and_containers_python3(tmp_path):
+    """Without a container the job runs the interpreter primus-slurm (and torch) were installed into; the
+    quickstart on `--executor slurm` used to fail on the node with "No module named 'torch'" from python3."""
+    import sys
+
+    def python_of(*sets):
+        r = load_recipe(recipes_dir() / "quickstart.yaml", overrides=["cluster.executor=slurm", *sets])
+        script = render_script(r.resolved, str(tmp_path), "20261130-000000-abcdef")
+        return re.search(r"^TRAIN=\(\n  (\S+) -m torch.distributed.run", script, re.M).group(1)
+
+    assert python_of() == shlex.quote(sys.executable)
+    assert python_of("cluster.container.runtime=apptainer", "cluster.container.image=/img.sif") == "python3"
+    assert python_of("cluster.python=/opt/venv/bin/python") == "/opt/venv/bin/python"
