@@ -11,12 +11,15 @@ from . import executors, registry, runs
 from . import logs as logs_mod
 from . import status as status_mod
 from . import submit as submit_mod
+from .errors import UserError
 
 
 @click.command("submit")
 @click.argument("recipe")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a recipe field")
-@click.option("--dry-run", is_flag=True, help="print the exact script and the resolved recipe; create nothing")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a recipe field, e.g. --set trainer.schedule.lr=1e-4 (repeatable)")
+@click.option("--dry-run", is_flag=True, help="print the script and the resolved recipe; create nothing (with "
+              "--run-id, exactly the script a submit with that id runs)")
 @click.option("--executor", type=click.Choice(["slurm", "local"]), help="override cluster.executor")
 @click.option("--run-id", help="use this run id instead of a fresh one (yyyymmdd-HHMMSS-xxxxxx)")
 @click.option("--follow", is_flag=True, help="stream the rank-0 log; exit with the job's exit code")
@@ -24,7 +27,10 @@ from . import submit as submit_mod
 def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
     """Render RECIPE into a job script and submit it."""
     prepared = submit_mod.prepare(recipe, overrides, executor, run_id)
+    if dry_run and follow:
+        raise UserError("--follow has nothing to follow with --dry-run (nothing is submitted)")
     if dry_run:
+        submit_mod.check(prepared)
         if as_json:
             click.echo(json.dumps({"run_id": prepared.run_id, "run_dir": str(prepared.run_dir),
                                    "executor": prepared.executor, "script": prepared.script,

@@ -45,11 +45,16 @@ def dry_run_text(p: Prepared) -> str:
     return p.script + "# ---- recipe.resolved.yaml (not part of the script) ----\n" + recipe
 
 
-def submit(p: Prepared) -> dict:
-    """Create the run dir, start the job, record it. Returns the registry entry."""
+def check(p: Prepared) -> None:
+    """What a submit refuses beyond the recipe itself; a dry run checks it too, so it prints only what would run."""
     paths.check_paths(p.recipe.resolved, p.executor)  # data/tokenizer/checkpoint paths visible from here
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
+
+
+def submit(p: Prepared) -> dict:
+    """Create the run dir, start the job, record it. Returns the registry entry."""
+    check(p)
     try:
         runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
     except OSError as exc:  # e.g. the workspace is a file, or not writable

@@ -190,6 +190,7 @@ SUBMIT_CASES = {
                                        f"experiment.workspace={_recipe(d, 'x', 'afile')}"],
                                       "cannot create the run directory"),
     "empty-recipe": lambda d: ([_recipe(d, "")], "is empty; a recipe is a YAML mapping"),
+    "dry-run-follow": lambda d: ([QS, "--dry-run", "--follow"], "--follow has nothing to follow with --dry-run"),
     "tokenizer-dir-without-tokenizer": lambda d: ([QS, "--set", f"trainer.tokenizer.path={d}"],
                                                   "is a directory without a tokenizer"),
     "comment-only-recipe": lambda d: ([_recipe(d, "# nothing yet\n", "comments.yaml")], "is empty"),
@@ -222,6 +223,8 @@ def test_existing_run_directory_is_never_reused(case, capsys):
     taken.mkdir(parents=True)
     (taken / "run.json").write_text("{}")
     submit_fails(case, capsys, [QS, "--executor", "slurm", "--run-id", run_id], "already exists")
+    # a dry run refuses the same: it prints only a script that a submit with that id would run
+    submit_fails(case, capsys, [QS, "--executor", "slurm", "--run-id", run_id, "--dry-run"], "already exists")
     assert (taken / "run.json").read_text() == "{}"
 
 
