@@ -124,7 +124,7 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
 
 # ---------------------------------------------------------------- local (setsid bash)
 
-_WRAPPER = 'bash "$1" >"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'
+_WRAPPER = 'bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'  # >>: a resumed run appends
 
 
 def _proc_start_ticks(pid: int) -> int | None:

@@ -10,6 +10,7 @@ import click
 from . import executors, registry, runs
 from . import logs as logs_mod
 from . import status as status_mod
+from . import resume as resume_mod
 from . import submit as submit_mod
 from .errors import UserError
 
@@ -94,6 +95,18 @@ def cancel_cmd(run):
     click.echo(f"cancelled run {entry['run_id']} (job {entry['job_id']})")
 
 
+@click.command("resume")
+@click.argument("run")
+@click.option("--follow", is_flag=True, help="stream the rank-0 log; exit with the job's exit code")
+def resume_cmd(run, follow):
+    """Submit a stopped RUN again (same script, a new job); training resumes from its latest checkpoint."""
+    entry = resume_mod.resume(run)
+    click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
+               f"(attempt {entry['attempt']}, {entry['note']})")
+    if follow:
+        sys.exit(logs_mod.follow(entry))
+
+
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def list_cmd(as_json):
@@ -108,5 +121,5 @@ def list_cmd(as_json):
 
 
 def register(group: click.Group) -> None:
-    for command in (submit_cmd, status_cmd, logs_cmd, cancel_cmd, list_cmd):
+    for command in (submit_cmd, status_cmd, logs_cmd, cancel_cmd, resume_cmd, list_cmd):
         group.add_command(command)

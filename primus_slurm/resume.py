@@ -1,0 +1,62 @@
+"""`resume RUN`: submit a stopped run's own job script again, as a new job; the trainer resumes from the run's
+`checkpoints/latest` (trainer.checkpoint.resume: auto, the recipe hash checked).
+
+The script is the one the run was submitted with (`job.sbatch`), so the resumed job runs the same resolved
+recipe and code. It writes the next attempt number to `attempt-base`, which the script adds to Slurm's restart
+count, so the new attempt logs to a file of its own (`logs/rank-0/debug.attempt-N.log`). A run that is still
+queued or running, that completed, or whose run directory is gone is refused with one line.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from . import executors, registry, runs
+from .errors import UserError
+from .logs import scheduler_state
+from .progress import rank_logs, read_progress
+from .status import TERMINAL
+
+ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
+
+
+def next_attempt(run_dir: Path) -> int:
+    """One past the highest attempt any rank-0 log records (0 when the run never logged)."""
+    logs = rank_logs(run_dir, 0)
+    if not logs:
+        return 0
+    name = logs[-1].name
+    return 1 if name == "debug.log" else int(name[len("debug.attempt-"):-len(".log")]) + 1
+
+
+def resume(ref: str) -> dict:
+    """Submit RUN's job script again; returns the updated registry entry (with a `note` for the user)."""
+    entry = registry.find(ref)
+    run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
+    if not (run_dir / "job.sbatch").is_file():
+        raise UserError(f"run {run_id}'s run directory {run_dir} (or its job.sbatch) no longer exists")
+    info = {**entry, **runs.read_run_json(run_dir)}
+    state = scheduler_state(run_dir, info).get("state")
+    if state not in TERMINAL:
+        raise UserError(f"run {run_id} is {state}; `primus-slurm cancel {run_id}` it first, or follow it with "
+                        f"`primus-slurm logs {run_id} -f`")
+    progress = read_progress(run_dir)
+    if progress.finished and progress.exit_code == 0:
+        raise UserError(f"run {run_id} completed (iteration {progress.iteration}); nothing to resume")
+    attempt = next_attempt(run_dir)
+    (run_dir / ATTEMPT_BASE).write_text(f"{attempt}\n")
+    history = [*info.get("jobs", []), {"job_id": info.get("job_id"), "state": state}]
+    if info.get("executor") == "local":
+        for name in (executors.LOCAL_EXIT, executors.LOCAL_CANCELLED):  # the previous job's end markers
+            (run_dir / name).unlink(missing_ok=True)
+        info.update(executors.submit_local(run_dir))
+    else:
+        job_id, submitted = executors.submit_slurm((run_dir / "job.sbatch").read_text(), run_dir)
+        info.update(job_id=job_id, submitted_file=str(submitted))
+    info.update(jobs=history, resume_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    runs.write_run_json(run_dir, info)
+    new = {**entry, "job_id": info["job_id"]}
+    registry.record(new)
+    latest = run_dir / "checkpoints" / "latest"
+    note = (f"from {latest.read_text().strip()}" if latest.is_file() else "no checkpoint yet: from iteration 0")
+    return {**new, "attempt": attempt, "note": note}

@@ -1,0 +1,60 @@
+"""`primus-slurm resume RUN` on real trainer jobs: a cancelled run (checkpointed, exit 75) is submitted again
+and finishes from its checkpoint in a log of its own; running, completed and vanished runs are refused."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, status_json, wait_state
+from reliability_support import trainer_recipe, wait_text
+from test_train_support import SMALL
+
+pytestmark = pytest.mark.slow
+
+
+def _submit(env, recipe, executor, *sets):
+    args = [x for s in (*SMALL, *sets) for x in ("--set", s)]
+    out = cli(env, "submit", str(recipe), "--json", "--executor", executor, *args)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_path, request):
+    if executor == "slurm":
+        request.getfixturevalue("local_slurm")
+    recipe = trainer_recipe(tmp_path, f"resume{executor}")
+    entry = _submit(job_env, recipe, executor, "trainer.schedule.train_iters=300")
+    run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
+    first = run_dir / "logs" / "rank-0" / "debug.log"
+    wait_text(first, "] iteration 3/", 240)
+    refused = cli(job_env, "resume", run_id)  # still running
+    assert refused.returncode == 2 and "is RUNNING; `primus-slurm cancel" in refused.stderr, refused.stderr
+    assert cli(job_env, "cancel", run_id).returncode == 0
+    wait_state(job_env, run_id, {"CANCELLED", "FAILED", "COMPLETED"}, timeout=120, key="scheduler_state")
+    stopped = int(re.search(r"training finished \| iterations (\d+) \| exit 75", wait_text(first, "exit 75", 60))[1])
+
+    out = cli(job_env, "resume", run_id)
+    assert out.returncode == 0, out.stderr
+    assert re.search(rf"resumed run {run_id} as {executor} job \S+ \(attempt 1, from iter_{stopped:07d}\)",
+                     out.stdout), out.stdout
+    row = wait_state(job_env, run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300, key="scheduler_state")
+    second = (run_dir / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
+    assert row["state"] == "COMPLETED" and row["restarts"] == 1 and row["iteration"] == 300, row
+    assert f"resumed_from checkpoints/iter_{stopped:07d}" in second
+    logged = [int(i) for i in re.findall(r"\] iteration (\d+)/300 ", second)]
+    assert logged and min(logged) > stopped and logged[-1] == 300, logged  # continues, does not start over
+    assert second.rstrip().endswith("training finished | iterations 300 | exit 0")
+    assert "exit 75" in first.read_text() and "exit 0" not in first.read_text()  # attempt 0's log untouched
+    info = json.loads((run_dir / "run.json").read_text())
+    assert [j["job_id"] for j in info["jobs"]] == [entry["job_id"]] and info["job_id"] != entry["job_id"]
+
+    done = cli(job_env, "resume", run_id)
+    assert done.returncode == 2 and "completed (iteration 300); nothing to resume" in done.stderr, done.stderr
+    shutil.rmtree(run_dir)
+    gone = cli(job_env, "resume", run_id)
+    assert gone.returncode == 2 and "no longer exists" in gone.stderr, gone.stderr
