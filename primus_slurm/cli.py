@@ -66,8 +66,25 @@ def recipes(ctx: click.Context) -> None:
         from primus_slurm.resources import recipes_dir
 
         for path in sorted(recipes_dir().glob("*.yaml")):
-            first = path.read_text().splitlines()[0].lstrip("# ") if path.stat().st_size else ""
-            click.echo(f"{path.stem:36s} {first}")
+            click.echo(f"{path.stem:36s} {_summary(path.read_text())}")
+
+
+def _summary(text: str, width: int = 110) -> str:
+    """A recipe's first sentence, from its leading comment lines, cut at a word with an ellipsis past `width`."""
+    head = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        head.append(line.lstrip("# ").strip())
+    words = " ".join(head).split()
+    sentence = " ".join(words)
+    for i, word in enumerate(words):
+        if word.endswith(".") and i + 1 < len(words) and words[i + 1][:1].isupper():
+            sentence = " ".join(words[:i + 1])
+            break
+    if len(sentence) <= width:
+        return sentence
+    return sentence[:width].rsplit(" ", 1)[0].rstrip(",;:") + " …"
 
 
 @recipes.command("show")

@@ -153,3 +153,19 @@ def test_bare_metal_slurm_runs_the_launchers_interpreter_and_containers_python3(
     assert python_of() == shlex.quote(sys.executable)
     assert python_of("cluster.container.runtime=apptainer", "cluster.container.image=/img.sif") == "python3"
     assert python_of("cluster.python=/opt/venv/bin/python") == "/opt/venv/bin/python"
+
+
+def test_recipes_listing_gives_each_recipe_its_first_sentence():
+    from primus_slurm.cli import _summary
+
+    text = "# Llama LoRA, BF16, packed data on\n# 8 GPUs. Second sentence here.\nexperiment: {}\n# not this\n"
+    assert _summary(text) == "Llama LoRA, BF16, packed data on 8 GPUs."
+    long = "# " + "word " * 40 + "\n"
+    assert _summary(long, width=30) == "word word word word word word …"
+    assert _summary("experiment: {}\n") == ""
+    from conftest import CLI
+
+    out = subprocess.run([str(CLI), "recipes"], capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == len(list(recipes_dir().glob("*.yaml")))
+    assert all(len(line) <= 37 + 112 and not line.rstrip().endswith(("on", "the", ",")) for line in lines), lines
