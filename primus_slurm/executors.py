@@ -122,6 +122,16 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     return states
 
 
+def slurm_listed(job_id: str, runner=subprocess.run) -> str | None:
+    """The controller's state of a job it still lists (PENDING, RUNNING, COMPLETING, ...), else None: a job
+    squeue no longer shows has no process left, whatever accounting says or lacks."""
+    out = runner(["squeue", "--noheader", "--states=all", "-j", str(job_id), "-o", "%T"], capture_output=True,
+                 text=True)
+    state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+    return state if state and state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
+                                            "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE") else None
+
+
 # ---------------------------------------------------------------- local (setsid bash)
 
 _WRAPPER = 'bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'  # >>: a resumed run appends

@@ -104,7 +104,7 @@ def resume_cmd(run, follow):
     click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
                f"(attempt {entry['attempt']}, {entry['note']})")
     if follow:
-        sys.exit(logs_mod.follow(entry))
+        sys.exit(logs_mod.follow(entry, min_attempt=entry["attempt"]))
 
 
 @click.command("list")

@@ -1,6 +1,7 @@
 """`logs`: print or follow a run's trainer log (or its job stdout) until the job ends."""
 from __future__ import annotations
 
+import codecs
 import re
 import sys
 import time
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from . import executors, runs
 from .errors import UserError
-from .progress import rank_logs, read_progress
+from .progress import attempt_of, rank_logs, read_progress
 from .status import TERMINAL
 
 POLL_S = 0.5
@@ -26,11 +27,12 @@ def scheduler_state(run_dir: Path, info: dict) -> dict:
     return executors.slurm_states([str(info["job_id"])]).get(str(info["job_id"]), {"state": "UNKNOWN"})
 
 
-def pick_log(run_dir: Path, info: dict, rank: int | None, stdout: bool) -> Path | None:
-    """--stdout: the job's stdout; else the newest attempt of rank N's trainer log (None until it exists)."""
+def pick_log(run_dir: Path, info: dict, rank: int | None, stdout: bool, min_attempt: int = 0) -> Path | None:
+    """--stdout: the job's stdout; else the newest attempt (>= min_attempt) of rank N's trainer log (None until
+    it exists)."""
     if stdout:
         return job_stdout(run_dir, info)
-    found = rank_logs(run_dir, rank or 0)
+    found = [p for p in rank_logs(run_dir, rank or 0) if attempt_of(p) >= min_attempt]
     return found[-1] if found else None
 
 
@@ -57,12 +59,19 @@ ARG_LINE = re.compile(r"^\[[^\]]*\] arg ")
 
 
 class _Printer:
-    """Writes a followed trainer log line by line, the resolved-settings (`arg …`) lines folded into one note."""
+    """Writes a followed log: bytes decoded incrementally (a character split across reads stays whole); for a
+    trainer log, line by line with the resolved-settings (`arg …`) lines folded into one note per file."""
 
-    def __init__(self, out, run_dir: Path):
-        self.out, self.run_dir, self.partial, self.args = out, run_dir, "", 0
+    def __init__(self, out, fold_args: bool):
+        self.out, self.fold_args = out, fold_args
+        self.decoder, self.partial, self.args = codecs.getincrementaldecoder("utf-8")("replace"), "", 0
 
-    def write(self, text: str, path: Path) -> None:
+    def write(self, data: bytes, path: Path) -> None:
+        text = self.decoder.decode(data)
+        if not self.fold_args:
+            self.out.write(text)
+            self.out.flush()
+            return
         lines = (self.partial + text).split("\n")
         self.partial = lines.pop()
         shown = []
@@ -78,48 +87,54 @@ class _Printer:
             self.out.flush()
 
     def close(self) -> None:
-        if self.partial:
-            self.out.write(self.partial + "\n")
+        """End of a file: what is left, then a fresh decoder and note for the next one."""
+        rest = self.partial + self.decoder.decode(b"", final=True)
+        if rest:
+            self.out.write(rest + ("\n" if self.fold_args else ""))
             self.out.flush()
-            self.partial = ""
+        self.decoder, self.partial, self.args = codecs.getincrementaldecoder("utf-8")("replace"), "", 0
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    if not path.exists():
+        return b""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read()
 
 
 def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.stdout,
-           err=sys.stderr) -> int:
-    """Stream the log as it grows (switching to a newer attempt's file) until the job ends.
+           err=sys.stderr, min_attempt: int = 0) -> int:
+    """Stream the log as it grows (switching to a newer attempt's file) until the job ends; min_attempt skips
+    earlier attempts' logs (a resumed run's).
 
     Returns the job's exit code (1 when it ended badly without one); Ctrl-C stops following, not the job (130)."""
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
     current, offset, state = None, 0, {"state": "PENDING"}
-    printer = _Printer(out, run_dir)
+    printer = _Printer(out, fold_args=not stdout)
     try:
         while True:
             ended = state.get("state") in TERMINAL
-            path = pick_log(run_dir, info, rank, stdout)
+            path = pick_log(run_dir, info, rank, stdout, min_attempt)
             if path is not None and path != current:
+                if current is not None:  # the old attempt's last lines first
+                    printer.write(_read_from(current, offset), current)
                 printer.close()
                 current, offset = path, 0
-            if current is not None and current.exists():
-                with open(current, "rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read()
+            if current is not None:
+                data = _read_from(current, offset)
                 if data:
                     offset += len(data)
-                    text = data.decode("utf-8", "replace")
-                    if stdout:
-                        out.write(text)
-                        out.flush()
-                    else:
-                        printer.write(text, current)
+                    printer.write(data, current)
             if ended:
                 break
             time.sleep(POLL_S)
             state = scheduler_state(run_dir, info)
             if state.get("state") == "UNKNOWN":  # scheduler forgot the job (no accounting): ask the trainer log
                 progress = read_progress(run_dir)
-                if progress.finished:
-                    state = {"state": "COMPLETED" if progress.exit_code == 0 else "FAILED",
+                if progress.finished or progress.error is not None:
+                    state = {"state": "COMPLETED" if progress.finished and progress.exit_code == 0 else "FAILED",
                              "exit_code": progress.exit_code}
     except KeyboardInterrupt:
         printer.close()

@@ -25,6 +25,17 @@ def _get(resolved: dict, dotted: str):
     return node
 
 
+TOKENIZER_FIELD = "trainer.tokenizer.path"
+
+
+def _has_tokenizer(folder: str) -> bool:
+    """Any file an HF tokenizer loads from: tokenizer.json / tokenizer_config.json, or a vocabulary file
+    (vocab.*, *.model sentencepiece, merges.txt, *.tiktoken)."""
+    names = os.listdir(folder)
+    return any(n in ("tokenizer.json", "tokenizer_config.json", "merges.txt") or n.startswith("vocab.")
+               or n.endswith((".model", ".tiktoken")) for n in names)
+
+
 def _host_path(path: str, cluster: dict) -> str | None:
     """Where `path` (as the job sees it) lies on this machine; None when it cannot be seen from here."""
     container = cluster.get("container") or {}
@@ -46,6 +57,9 @@ def check_paths(resolved: dict, executor: str) -> None:
         if not isinstance(value, str) or not value.startswith(("/", "~")):
             continue  # unset, relative, or a hub name
         host = _host_path(os.path.expanduser(value), cluster)
+        if host is not None and field == TOKENIZER_FIELD and os.path.isdir(host) and not _has_tokenizer(host):
+            raise UserError(f"`{field}` is {value!r:.200}, a directory without a tokenizer (no tokenizer.json, "
+                            "tokenizer_config.json or vocabulary file in it)")
         if host is None or os.path.exists(host):
             continue
         top = PurePosixPath(host).parts[:2]

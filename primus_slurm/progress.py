@@ -46,6 +46,12 @@ class Progress:
         return {**asdict(self), "eta_s": self.eta_s}
 
 
+def attempt_of(log: Path) -> int:
+    """The attempt a trainer log belongs to: 0 for debug.log, N for debug.attempt-N.log."""
+    m = _ATTEMPT_FILE.match(Path(log).name)
+    return int(m.group(1)) if m else 0
+
+
 def rank_logs(run_dir: Path, rank: int = 0) -> list[Path]:
     """The trainer logs of `rank`, attempt 0 first."""
     folder = Path(run_dir) / "logs" / f"rank-{rank}"

@@ -81,6 +81,9 @@ def find(ref: str) -> dict:
         hits = [r for r in runs if str(r.get(key)) == ref]
         if hits:
             return hits[-1]
+    hits = [r for r in runs if ref in (str(j) for j in r.get("jobs") or ())]  # a job before a `resume`
+    if hits:
+        return hits[-1]
     as_path = os.path.abspath(os.path.expanduser(ref))
     hits = [r for r in runs if r.get("run_dir") == as_path]
     if hits:

@@ -78,9 +78,11 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
     profile = profiles()[c["env_profile"]]
     env = job_env(resolved)
     python = c["python"]
-    if python == "python3" and (executor == "local" or c["container"]["runtime"] == "none"):
-        # no container: the job runs the launcher's interpreter, the environment primus-slurm (and torch) were
-        # installed into (on Slurm that assumes a filesystem the nodes share; set cluster.python otherwise)
+    runtime = c["container"]["runtime"]
+    if python == "python3" and (runtime == "none" or (executor == "local" and runtime == "pyxis")):
+        # no container (pyxis is srun's, so a local job runs bare): the job runs the launcher's interpreter, the
+        # environment primus-slurm (and torch) were installed into (on Slurm that assumes a filesystem the nodes
+        # share; set cluster.python otherwise)
         python = sys.executable
     context = {
         "run_id": run_id,

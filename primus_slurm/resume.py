@@ -14,7 +14,7 @@ from pathlib import Path
 from . import executors, registry, runs
 from .errors import UserError
 from .logs import scheduler_state
-from .progress import rank_logs, read_progress
+from .progress import attempt_of, rank_logs, read_progress
 from .status import TERMINAL
 
 ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
@@ -23,10 +23,7 @@ ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
 def next_attempt(run_dir: Path) -> int:
     """One past the highest attempt any rank-0 log records (0 when the run never logged)."""
     logs = rank_logs(run_dir, 0)
-    if not logs:
-        return 0
-    name = logs[-1].name
-    return 1 if name == "debug.log" else int(name[len("debug.attempt-"):-len(".log")]) + 1
+    return attempt_of(logs[-1]) + 1 if logs else 0
 
 
 def resume(ref: str) -> dict:
@@ -36,16 +33,21 @@ def resume(ref: str) -> dict:
     if not (run_dir / "job.sbatch").is_file():
         raise UserError(f"run {run_id}'s run directory {run_dir} (or its job.sbatch) no longer exists")
     info = {**entry, **runs.read_run_json(run_dir)}
-    state = scheduler_state(run_dir, info).get("state")
-    if state not in TERMINAL:
-        raise UserError(f"run {run_id} is {state}; `primus-slurm cancel {run_id}` it first, or follow it with "
-                        f"`primus-slurm logs {run_id} -f`")
+    old = scheduler_state(run_dir, info)
+    if info.get("executor") == "local":
+        busy = old.get("state") if old.get("state") not in TERMINAL else None
+    else:  # ended for Slurm only once the controller stops listing it (COMPLETING: its processes still run)
+        busy = executors.slurm_listed(str(info.get("job_id")))
+    if busy:
+        raise UserError(f"run {run_id} is {busy} (job {info.get('job_id')}); resume it once it has ended, "
+                        f"`primus-slurm cancel {run_id}` to end it, or follow it with `primus-slurm logs {run_id} -f`")
     progress = read_progress(run_dir)
     if progress.finished and progress.exit_code == 0:
         raise UserError(f"run {run_id} completed (iteration {progress.iteration}); nothing to resume")
     attempt = next_attempt(run_dir)
     (run_dir / ATTEMPT_BASE).write_text(f"{attempt}\n")
-    history = [*info.get("jobs", []), {"job_id": info.get("job_id"), "state": state}]
+    history = [*info.get("jobs", []), {"job_id": info.get("job_id"), "state": old.get("state"),
+                                       "exit_code": old.get("exit_code")}]
     if info.get("executor") == "local":
         for name in (executors.LOCAL_EXIT, executors.LOCAL_CANCELLED):  # the previous job's end markers
             (run_dir / name).unlink(missing_ok=True)
@@ -55,7 +57,7 @@ def resume(ref: str) -> dict:
         info.update(job_id=job_id, submitted_file=str(submitted))
     info.update(jobs=history, resume_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     runs.write_run_json(run_dir, info)
-    new = {**entry, "job_id": info["job_id"]}
+    new = {**entry, "job_id": info["job_id"], "jobs": [j["job_id"] for j in history]}  # `find` knows the old ids
     registry.record(new)
     latest = run_dir / "checkpoints" / "latest"
     note = (f"from {latest.read_text().strip()}" if latest.is_file() else "no checkpoint yet: from iteration 0")

@@ -38,8 +38,8 @@ def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall
     """The state shown to users: the scheduler's, refined by DIVERGED and STALLED."""
     state = (base or {}).get("state")
     if state is None:  # scheduler has forgotten the job (no accounting): trust the trainer's last word
-        if progress.finished:
-            state = "COMPLETED" if progress.exit_code == 0 else "FAILED"
+        if progress.finished or progress.error is not None:
+            state = "COMPLETED" if progress.finished and progress.exit_code == 0 else "FAILED"
         else:
             state = "UNKNOWN"
     if progress.diverged and state not in ("CANCELLED",):

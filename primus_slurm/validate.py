@@ -3,14 +3,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from pathlib import Path
 
 from primus_slurm.errors import UserError
 from primus_slurm.schema import ALWAYS_SECRET, ENV_NAME_RE
-
-# what a local tokenizer directory holds at least one of (HF tokenizers: fast, config, sentencepiece, BPE, WordPiece)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
 
 SBATCH_FLAG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@%/+=&|\[\]*!-]+)?$")
 CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,&|\[\]*()!:-]+$")
@@ -216,10 +211,7 @@ def _data_and_schedule(t: dict) -> None:
         fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
     if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:
         fail("`trainer.tokenizer.path` is required (a local tokenizer directory or a hub name)")
-    tok = Path(str(t["tokenizer"]["path"] or ""))
-    if d["format"] != "mlperf_npy" and tok.is_dir() and not any((tok / f).is_file() for f in TOKENIZER_FILES):
-        fail(f"`trainer.tokenizer.path` {str(tok)!r} is a directory without a tokenizer (none of "
-             f"{', '.join(TOKENIZER_FILES)})")
+
     if s["eval_interval"] and not (d["validation"]["path"] or d["validation"]["hf_name"]):
         fail("`trainer.schedule.eval_interval` is set but `trainer.data.validation` has no path or hf_name")
     if s["min_lr"] > s["lr"]:

@@ -29,15 +29,16 @@ def test_local_job_completes_with_follow_and_status(job_env, job_recipe):
     assert not list((recipe.parent / "ws").rglob(run_id)) and cli(job_env, "list", "--json").stdout.strip() == "[]"
     proc = subprocess.Popen([str(CLI), "submit", str(recipe), "--run-id", run_id, "--follow", *LOCAL],
                             env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    line = ""
+    line, seen = "", ""
     while "iteration 1/4" not in line:  # --follow streams while the job runs
         line = proc.stdout.readline()
         assert line or proc.poll() is None, proc.stderr.read()
+        seen += line
     assert status_json(job_env, run_id)["state"] == "RUNNING"
     rest, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     assert "training finished | iterations 4 | exit 0" in rest
-    assert "] arg " not in rest and "arg " not in line  # settings lines folded into one note while following
+    assert "(the resolved settings, `arg …` lines, are in " in seen and "] arg " not in seen + rest  # folded
     run_dir = Path(status_json(job_env, run_id)["run_dir"])
     assert "] arg experiment.mode = sleep:3" in (run_dir / "logs" / "rank-0" / "debug.log").read_text()
 

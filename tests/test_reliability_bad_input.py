@@ -192,7 +192,7 @@ SUBMIT_CASES = {
     "empty-recipe": lambda d: ([_recipe(d, "")], "is empty; a recipe is a YAML mapping"),
     "dry-run-follow": lambda d: ([QS, "--dry-run", "--follow"], "--follow has nothing to follow with --dry-run"),
     "tokenizer-dir-without-tokenizer": lambda d: ([QS, "--set", f"trainer.tokenizer.path={d}"],
-                                                  "is a directory without a tokenizer"),
+                                                  "a directory without a tokenizer (no tokenizer.json"),
     "comment-only-recipe": lambda d: ([_recipe(d, "# nothing yet\n", "comments.yaml")], "is empty"),
     "recipes-folder-as-recipe": lambda d: ([str(d)], "is a directory, not a regular file"),
     "top-level-list": lambda d: ([_recipe(d, "- a\n- b\n")], "must be a mapping"),

@@ -3,14 +3,17 @@ and finishes from its checkpoint in a log of its own; running, completed and van
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from conftest import cli, status_json, wait_state
-from reliability_support import trainer_recipe, wait_text
+from primus_slurm import executors
+from reliability_support import trainer_recipe, wait_for, wait_text, worker_pids
 from test_train_support import SMALL
 
 pytestmark = pytest.mark.slow
@@ -32,16 +35,24 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     first = run_dir / "logs" / "rank-0" / "debug.log"
     wait_text(first, "] iteration 3/", 240)
-    refused = cli(job_env, "resume", run_id)  # still running
-    assert refused.returncode == 2 and "is RUNNING; `primus-slurm cancel" in refused.stderr, refused.stderr
+    worker = worker_pids(run_dir)[0]
+    os.kill(worker, signal.SIGSTOP)  # however fast the machine, the run is mid-way while resume is refused
+    try:
+        refused = cli(job_env, "resume", run_id)  # still running
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert refused.returncode == 2 and "is RUNNING (job " in refused.stderr, refused.stderr
     assert cli(job_env, "cancel", run_id).returncode == 0
     wait_state(job_env, run_id, {"CANCELLED", "FAILED", "COMPLETED"}, timeout=120, key="scheduler_state")
     stopped = int(re.search(r"training finished \| iterations (\d+) \| exit 75", wait_text(first, "exit 75", 60))[1])
 
-    out = cli(job_env, "resume", run_id)
+    if executor == "slurm":  # ended for the controller too (no longer COMPLETING) before a resume is taken
+        wait_for(lambda: executors.slurm_listed(entry["job_id"]) is None, 60, "the old job to leave squeue")
+    out = cli(job_env, "resume", run_id, "--follow", timeout=300)
     assert out.returncode == 0, out.stderr
     assert re.search(rf"resumed run {run_id} as {executor} job \S+ \(attempt 1, from iter_{stopped:07d}\)",
                      out.stdout), out.stdout
+    assert "exit 75" not in out.stdout and "attempt 1 |" in out.stdout  # follows the new attempt only
     row = wait_state(job_env, run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300, key="scheduler_state")
     second = (run_dir / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
     assert row["state"] == "COMPLETED" and row["restarts"] == 1 and row["iteration"] == 300, row
@@ -52,6 +63,8 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     assert "exit 75" in first.read_text() and "exit 0" not in first.read_text()  # attempt 0's log untouched
     info = json.loads((run_dir / "run.json").read_text())
     assert [j["job_id"] for j in info["jobs"]] == [entry["job_id"]] and info["job_id"] != entry["job_id"]
+    assert info["jobs"][0]["state"] in ("CANCELLED", "FAILED") and status_json(job_env, entry["job_id"])["run_id"] \
+        == run_id  # the old job id still finds the run
 
     done = cli(job_env, "resume", run_id)
     assert done.returncode == 2 and "completed (iteration 300); nothing to resume" in done.stderr, done.stderr

@@ -130,3 +130,24 @@ def test_logs_says_why_there_is_no_log(tmp_path):
         show(entry, None, True)
     with pytest.raises(UserError, match="run directory .* no longer exists"):
         show({**entry, "run_dir": str(tmp_path / "gone")}, None, True)
+
+
+def test_follow_printer_keeps_characters_and_lines_whole_and_notes_each_file():
+    import io
+    from pathlib import Path
+
+    from primus_slurm.logs import _Printer
+
+    out = io.StringIO()
+    printer = _Printer(out, fold_args=True)
+    text = "[t] arg a = 1\n[t] iteration 1/2 | lm loss 1 | note é\n[t] arg b = 2\n[t] last".encode()
+    cut = text.index("é".encode()) + 1  # inside the two-byte é
+    printer.write(text[:cut], Path("debug.log"))
+    printer.write(text[cut:], Path("debug.log"))
+    printer.close()  # the partial last line comes out at the file's end
+    printer.write(b"[t] arg c = 3\n[t] iteration 2/2\n", Path("debug.attempt-1.log"))
+    printer.close()
+    assert out.getvalue() == ("(the resolved settings, `arg …` lines, are in debug.log; not shown here)\n"
+                              "[t] iteration 1/2 | lm loss 1 | note é\n[t] last\n"
+                              "(the resolved settings, `arg …` lines, are in debug.attempt-1.log; not shown here)\n"
+                              "[t] iteration 2/2\n")
