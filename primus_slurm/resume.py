@@ -8,6 +8,7 @@ queued or running, that completed, or whose run directory is gone is refused wit
 """
 from __future__ import annotations
 
+import fcntl
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from .progress import attempt_of, rank_logs, read_progress
 from .status import TERMINAL
 
 ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
+LOCK = ".resume.lock"
 
 
 def next_attempt(run_dir: Path) -> int:
@@ -32,6 +34,15 @@ def resume(ref: str) -> dict:
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     if not (run_dir / "job.sbatch").is_file():
         raise UserError(f"run {run_id}'s run directory {run_dir} (or its job.sbatch) no longer exists")
+    with open(run_dir / LOCK, "w") as lock:  # two resumes at once would start two jobs in one run directory
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another `primus-slurm resume` of run {run_id} is in progress") from None
+        return _resume(entry, run_id, run_dir)  # the lock goes with the file's close
+
+
+def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     info = {**entry, **runs.read_run_json(run_dir)}
     old = scheduler_state(run_dir, info)
     if info.get("executor") == "local":

@@ -71,3 +71,22 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     shutil.rmtree(run_dir)
     gone = cli(job_env, "resume", run_id)
     assert gone.returncode == 2 and "no longer exists" in gone.stderr, gone.stderr
+
+
+def test_a_second_resume_of_the_same_run_at_once_is_refused(tmp_path, monkeypatch):
+    import fcntl
+
+    from primus_slurm import registry, resume
+    from primus_slurm.errors import UserError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "job.sbatch").write_text("#!/bin/bash\n")
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
+    registry.record({"run_id": "20261130-000000-abcdef", "run_dir": str(run_dir), "executor": "local",
+                     "job_id": "local-1"})
+    with open(run_dir / resume.LOCK, "w") as held:  # what a resume in progress holds
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(UserError, match="another `primus-slurm resume` of run 20261130-000000-abcdef is in "
+                                            "progress"):
+            resume.resume("20261130-000000-abcdef")
