@@ -83,6 +83,8 @@ def _exit_code(text: str) -> int | None:
 
 
 _ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}
 
 
 def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
@@ -128,8 +130,7 @@ def slurm_listed(job_id: str, runner=subprocess.run) -> str | None:
     out = runner(["squeue", "--noheader", "--states=all", "-j", str(job_id), "-o", "%T"], capture_output=True,
                  text=True)
     state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
-    return state if state and state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-                                            "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE") else None
+    return state if state and state not in TERMINAL else None
 
 
 # ---------------------------------------------------------------- local (setsid bash)

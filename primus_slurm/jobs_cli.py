@@ -84,7 +84,7 @@ def cancel_cmd(run):
     entry = registry.find(run)
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
-    ended = status_mod.collect([entry])[0]["scheduler_state"]
+    ended = logs_mod.scheduler_state(run_dir, info).get("state")
     if ended in status_mod.TERMINAL:
         click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) already ended ({ended}); nothing to cancel")
         return

@@ -133,9 +133,8 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
             state = scheduler_state(run_dir, info)
             if state.get("state") == "UNKNOWN":  # scheduler forgot the job (no accounting): ask the trainer log
                 progress = read_progress(run_dir)
-                if progress.finished or progress.error is not None:
-                    state = {"state": "COMPLETED" if progress.finished and progress.exit_code == 0 else "FAILED",
-                             "exit_code": progress.exit_code}
+                if progress.final_state:
+                    state = {"state": progress.final_state, "exit_code": progress.exit_code}
     except KeyboardInterrupt:
         printer.close()
         run_id = entry["run_id"]

@@ -37,6 +37,14 @@ class Progress:
     log_mtime: float | None = None
 
     @property
+    def final_state(self) -> str | None:
+        """COMPLETED / FAILED when the log says the trainer ended (a finish line or an error line), else None:
+        the state of a job the scheduler no longer knows."""
+        if not (self.finished or self.error is not None):
+            return None
+        return "COMPLETED" if self.finished and self.exit_code == 0 else "FAILED"
+
+    @property
     def eta_s(self) -> float | None:
         if self.finished or None in (self.iteration, self.train_iters, self.ms_per_iter):
             return None

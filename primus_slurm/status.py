@@ -6,10 +6,9 @@ import time
 from pathlib import Path
 
 from . import executors, registry, runs
+from .executors import TERMINAL
 from .progress import read_progress
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE"}
 DEFAULT_STALL_MINUTES = 30.0
 
 
@@ -38,10 +37,7 @@ def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall
     """The state shown to users: the scheduler's, refined by DIVERGED and STALLED."""
     state = (base or {}).get("state")
     if state is None:  # scheduler has forgotten the job (no accounting): trust the trainer's last word
-        if progress.finished or progress.error is not None:
-            state = "COMPLETED" if progress.finished and progress.exit_code == 0 else "FAILED"
-        else:
-            state = "UNKNOWN"
+        state = progress.final_state or "UNKNOWN"
     if progress.diverged and state not in ("CANCELLED",):
         return "DIVERGED"
     if state == "RUNNING" and stalled_for_s is not None and stalled_for_s > stall_minutes * 60:

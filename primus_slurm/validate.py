@@ -211,7 +211,6 @@ def _data_and_schedule(t: dict) -> None:
         fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
     if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:
         fail("`trainer.tokenizer.path` is required (a local tokenizer directory or a hub name)")
-
     if s["eval_interval"] and not (d["validation"]["path"] or d["validation"]["hf_name"]):
         fail("`trainer.schedule.eval_interval` is set but `trainer.data.validation` has no path or hf_name")
     if s["min_lr"] > s["lr"]:

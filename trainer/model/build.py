@@ -144,14 +144,13 @@ def build_model(cfg, device: torch.device):
 
 def _init_seed_of(model, seed: int):
     """Per-weight init seed: (experiment seed, global layer name, TP rank), so any PP layout draws alike."""
-    import zlib
-
     from megatron.core import parallel_state as ps
 
     from trainer.model.layout import namer
+    from trainer.model.lora import _seed
 
     global_name, tp_rank = namer(model), ps.get_tensor_model_parallel_rank()
-    return lambda name: (seed * 1_000_003 + zlib.crc32(f"{global_name(name)}@tp{tp_rank}".encode())) % 2**63
+    return lambda name: _seed(seed, f"{global_name(name)}@tp{tp_rank}") % 2**63
 
 
 def _gpt_model(config, m, device):

@@ -18,8 +18,9 @@ scaling quantizes with its running scale, which for a weight built at init is th
 weight lands in E4M3's subnormals) and is never revisited for a frozen weight. So under delayed scaling
 `copy_own_scale` quantizes through a current-scaling quantizer of the same FP8 format and copies data and
 scale into the parameter (TE's Float8Tensor-to-Float8Tensor copy); for random init `redraw_delayed` draws
-each weight again in BF16 (the scale-1.0 rounding has already lost it) and copies it in the same way. The GEMMs read each tensor's own scale, so the delayed recipe then only drives
-the activations and gradients (with its amax fused into the casts).
+each weight again in BF16 (the scale-1.0 rounding has already lost it) and copies it in the same way. The
+GEMMs read each tensor's own scale, so the delayed recipe then only drives the activations and gradients
+(with its amax fused into the casts).
 
 Pretrained weights (checkpoint.pretrained) are copied into the FP8 parameters tensor by tensor (`copy_own_scale`).
 `check_loaded` then compares each FP8 weight with the value copied into it and refuses one that is worse than

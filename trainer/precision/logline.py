@@ -82,5 +82,4 @@ def describe(cfg: Any, model: Any = None, mode: Optional[Mode] = None) -> str:
         fields.append(f"emulated_linears {emulated_layer_count(model)}")
     if weight:
         fields.append(f"weight_dtype {weight[1]}")
-
     return " | ".join(fields)

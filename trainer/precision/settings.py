@@ -88,8 +88,8 @@ class PrecisionSettings:
                 shown = "|".join("null" if a is None else a for a in allowed)
                 where = "trainer.distributed.device" if name == "device" else f"{FIELD}.{name}"
                 raise PrecisionError(f"{where}: {value!r} is not one of {shown}")
-        for name in ("bf16", "fp4_param", "fp8_param", "fp8_dot_product_attention", "fp4_param_gather", "fp4_emulation", "fp4_stochastic_rounding",
-                     "fp4_random_hadamard", "first_last_layers_bf16"):
+        for name in ("bf16", "fp4_param", "fp8_param", "fp8_dot_product_attention", "fp4_param_gather",
+                     "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard", "first_last_layers_bf16"):
             if not isinstance(getattr(self, name), bool):
                 raise PrecisionError(f"{FIELD}.{name}: expected true or false, got {getattr(self, name)!r}")
         for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
