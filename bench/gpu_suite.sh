@@ -5,7 +5,7 @@
 #   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
-#   bash bench/gpu_suite.sh 70bfast   the same without full recompute (adapter-input recompute, FP8 params)
+#   bash bench/gpu_suite.sh 70bfast   fp8_param tensorwise vs delayed, with and without full recompute (RUNS=...)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
 #   bash bench/gpu_suite.sh 70bprofile   the fastest 70B configuration profiled: operator table + device timeline
 #   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
@@ -70,22 +70,25 @@ case "${1:-}" in
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-packed --set trainer.precision.fp8=null \
         --set trainer.precision.fp8_param=false --timeout 560
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;
-  70bfast)  # fp8_param under the recipe's tensorwise scaling; delayed (own-scale weights since the fifth session's
-            # fix, not measured yet) in the same call for comparison
+  70bfast)  # fp8_param, tensorwise against delayed scaling (own-scale weights since the fifth session's fix), with
+            # and without full recompute; RUNS picks some (names below), WITH_BF16=1 adds BF16 without recompute
+    ALL="keep adapter-inputs full delayed-keep delayed-full"
+    [ -n "${WITH_BF16:-}" ] && ALL="$ALL bf16-keep"
+    for r in ${RUNS:-}; do
+      case " $ALL bf16-keep " in *" $r "*) ;; *) echo "70bfast: unknown run '$r' ($ALL bf16-keep)" >&2; exit 2 ;; esac
+    done
     NR=(--set trainer.recompute.granularity=null)
-    P8=(--set trainer.precision.fp8_param=true)
-    { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute-keep --timeout 300 "${NR[@]}" \
-          "${P8[@]}"  # fastest, 124 GiB
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-norecompute --timeout 300 "${NR[@]}" "${P8[@]}" \
-          --set trainer.recompute.adapter_inputs=true
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-fullrecompute --timeout 300 "${P8[@]}"
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-delayed-norecompute-keep --timeout 300 \
-          "${NR[@]}" "${P8[@]}" --set trainer.precision.fp8_recipe=delayed
-      $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-fp8param-delayed-fullrecompute --timeout 300 \
-          "${P8[@]}" --set trainer.precision.fp8_recipe=delayed
-      [ -n "${WITH_BF16:-}" ] && $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-bf16-norecompute --timeout 300 \
-          "${NR[@]}" --set trainer.precision.fp8=null --set trainer.precision.fp8_param=false
-    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
+    for r in ${RUNS:-$ALL}; do
+      case $r in
+        keep) set_r=("${NR[@]}") ;;  # fastest, 124 GiB
+        adapter-inputs) set_r=("${NR[@]}" --set trainer.recompute.adapter_inputs=true) ;;
+        full) set_r=() ;;
+        delayed-keep) set_r=("${NR[@]}" --set trainer.precision.fp8_recipe=delayed) ;;
+        delayed-full) set_r=(--set trainer.precision.fp8_recipe=delayed) ;;
+        bf16-keep) set_r=("${NR[@]}" --set trainer.precision.fp8=null --set trainer.precision.fp8_param=false) ;;
+      esac
+      $TP --recipe $R70 --nproc 2 --docs packed --label "70b-tp2-$r" --timeout 300 "${set_r[@]}"
+    done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70bfast.jsonl" ;;
   70bub)  # TE userbuffers: the sequence-parallel all-gathers / reduce-scatters overlapped with the GEMMs
     NR=(--set trainer.recompute.granularity=null)
     P8=(--set trainer.precision.fp8_param=true --set trainer.recompute.adapter_inputs=true)

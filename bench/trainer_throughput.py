@@ -45,6 +45,11 @@ def write_single_doc(directory: Path, n_packs: int, seq: int, vocab: int, seed: 
         {"max_samples_per_bin": 1, "dataset_max_seqlen": seq, "min_packed_seqlen": seq}) + "\n")
 
 
+def first_line(lines: list, kind: str) -> str:
+    """The first '<kind> | ...' line of a rank-0 log, without its prefix ('' if none)."""
+    return next((ln.split("] ", 1)[1] for ln in lines if f"] {kind} |" in ln), "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--recipe", required=True)
@@ -98,16 +103,16 @@ def main() -> int:
     except subprocess.TimeoutExpired as exc:
         rc, tail = 124, str(exc.stdout or "")[-1500:] + str(exc.stderr or "")[-1500:]
     p = read_progress(run_dir)
-    precision_line = ""
     log = run_dir / "logs/rank-0/debug.log"
-    if log.exists():
-        precision_line = next((ln.split("] ", 1)[1] for ln in log.read_text().splitlines() if "] precision |" in ln), "")
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    precision_line, weights_line = (first_line(lines, kind) for kind in ("precision", "fp8_param"))
     result = {
         "bench": "trainer_throughput", "label": args.label, "recipe": args.recipe, "overrides": args.overrides,
         "docs": args.docs, "nproc": args.nproc, "seq": seq, "global_batch_size": gbs, "iters": iters,
         "rc": rc, "wall_s": round(time.time() - t0, 1), "iteration": p.iteration, "lm_loss": p.lm_loss,
         "tokens_per_s_per_gpu": p.tokens_per_s_gpu, "tflops_per_gpu": p.tflops_gpu, "peak_mem_gib": p.mem_peak_gib,
         "ms_per_iter": p.ms_per_iter, "precision": precision_line,
+        "weights": weights_line,
         "job_env": {k: env[k] for k in sorted(job)},
     }
     if rc != 0:
