@@ -169,10 +169,8 @@ def table(runs: list[RunLog]) -> str:
     lines.append("")
     for run, series in zip(runs[1:], losses[1:]):
         mx, mean, n = divergence(losses[0], series)
-        if n:
-            lines.append(f"{run.label} vs {runs[0].label}: max |d lm loss| {mx:.6f}, mean {mean:.6f} over {n} iterations")
-        else:
-            lines.append(f"{run.label} vs {runs[0].label}: no common finite iterations")
+        what = f"max |d lm loss| {mx:.6f}, mean {mean:.6f} over {n} iterations" if n else "no common finite iterations"
+        lines.append(f"{run.label} against the reference {runs[0].label}: {what}")
     return "\n".join(lines)
 
 

@@ -7,10 +7,11 @@ import click
 def register(group: click.Group) -> None:
     @group.command("compare")
     @click.argument("runs", nargs=-1, required=True)
-    @click.option("--plot", "plot_path", default="compare.png", show_default=True,
-                  help="PNG of lm loss per iteration; '' for none.")
+    @click.option("--plot", "plot_path", default=None, metavar="PNG",
+                  help="Also write a plot of lm loss per iteration to this PNG file (default: no plot).")
     def compare_cmd(runs: tuple, plot_path: str) -> None:
-        """Per-iteration lm loss of RUNS (same seed, data, GBS, LR) with max/mean divergence."""
+        """Per-iteration lm loss of RUNS (same seed, data, GBS, LR), and each later run's max/mean divergence
+        from the first RUN (the reference)."""
         from .compare import compare
 
         click.echo(compare(list(runs), plot_path or None))

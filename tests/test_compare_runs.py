@@ -47,16 +47,21 @@ def test_compare_table_divergence_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2.600000" in out and "2.500000" in out
     assert "max |d lm loss| 0.200000, mean 0.100000 over 4 iterations" in out
-    assert "fp4 (fp4 NVFP4-emulated) vs bf16 (bfloat16)" in out
+    assert "fp4 (fp4 NVFP4-emulated) against the reference bf16 (bfloat16)" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_compare_uses_restart_values(tmp_path, capsys):
+def test_compare_uses_restart_values(tmp_path, capsys, monkeypatch):
     later = ["[2026-11-30 02:00:00] iteration 4/4 | lm loss 1.000000E+00 | tokens/s/GPU 5"]
     a = make_run(tmp_path, "a", [3.0, 2.5, 2.0, 1.8], BF16, attempts={1: later})
     b = make_run(tmp_path, "b", [3.0, 2.5, 2.0, 1.8], BF16)
-    assert cli_run(["compare", str(a), str(b), "--plot", ""]) == 0
-    assert "max |d lm loss| 0.800000" in capsys.readouterr().out
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert cli_run(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "max |d lm loss| 0.800000" in out
+    assert "plot:" not in out and list(here.iterdir()) == []  # no --plot: nothing written
 
 
 def test_compare_refuses_different_lr(tmp_path, capsys):
