@@ -183,3 +183,29 @@ def test_warning_requeues_a_trainer_killed_before_it_could_report(local_slurm, j
     text = read(out)
     assert "requeueing job" in text and "(trainer: no final line)" in text, text[-2000:]
     assert "] training finished" not in read(run_dir / "logs" / "rank-0" / "debug.log")
+
+
+def test_warning_does_not_requeue_an_attempt_whose_trainer_never_started(local_slurm, job_env, tmp_path):
+    """The launcher hangs before any trainer exists (a stuck container start or image pull): the warning comes,
+    the step is stopped, and this attempt's log is empty. Requeueing would hang again until the next limit, for
+    ever; the script says so and ends the job, which `primus-slurm resume` can rerun after a fix."""
+    hang = tmp_path / "hanging-python"
+    hang.write_text("#!/bin/sh\necho launcher stuck\nexec sleep 600\n")
+    hang.chmod(0o755)
+    entry = submit(job_env, trainer_recipe(tmp_path, "neverstarted", python=str(hang)))
+    job, run_dir = entry["job_id"], Path(entry["run_dir"])
+    out = run_dir / "logs" / f"slurm-{job}.out"
+    try:
+        wait_text(out, "launcher stuck", 120)
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+        row = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120,
+                         key="scheduler_state")
+    finally:
+        if job_info(job).get("JobState") not in (None, "COMPLETED", "FAILED", "CANCELLED"):
+            cancel(job)
+    text = read(out)
+    assert "primus-slurm: caught SIGUSR2" in text, text[-2000:]
+    assert "the trainer never started logging in this attempt" in text and "not requeueing" in text, text[-2000:]
+    assert f"primus-slurm resume {entry['run_id']}" in text
+    assert "requeueing job" not in text
+    assert row["scheduler_state"] == "FAILED" and row["restarts"] == 0, row
