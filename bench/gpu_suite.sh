@@ -12,6 +12,7 @@
 #   bash bench/gpu_suite.sh profile   torch.profiler summaries of two steps + saved-tensor census: 8B BF16 keep /
 #                                     adapter_inputs_scope fc2|norm|all, 8B FP8 keep / adapter_inputs, 70B
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
+#   bash bench/gpu_suite.sh moe-fp8   two MoE proxies, BF16 vs FP8 tensorwise / fp8_param / delayed fp8_param
 #   bash bench/gpu_suite.sh compare   BF16 / FP8 / FP4-emulated loss curves on the quickstart data, + plot
 #   bash bench/gpu_suite.sh compare-realtext   the same on recipes/compare_realtext.yaml (real English text)
 #   bash bench/gpu_suite.sh fp8param-hf   fp8_param loaded from an HF checkpoint vs BF16 / FP8 on that recipe
@@ -124,6 +125,20 @@ case "${1:-}" in
             --set trainer.distributed.backend=nccl --timeout 300
       done
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/moe.jsonl" ;;
+  moe-fp8)  # MoE/MLA proxies (one GPU) in BF16 and FP8: tensorwise with BF16 / FP8-only (fp8_param) weights, and
+            # delayed with fp8_param (TE grouped expert linears under each); same synthetic data, so lm loss compares
+    for r in recipes/proxies/qwen3_30b_a3b_proxy.yaml recipes/proxies/deepseek_v2_lite_proxy.yaml; do
+      for p in bf16 fp8 fp8param delayed-fp8param; do
+        F8=(--set trainer.precision.fp8=hybrid --set trainer.precision.fp8_recipe=tensorwise)
+        case $p in
+          bf16) set_p=() ;;
+          fp8) set_p=("${F8[@]}") ;;
+          fp8param) set_p=("${F8[@]}" --set trainer.precision.fp8_param=true) ;;
+          delayed-fp8param) set_p=(--set trainer.precision.fp8=hybrid --set trainer.precision.fp8_param=true) ;;
+        esac
+        $TP --recipe "$r" --nproc 1 --docs packed --label "$(basename "$r" .yaml)-$p" --timeout 300 "${set_p[@]}"
+      done
+    done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/moe-fp8.jsonl" ;;
   moe-realtext)  # random-weight proxies, LoRA, on the real-text set (its 1536-token BPE fits any vocab)
     i=0
     for r in recipes/proxies/*.yaml; do
@@ -194,5 +209,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac
