@@ -155,6 +155,8 @@ SCHEMA: dict = {
             "min_lr": Field("float", 0.0, min=0, max=10),
             "warmup_iters": Field("int", 0, min=0),
             "lr_decay": Field("str", "cosine", choices=("cosine", "linear", "constant")),
+            "lr_decay_iters": _opt("int", min=1, help="iteration the LR decay ends at (null: train_iters); set it to "
+                                   "train longer on resume without moving the schedule"),
             "weight_decay": Field("float", 0.0, min=0, max=10),
             "adam_beta1": Field("float", 0.9, min=0, max=1),
             "adam_beta2": Field("float", 0.999, min=0, max=1),

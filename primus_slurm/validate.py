@@ -217,6 +217,9 @@ def _data_and_schedule(t: dict) -> None:
         fail(f"`trainer.schedule.min_lr` ({s['min_lr']}) must not exceed `trainer.schedule.lr` ({s['lr']})")
     if s["warmup_iters"] > s["train_iters"]:
         fail(f"`trainer.schedule.warmup_iters` ({s['warmup_iters']}) exceeds train_iters ({s['train_iters']})")
+    if s["lr_decay_iters"] is not None and s["lr_decay_iters"] < s["warmup_iters"]:
+        fail(f"`trainer.schedule.lr_decay_iters` ({s['lr_decay_iters']}) is before the end of warmup_iters "
+             f"({s['warmup_iters']}): it must be null or >= warmup_iters")
     ckpt = t["checkpoint"]
     if ckpt["pretrained"] and t["model"]["family"] != "llama":
         fail("`trainer.checkpoint.pretrained` (HF import) supports the llama family only for now")

@@ -123,9 +123,42 @@ def test_resume_refused_when_recipe_changed(tmp_path):
     rhash = ckpt.recipe_hash(trainer)
     ckpt.save(str(tmp_path / "checkpoints"), 5, {"x": 1}, rank=0, coords=(0, 0, 0),
               metadata={"recipe_hash": rhash}, keep_last=2)
-    assert find_resume(cfg, str(tmp_path), rhash).endswith("iter_0000005")
+    path, note = find_resume(cfg, str(tmp_path), rhash)
+    assert path.endswith("iter_0000005") and note == ""  # an older checkpoint without lr_decay_iters: no check
     other = ckpt.recipe_hash({"schedule": {"lr": 3e-4}, "checkpoint": {"resume": "auto"}})
     with pytest.raises(SetupError, match=r"resume refused \| checkpoints/iter_0000005 was written by a different recipe"):
         find_resume(cfg, str(tmp_path), other)
     never = Config({"trainer": {"schedule": {"lr": 1e-4}, "checkpoint": {"resume": "never"}}})
-    assert find_resume(never, str(tmp_path), other) is None
+    assert find_resume(never, str(tmp_path), other) == (None, "")
+
+
+def test_resume_refused_when_train_iters_moves_the_lr_decay(tmp_path):
+    """Extending train_iters on resume would move a cosine decay's end and make the LR jump: refused, with the
+    jump and both ways out; an explicit lr_decay_iters is taken (and noted); a constant LR has no decay end."""
+    from trainer.__main__ import SetupError, find_resume
+
+    def cfg(**schedule):
+        return Config({"trainer": {"schedule": {"lr": 1e-4, "min_lr": 0.0, "warmup_iters": 100, "lr_decay": "cosine",
+                                                "train_iters": 1000, "lr_decay_iters": None, **schedule},
+                                   "checkpoint": {"resume": "auto"}}})
+
+    first = cfg()
+    rhash = ckpt.recipe_hash(first.trainer.to_dict())
+    ckpt.save(str(tmp_path / "checkpoints"), 500, {"x": 1}, rank=0, coords=(0, 0, 0),
+              metadata={"recipe_hash": rhash, "lr_decay_iters": 1000}, keep_last=2)
+    assert find_resume(first, str(tmp_path), rhash)[1] == ""
+    longer = cfg(train_iters=2000)
+    assert ckpt.recipe_hash(longer.trainer.to_dict()) == rhash  # train_iters alone may change on resume ...
+    with pytest.raises(SetupError) as err:  # ... but not move the schedule silently
+        find_resume(longer, str(tmp_path), rhash)
+    assert str(err.value) == ("resume refused | trainer.schedule.train_iters changed the LR decay end from iteration "
+                              "1000 to 2000: the LR at iteration 501 would jump from 5.851e-05 to 8.941e-05. Set "
+                              "trainer.schedule.lr_decay_iters: 1000 to keep the saved schedule, or 2000 to stretch it")
+    assert find_resume(cfg(train_iters=2000, lr_decay_iters=1000), str(tmp_path), rhash)[1] == ""
+    path, note = find_resume(cfg(train_iters=2000, lr_decay_iters=2000), str(tmp_path), rhash)
+    assert note == "schedule | LR decay end moved on resume from iteration 1000 to 2000 (trainer.schedule.lr_decay_iters)"
+    flat, flat_dir = cfg(lr_decay="constant"), tmp_path / "constant"
+    flat_hash = ckpt.recipe_hash(flat.trainer.to_dict())
+    ckpt.save(str(flat_dir / "checkpoints"), 500, {"x": 1}, rank=0, coords=(0, 0, 0),
+              metadata={"recipe_hash": flat_hash, "lr_decay_iters": 1000}, keep_last=2)
+    assert find_resume(cfg(lr_decay="constant", train_iters=2000), str(flat_dir), flat_hash)[1] == ""

@@ -120,7 +120,7 @@ class _SmallDisk:
 def test_disk_full_during_save_keeps_latest_and_resume_works(tmp_path):
     # LoRA dim pinned: the 640 KiB tmpfs is sized for one checkpoint of this adapter (~420 KiB), not two
     sets = ("trainer.checkpoint.save_interval=2", "trainer.checkpoint.keep_last=1", "trainer.lora.dim=8",
-            "trainer.lora.alpha=16")
+            "trainer.lora.alpha=16", "trainer.schedule.lr_decay_iters=6")  # the same LR schedule for both lengths
     short = write_recipe(tmp_path, "trainer.schedule.train_iters=2", *sets, name="short.yaml")
     full = write_recipe(tmp_path, "trainer.schedule.train_iters=6", *sets, name="full.yaml")
     run = tmp_path / "run"

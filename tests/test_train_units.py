@@ -34,7 +34,7 @@ def test_config_view_is_read_only_and_names_missing_keys(tmp_path):
 
 
 def test_lr_schedule_hand_values():
-    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_iters=4, train_iters=14, decay="cosine")
+    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_iters=4, decay_iters=14, decay="cosine")
     assert [s.lr_at(i) for i in (1, 2, 4)] == [0.25, 0.5, 1.0]
     assert s.lr_at(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert s.lr_at(14) == pytest.approx(0.1) and s.lr_at(20) == pytest.approx(0.1)

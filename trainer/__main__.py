@@ -41,18 +41,21 @@ def _check_precision(cfg) -> None:
         raise SetupError(str(err).splitlines()[0] if str(err) else "precision not supported here") from None
 
 
-def find_resume(cfg, run_dir: str, rhash: str):
-    """(checkpoint dir or None) to resume from; SetupError when the recipe hash differs."""
+def find_resume(cfg, run_dir: str, rhash: str) -> tuple:
+    """(checkpoint dir or None, schedule note or '') to resume from; SetupError when the recipe hash differs or
+    the LR schedule would jump (trainer.schedule.resume_change)."""
     if cfg.trainer.checkpoint.resume != "auto":
-        return None
+        return None, ""
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     try:
         path = ckpt.read_latest(ckpt_dir)
     except ckpt.CheckpointError as err:
         raise SetupError(f"resume refused | {err}") from None
     if path is None:
-        return None
+        return None, ""
     import json
+
+    from trainer.schedule import resume_change
 
     with open(os.path.join(path, "metadata.json")) as fh:
         meta = json.load(fh)
@@ -60,7 +63,11 @@ def find_resume(cfg, run_dir: str, rhash: str):
         raise SetupError(f"resume refused | {os.path.relpath(path, run_dir)} was written by a different recipe "
                          f"(hash {meta.get('recipe_hash')} != {rhash}); use a new run directory or "
                          f"checkpoint.resume: never")
-    return path
+    try:
+        note = resume_change(cfg.trainer.schedule, meta.get("lr_decay_iters"), ckpt.iteration_of(path))
+    except ValueError as err:
+        raise SetupError(f"resume refused | {err}") from None
+    return path, note
 
 
 def main(argv=None) -> int:
@@ -93,10 +100,12 @@ def _train(cfg, run_dir: str, attempt: int) -> int:
     stop = StopSignal().install()
     try:
         rhash = ckpt.recipe_hash(cfg.trainer.to_dict(), seed=cfg.experiment.seed)
-        resume_path = find_resume(cfg, run_dir, rhash)
+        resume_path, schedule_note = find_resume(cfg, run_dir, rhash)
         logger.start(attempt, info.world_size, info.device,
                      os.path.relpath(resume_path, run_dir) if resume_path else None)
         logger.args(cfg)
+        if schedule_note:
+            logger.line(schedule_note)
         trainer = _build(cfg, run_dir, info, logger, stop, rhash, resume_path)
         return trainer.run()
     except (SetupError, DataError, ConfigError) as err:

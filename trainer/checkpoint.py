@@ -33,10 +33,11 @@ import torch.distributed as dist
 LATEST = "latest"
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 # Fields that may change on resume without changing the training trajectory's state (the parallel
-# layout too: trainer.reshard reshards adapters and optimizer state on a layout change).
-RESUME_MUTABLE = (("schedule", "train_iters"), ("logging",), ("parallelism",), ("checkpoint", "save_interval"),
-                  ("checkpoint", "keep_last"), ("checkpoint", "resume"), ("checkpoint", "disable_last_saving"),
-                  ("checkpoint", "export_peft"), ("distributed", "timeout_minutes"))
+# layout too: trainer.reshard reshards adapters and optimizer state on a layout change; the LR decay end is
+# checked on its own, trainer.schedule.resume_change).
+RESUME_MUTABLE = (("schedule", "train_iters"), ("schedule", "lr_decay_iters"), ("logging",), ("parallelism",),
+                  ("checkpoint", "save_interval"), ("checkpoint", "keep_last"), ("checkpoint", "resume"),
+                  ("checkpoint", "disable_last_saving"), ("checkpoint", "export_peft"), ("distributed", "timeout_minutes"))
 
 
 class CheckpointError(RuntimeError):
@@ -119,6 +120,11 @@ def read_latest(ckpt_dir: str) -> Optional[str]:
     if not _ITER_RE.match(name) or not os.path.isfile(os.path.join(path, "metadata.json")):
         raise CheckpointError(f"{ckpt_dir}/latest names '{name}', which is not a complete checkpoint")
     return path
+
+
+def iteration_of(path: str) -> int:
+    """The iteration of a checkpoint directory `.../iter_NNNNNNN`."""
+    return int(_ITER_RE.match(os.path.basename(os.path.normpath(path))).group(1))
 
 
 def list_checkpoints(ckpt_dir: str) -> list[tuple[int, str]]:

@@ -9,9 +9,10 @@ Iterations are 1-based: iteration `i` is the i-th optimizer step. The LR used by
         constant: lr
     after T:                  min_lr (constant: lr)
 
-with T = schedule.train_iters and W = schedule.warmup_iters. The schedule is a pure function of the
-iteration, so resuming needs only the iteration; `state_dict()` records the hyper-parameters so a
-checkpoint documents what produced it.
+with T = schedule.lr_decay_iters (null: train_iters) and W = schedule.warmup_iters. The schedule is a pure
+function of the iteration, so resuming needs only the iteration and the same T: `state_dict()` records the
+hyper-parameters, and `resume_change` refuses a resume whose T moved only because train_iters did (extending a
+run would make the LR jump), as megatron's scheduler refuses a changed decay length.
 """
 from __future__ import annotations
 
@@ -21,23 +22,23 @@ DECAY_STYLES = ("cosine", "linear", "constant")
 
 
 class LRSchedule:
-    def __init__(self, lr: float, min_lr: float, warmup_iters: int, train_iters: int, decay: str) -> None:
+    def __init__(self, lr: float, min_lr: float, warmup_iters: int, decay_iters: int, decay: str) -> None:
         if decay not in DECAY_STYLES:
             raise ValueError(f"schedule.lr_decay must be one of {DECAY_STYLES}, got {decay!r}")
-        if warmup_iters < 0 or train_iters < 1:
-            raise ValueError("schedule.warmup_iters must be >= 0 and train_iters >= 1")
+        if warmup_iters < 0 or decay_iters < 1:
+            raise ValueError("schedule.warmup_iters must be >= 0 and lr_decay_iters >= 1")
         self.lr = float(lr)
         self.min_lr = float(min_lr or 0.0)
         self.warmup_iters = int(warmup_iters or 0)
-        self.train_iters = int(train_iters)
+        self.decay_iters = int(decay_iters)
         self.decay = decay
 
     @classmethod
     def from_config(cls, schedule) -> "LRSchedule":
-        return cls(schedule.lr, schedule.min_lr, schedule.warmup_iters, schedule.train_iters, schedule.lr_decay)
+        return cls(schedule.lr, schedule.min_lr, schedule.warmup_iters, decay_iters_of(schedule), schedule.lr_decay)
 
     def lr_at(self, iteration: int) -> float:
-        i, w, t = int(iteration), self.warmup_iters, self.train_iters
+        i, w, t = int(iteration), self.warmup_iters, self.decay_iters
         if w > 0 and i <= w:
             return self.lr * max(i, 0) / w
         if self.decay == "constant":
@@ -58,4 +59,28 @@ class LRSchedule:
 
     def state_dict(self) -> dict:
         return {"lr": self.lr, "min_lr": self.min_lr, "warmup_iters": self.warmup_iters,
-                "train_iters": self.train_iters, "decay": self.decay}
+                "decay_iters": self.decay_iters, "decay": self.decay}
+
+
+def decay_iters_of(schedule) -> int:
+    """T: schedule.lr_decay_iters, or train_iters when it is null (or absent from an older resolved recipe)."""
+    return int(schedule.get("lr_decay_iters") or schedule.train_iters)
+
+
+def resume_change(schedule, saved_decay_iters, iteration: int) -> str:
+    """A resume from `iteration` whose checkpoint ran with T = saved_decay_iters: '' when T is unchanged (or
+    irrelevant: constant LR; or unknown: an older checkpoint), a note when lr_decay_iters moved it on purpose.
+    Raises ValueError when only train_iters moved it: the LR would jump, silently."""
+    if saved_decay_iters is None or schedule.lr_decay == "constant":
+        return ""
+    saved, now = int(saved_decay_iters), decay_iters_of(schedule)
+    if saved == now:
+        return ""
+    if schedule.get("lr_decay_iters") is not None:
+        return f"schedule | LR decay end moved on resume from iteration {saved} to {now} (trainer.schedule.lr_decay_iters)"
+    before = LRSchedule(schedule.lr, schedule.min_lr, schedule.warmup_iters, saved, schedule.lr_decay)
+    after = LRSchedule.from_config(schedule)
+    raise ValueError(f"trainer.schedule.train_iters changed the LR decay end from iteration {saved} to {now}: the LR "
+                     f"at iteration {iteration + 1} would jump from {before.lr_at(iteration + 1):.4g} to "
+                     f"{after.lr_at(iteration + 1):.4g}. Set trainer.schedule.lr_decay_iters: {saved} to keep the saved "
+                     f"schedule, or {now} to stretch it")

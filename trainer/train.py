@@ -203,7 +203,8 @@ class Trainer:
                  "rng": rng_state(self.device), "recipe_hash": self.recipe_hash}
         meta = {"recipe_hash": self.recipe_hash, "world_size": self.info.world_size,
                 "tensor": self.info.tp_size, "pipeline": self.info.pp_size, "data_parallel": self.dp_size,
-                "expert": self.info.ep_size, "lm_loss": self.last_loss, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "expert": self.info.ep_size, "lm_loss": self.last_loss, "lr_decay_iters": self.schedule.decay_iters,
+                "time": time.strftime("%Y-%m-%d %H:%M:%S")}
         try:
             path = ckpt.save(self.ckpt_dir, self.iteration, state, rank=self.info.rank,
                              coords=(self.info.tp_rank, self.info.pp_rank, self.info.dp_rank), metadata=meta,
