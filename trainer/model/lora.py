@@ -153,12 +153,23 @@ class LoRALinear(nn.Module):
             return getattr(self._modules["base"], name)
 
     # -- adapter path -------------------------------------------------------------------------
+    def _drop(self, t: torch.Tensor, sharded: bool) -> torch.Tensor:
+        """Dropout with megatron's RNG rules: a tensor split across TP ranks (a hidden shard, a sequence shard)
+        draws from the model-parallel tracker, seeded per TP rank, so each shard gets its own mask; a tensor every
+        TP rank holds whole draws from the default generator, equal across TP ranks, so all keep the same mask."""
+        if not sharded or self.tp_size == 1:
+            return self.dropout(t)
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        with get_cuda_rng_tracker().fork():
+            return self.dropout(t)
+
     def _adapter_h(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """h = A(drop(x)), rank-sized, laid out like the base output (TP/SP collectives applied)."""
         from megatron.core.tensor_parallel import mappings as tpm
 
         if self.dropout is not None and self.dropout_position == "pre":
-            x = self.dropout(x)
+            x = self._drop(x, sharded=self.mode == ROW or self.sequence_parallel)
         a = self.lora_a.to(x.dtype)
         if self.adapter_norm is not None:  # x is the norm's input (trainer.model.lora_inputs)
             h = self.adapter_norm(x, a)
@@ -189,7 +200,8 @@ class LoRALinear(nn.Module):
         h = self._adapter_h(adapter_in, u).to(out.dtype)
         b = self.lora_b.to(out.dtype)
         if self.dropout is not None and self.dropout_position == "post":
-            return out + self.dropout(F.linear(h * self.scale, b)), bias
+            delta = F.linear(h * self.scale, b)
+            return out + self._drop(delta, sharded=self.mode == COLUMN or self.sequence_parallel), bias
         # out + scale * h B^T in one GEMM (out is the epilogue's addend): no separate adapter output
         # to write and read back, and the scale lands on the rank-sized gradient in backward
         y = torch.addmm(out.reshape(-1, out.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=self.scale)
