@@ -140,12 +140,8 @@ _WRAPPER = 'bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"' 
 
 def _proc_start_ticks(pid: int) -> int | None:
     """Start time of a live (non-zombie) process, to tell it apart from a later process with the same pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
+    fields = _stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
 
@@ -178,41 +174,64 @@ def local_state(run_dir: Path, info: dict) -> dict:
             "reason": "process gone without an exit code (killed?)"}
 
 
-def cancel_local(run_dir: Path, info: dict, grace_s: float = 10.0) -> None:
-    """Mark the run cancelled, TERM its process group, KILL it if still there after `grace_s`."""
+def cancel_local(run_dir: Path, info: dict, grace_s: float = 30.0) -> None:
+    """Mark the run cancelled, TERM its processes, KILL what is left after `grace_s`.
+
+    "Its processes" is the launcher's process tree, taken before anything is signalled: torchrun starts each
+    worker in a session of its own, so a worker is not in the launcher's process group, and one that cannot act
+    on TERM in time (stopped, or in a long save) would outlive a group kill and keep writing into the run."""
     run_dir = Path(run_dir)
     pid = info.get("pid")
     if local_state(run_dir, info)["state"] != "RUNNING":
         return
+    tree = _process_tree(pid)
     (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    _signal_all(tree, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _group_alive(pid):
+        if not _alive(tree):
             return
         time.sleep(0.1)
+    _signal_all(tree, signal.SIGKILL)
+
+
+def _stat(pid) -> list | None:
+    """/proc/<pid>/stat fields after the command name (state, ppid, pgrp, ...), None if gone."""
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is still in process group `pgid`."""
+def _process_tree(root: int) -> dict:
+    """{pid: start ticks} of `root` and all its live descendants."""
+    children: dict = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        start = _proc_start_ticks(pid)
+        if start is not None and pid not in tree:
+            tree[pid] = start
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _alive(tree: dict) -> list:
+    """The processes of `tree` still running (same pid and start time: not a later process reusing the pid)."""
+    return [pid for pid, start in tree.items() if _proc_start_ticks(pid) == start]
+
+
+def _signal_all(tree: dict, sig) -> None:
+    for pid in _alive(tree):
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _read_int(path: Path) -> int | None:

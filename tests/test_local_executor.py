@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import CLI, cli, status_json, wait_state
-from primus_slurm.executors import _group_alive
+from reliability_support import worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -69,11 +72,33 @@ def test_local_failed_diverged_stalled_and_cancelled(job_env, job_recipe):
     # iteration 1 is logged, then the job sleeps 75 s: after 6 s without log progress it is STALLED
     row = wait_state(job_env, sleeper["run_id"], {"STALLED"}, timeout=120)
     assert row["scheduler_state"] == "RUNNING" and row["seconds_since_log"] > 6
-    pid = json.loads((Path(row["run_dir"]) / "run.json").read_text())["pid"]
+    run_dir = Path(row["run_dir"])
+    assert len(worker_pids(run_dir, "primus_testjob")) == 2
     assert cli(job_env, "cancel", sleeper["run_id"]).returncode == 0
     row = status_json(job_env, sleeper["run_id"])
     assert row["state"] == "CANCELLED"
-    assert not _group_alive(pid)  # the whole process group is gone (zombies aside)
+    assert worker_pids(run_dir, "primus_testjob") == {}  # torchrun's workers are gone too
+
+
+def test_cancel_ends_a_worker_that_cannot_act_on_term(job_env, job_recipe):
+    """torchrun starts each worker in a session of its own; a worker that cannot act on SIGTERM in time (here
+    stopped; in life, a long save) used to outlive the cancel and keep writing into the run, and a `resume`
+    then ran a second trainer in the same directory. Cancel now ends the launcher's whole process tree."""
+    entry = submit(job_env, job_recipe("sleep:300"))
+    run_dir = Path(entry["run_dir"])
+    wait_state(job_env, entry["run_id"], {"RUNNING"}, timeout=60)
+    workers = {}
+    for _ in range(300):
+        workers = worker_pids(run_dir, "primus_testjob")
+        if len(workers) == 2:
+            break
+        time.sleep(0.1)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGSTOP)
+    out = cli(job_env, "cancel", entry["run_id"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert worker_pids(run_dir, "primus_testjob") == {}
+    assert status_json(job_env, entry["run_id"])["state"] == "CANCELLED"
 
 
 def test_unknown_run_is_a_clean_user_error(job_env):
