@@ -55,7 +55,7 @@ def fail(msg: str) -> None:
 def validate(r: dict) -> None:
     _cluster(r["cluster"], r["experiment"])
     t = r["trainer"]
-    _precision(t["precision"])
+    _precision(t["precision"], t["distributed"]["device"])
     _model(t["model"], t)
     _parallel(t, r["cluster"])
     _lora(t["lora"], t["model"])
@@ -97,7 +97,7 @@ def _cluster(c: dict, exp: dict) -> None:
         fail(f"`cluster.nodes` is {c['nodes']} but `cluster.executor` is local; the local executor runs one node")
 
 
-def _precision(p: dict) -> None:
+def _precision(p: dict, device: str) -> None:
     if p["fp4_param_gather"]:  # megatron's distributed-optimizer all-gather: nothing here would read it
         fail("`trainer.precision.fp4_param_gather` has no effect in LoRA training: the frozen base is sharded by "
              "tensor/pipeline parallelism only and no parameters are all-gathered; remove it")
@@ -114,6 +114,12 @@ def _precision(p: dict) -> None:
     if p["fp8_dot_product_attention"]:  # TE 2.20.2's nvte_get_fused_attn_backend; measured on an H200
         fail("`trainer.precision.fp8_dot_product_attention` is not supported: TE's FP8 fused attention takes bshd/sbhd "
              "inputs only, and this trainer always runs the packed THD layout (per-document cu_seqlens); remove it")
+    if device == "cpu" and p["fp8"]:  # the trainer would refuse at start; say it before anything is submitted
+        fail("`trainer.precision.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu "
+             "(on CPU: bf16, or fp4: e2m1 with fp4_emulation: true)")
+    if device == "cpu" and p["fp4"] and not p["fp4_emulation"]:
+        fail("`trainer.precision.fp4` needs FP4 hardware (compute capability 10.0) with Transformer Engine; "
+             "`trainer.distributed.device` is cpu: set `trainer.precision.fp4_emulation: true` to emulate it")
     if (p["fp4"] or p["fp8"]) and not p["bf16"]:
         fail(f"`trainer.precision.{'fp4' if p['fp4'] else 'fp8'}` needs `trainer.precision.bf16: true` "
              "(low-precision GEMMs run inside a bf16 model)")

@@ -37,6 +37,9 @@ BAD = [
      "`trainer.precision.fp8_dot_product_attention` is not supported: TE's FP8 fused attention takes bshd/sbhd"),
     ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),
     ("trainer: {precision: {fp4: e3m2}}", "`trainer.precision.fp4`"),
+    ("trainer: {precision: {fp8: hybrid}}",  # quickstart's device is cpu: refused at submit, not at the job's start
+     "`trainer.precision.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu"),
+    ("trainer: {precision: {fp4: e2m1}}", "set `trainer.precision.fp4_emulation: true` to emulate it"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
     ("cluster: {nproc_per_node: 3}\ntrainer: {parallelism: {tensor: 3}}", "`trainer.parallelism.tensor`"),

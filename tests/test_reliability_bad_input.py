@@ -261,3 +261,19 @@ def test_paths_the_launcher_cannot_see_are_left_to_the_job(tmp_path):
                                 "trainer.data.train.path=/opt/in-image/train.jsonl"], env={}).resolved
     check_paths(in_image, "slurm")
     check_paths(in_image, "local")
+
+
+def test_a_refusal_before_distributed_init_reaches_the_rank0_log(tmp_path):
+    """The trainer's precision check runs before distributed init; its one line used to go only to stderr (inside
+    torchrun's traceback), so `status` showed FAILED with no reason and `logs` found no trainer log."""
+    from primus_slurm.progress import read_progress
+    from test_train_support import run_trainer, write_recipe
+
+    cfg = write_recipe(tmp_path, raw={"trainer.precision.fp8": "hybrid"})  # validation would refuse it on CPU
+    run_dir = tmp_path / "run"
+    res = run_trainer(cfg, run_dir)
+    assert res.returncode == 2, res.stderr[-2000:]
+    log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
+    assert "] config error | trainer.precision.fp8" in log, log
+    progress = read_progress(run_dir)
+    assert progress.error.startswith("config error | trainer.precision.fp8") and progress.final_state == "FAILED"

@@ -38,7 +38,8 @@ def _check_precision(cfg) -> None:
     try:
         precision.check_capabilities(cfg)
     except precision.PrecisionError as err:
-        raise SetupError(str(err).splitlines()[0] if str(err) else "precision not supported here") from None
+        raise SetupError("config error | " + (str(err).splitlines()[0] if str(err) else "precision not supported here")) \
+            from None
 
 
 def find_resume(cfg, run_dir: str, rhash: str) -> tuple:
@@ -77,7 +78,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     run_dir = os.path.abspath(args.run_dir)
     attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    logger = info = None
     try:
         try:
             cfg = load_config(args.config)
@@ -85,9 +85,21 @@ def main(argv=None) -> int:
         except (ConfigError, OSError) as err:
             raise SetupError(f"config error | {err}") from None
         return _train(cfg, run_dir, attempt)
-    except SetupError as err:
-        _say(str(err), logger)
+    except SetupError as err:  # before the run's logger exists: rank 0 still writes its log, which status reads
+        _say(str(err), _early_logger(run_dir, attempt))
         return EXIT_CONFIG
+
+
+def _early_logger(run_dir: str, attempt: int):
+    """This attempt's rank-0 log for a refusal before distributed init (None elsewhere, or if it cannot open)."""
+    if _rank() != 0:
+        return None
+    from trainer.logger import TrainLogger
+
+    try:
+        return TrainLogger(run_dir, 0, attempt)
+    except OSError:
+        return None
 
 
 def _train(cfg, run_dir: str, attempt: int) -> int:
