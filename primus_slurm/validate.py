@@ -143,6 +143,13 @@ def _model(m: dict, t: dict) -> None:
         for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
             if not m[key]:
                 fail(f"`trainer.model.{key}` is required with `trainer.model.multi_latent_attention: true`")
+    ck = t["checkpoint"]  # what the trainer cannot do for these models: say so before a run, not at its end
+    if m["multi_latent_attention"] and t["lora"]["enabled"] and ck["export_peft"]:
+        fail("`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention (DeepSeek) adapters; "
+             "set it to false (every checkpoint holds the adapters)")
+    if ck["pretrained"] and (m["num_moe_experts"] or m["multi_latent_attention"]):
+        fail("`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only, not MoE or "
+             "multi-latent attention; set it to null (random weights) for this model")
 
 
 def _parallel(t: dict, c: dict) -> None:

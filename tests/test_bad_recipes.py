@@ -37,6 +37,10 @@ BAD = [
      "`trainer.precision.fp8_dot_product_attention` is not supported: TE's FP8 fused attention takes bshd/sbhd"),
     ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),
     ("trainer: {precision: {fp4: e3m2}}", "`trainer.precision.fp4`"),
+    ("trainer: {model: {preset: deepseek_v2_lite, num_layers: 2}}",  # export_peft defaults to true
+     "`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention"),
+    ("trainer: {model: {preset: qwen3_30b_a3b, num_layers: 2}, checkpoint: {pretrained: /tmp}}",
+     "`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only"),
     ("trainer: {precision: {fp8: hybrid}}",  # quickstart's device is cpu: refused at submit, not at the job's start
      "`trainer.precision.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu"),
     ("trainer: {precision: {fp4: e2m1}}", "set `trainer.precision.fp4_emulation: true` to emulate it"),
