@@ -179,7 +179,8 @@ def interpolate(node: Any, env: Mapping[str, str], secrets: set, where: str = ""
     return text
 
 
-def parse_set(item: str) -> tuple[str, Any]:
+def parse_set(item: str) -> tuple[str, Any, str]:
+    """(dotted key, YAML value, the text as typed): a text field takes the text itself (apply_set)."""
     if "=" not in item:
         raise UserError(f"--set {item!r}: expected key=value, e.g. --set trainer.parallelism.tensor=2")
     key, _, text = item.partition("=")
@@ -190,10 +191,12 @@ def parse_set(item: str) -> tuple[str, Any]:
         value = yaml.load(text, Loader=_StrictLoader) if text.strip() else ""  # noqa: S506
     except yaml.YAMLError:
         value = text
-    return key, value
+    return key, value, text
 
 
-def apply_set(data: dict, key: str, value: Any) -> None:
+def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None:
+    """Set a dotted key; a string field given a number on the command line (--set cluster.time=60, or 1:30:00,
+    which YAML reads as 5400) takes the text as typed."""
     node_spec: Any = schema.SCHEMA
     node = data
     parts = key.split(".")
@@ -208,7 +211,9 @@ def apply_set(data: dict, key: str, value: Any) -> None:
                             f"{schema.nearest(part, options)}")
         node_spec = node_spec[part]
         if i == len(parts) - 1:
-            node[part] = value
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            is_text = isinstance(node_spec, schema.Field) and node_spec.kind == "str"
+            node[part] = text.strip() if numeric and is_text and text is not None else value
         else:
             if node.get(part) is None:
                 node[part] = {}

@@ -285,6 +285,10 @@ def _coerce(path: str, f: Field, value: Any) -> Any:
         "list": isinstance(value, list),
         "dict": isinstance(value, dict),
     }[f.kind]
+    if not ok and f.kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        sexagesimal = " (YAML reads an unquoted 1:30:00 as the number 5400)" if f.pattern is TIME_RE else ""
+        raise UserError(f"`{path}` is the number {value!r:.40}; quote it: expected {f.help or f.allowed()}, as a "
+                        f"string{sexagesimal}")
     if not ok:
         raise UserError(f"`{path}` is {type(value).__name__} {value!r:.60}; expected {f.allowed()}")
     if f.kind == "float":

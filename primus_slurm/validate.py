@@ -62,7 +62,23 @@ def validate(r: dict) -> None:
     _data_and_schedule(t)
 
 
+def slurm_seconds(time: str) -> int:
+    """Seconds of a Slurm time limit: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]."""
+    days, _, rest = time.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    if len(parts) == 3:
+        return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
+
+
 def _cluster(c: dict, exp: dict) -> None:
+    if c["executor"] == "slurm" and 0 < slurm_seconds(c["time"]) <= c["signal_grace_s"]:  # 0: no limit
+        fail(f"`cluster.signal_grace_s` ({c['signal_grace_s']} s) is not shorter than `cluster.time` ({c['time']}): "
+             "the time-limit warning would come at the start, and every attempt would stop and requeue at once; "
+             "use a longer time or a smaller grace")
     if not WORKSPACE_RE.match(exp["workspace"]):
         fail(f"`experiment.workspace` resolves to {exp['workspace']!r}; use a path of letters, digits and ./_-+@=")
     for i, flag in enumerate(c["extra_sbatch"]):

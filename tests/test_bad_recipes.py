@@ -41,6 +41,9 @@ BAD = [
      "`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention"),
     ("trainer: {model: {preset: qwen3_30b_a3b, num_layers: 2}, checkpoint: {pretrained: /tmp}}",
      "`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only"),
+    ("cluster: {executor: slurm, time: '5'}",  # the default 300 s warning would come at the start
+     "`cluster.signal_grace_s` (300 s) is not shorter than `cluster.time` (5)"),
+    ("cluster: {time: 1:30:00}", "`cluster.time` is the number 5400; quote it"),
     ("trainer: {precision: {fp8: hybrid}}",  # quickstart's device is cpu: refused at submit, not at the job's start
      "`trainer.precision.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu"),
     ("trainer: {precision: {fp4: e2m1}}", "set `trainer.precision.fp4_emulation: true` to emulate it"),
@@ -161,6 +164,13 @@ def test_bad_recipe_validate(body, expect, tmp_path, capsys, monkeypatch):
 ])
 def test_bad_cli(argv, expect, capsys):
     _check_error(capsys, argv, expect)
+
+
+@pytest.mark.parametrize("typed,limit", [("60", "60"), ("1:30:00", "1:30:00"), ("2-0", "2-0"), ("0", "0")])
+def test_set_time_takes_the_text_as_typed(typed, limit, capsys):
+    """YAML reads --set cluster.time=1:30:00 as the number 5400 (and 60 as a number): a text field takes the text."""
+    assert run(["render", QS, "--executor", "slurm", "--set", f"cluster.time={typed}"]) == 0
+    assert f"#SBATCH --time={limit}\n" in capsys.readouterr().out
 
 
 def test_non_utf8_and_recursive_extends(tmp_path, capsys):
