@@ -53,13 +53,26 @@ def record(entry: dict) -> None:
             os.fsync(f.fileno())
 
 
+def check_writable() -> None:
+    """Refuse before anything is submitted when the registry cannot be written (a job it does not record would
+    run unseen, and be submitted again)."""
+    path = registry_path()
+    try:
+        with _locked(path, exclusive=False):
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        raise UserError(f"cannot write the run registry {path} ($PRIMUS_SLURM_STATE_DIR, else $XDG_STATE_HOME or "
+                        f"~/.local/state): {exc.strerror or exc}; nothing submitted") from None
+
+
 def entries() -> list[dict]:
     """All runs, oldest submit first, each the merge of its lines (later lines win)."""
     path = registry_path()
     if not path.exists():
         return []
     with _locked(path, exclusive=False):
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8", errors="replace")  # a bad byte spoils one line, not the list
     merged: dict[str, dict] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -93,4 +106,19 @@ def find(ref: str) -> dict:
         return hits[0]
     if len(hits) > 1:
         raise UserError(f"RUN '{ref}' matches {len(hits)} runs; give more of the run id")
+    unrecorded = _from_run_dir(as_path) if os.path.isdir(as_path) else None
+    if unrecorded:
+        return unrecorded
     raise UserError(f"RUN '{ref}' is not a known run id, job id or run directory (see `primus-slurm list`)")
+
+
+def _from_run_dir(run_dir: str) -> dict | None:
+    """A run directory the registry does not list (another state dir, a lost registry): its own run.json."""
+    try:
+        with open(os.path.join(run_dir, "run.json")) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("run_id"), str) or not info.get("job_id"):
+        return None
+    return {**{k: info.get(k) for k in ("run_id", "name", "executor", "job_id", "submit_time")}, "run_dir": run_dir}

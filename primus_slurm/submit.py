@@ -50,6 +50,7 @@ def check(p: Prepared) -> None:
     paths.check_paths(p.recipe.resolved, p.executor)  # data/tokenizer/checkpoint paths visible from here
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
+    registry.check_writable()
 
 
 def submit(p: Prepared) -> dict:

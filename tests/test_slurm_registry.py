@@ -63,6 +63,41 @@ def test_lines_that_are_not_run_entries_are_skipped(tmp_path, monkeypatch):
     assert [e["run_id"] for e in registry.entries()] == ["r1", "r2"]
 
 
+def test_a_line_with_bad_bytes_spoils_only_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path))
+    registry.record({"run_id": "r1", "run_dir": "/x"})
+    with open(tmp_path / registry.FILE_NAME, "ab") as f:
+        f.write(b'{"run_id": "r\xff\xfe"}\n\xc3\n')
+    registry.record({"run_id": "r2", "run_dir": "/y"})
+    assert [e["run_id"] for e in registry.entries()][::2] == ["r1", "r2"]  # (the bad line decodes with U+FFFD)
+
+
+def test_a_run_directory_the_registry_does_not_list_is_found_by_its_run_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
+    run_dir = tmp_path / "ws" / "q" / "20260101-000000-cccccc"
+    run_dir.mkdir(parents=True)
+    with pytest.raises(UserError, match="not a known run"):  # no run.json: not a run
+        registry.find(str(run_dir))
+    runs.write_run_json(run_dir, {"run_id": "20260101-000000-cccccc", "executor": "local", "job_id": "local-9",
+                                  "name": "q", "submit_time": "t", "pid": 9})
+    found = registry.find(str(run_dir))
+    assert found == {"run_id": "20260101-000000-cccccc", "name": "q", "executor": "local", "job_id": "local-9",
+                     "submit_time": "t", "run_dir": str(run_dir)}
+
+
+def test_an_unwritable_registry_refuses_the_submit_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """The job used to start, then recording it failed with a traceback: a run nobody could find, submitted again."""
+    from primus_slurm.cli import run as cli_run
+
+    ws = tmp_path / "ws"
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", "/proc/no-such-dir")
+    code = cli_run(["submit", "quickstart", "--executor", "local", "--set", f"experiment.workspace={ws}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: cannot write the run registry /proc/no-such-dir/") and \
+        err.rstrip().endswith("nothing submitted") and err.count("\n") == 1, err
+    assert not ws.exists()
+
+
 def test_provenance_names_this_checkout(tmp_path):
     info = runs.provenance({"experiment": {"name": "x"}, "cluster": {"stall_minutes": 5},
                             "trainer": {"schedule": {"train_iters": 7}}}, "h" * 64, "rid", "local")
