@@ -224,6 +224,21 @@ def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None
             node = node[part]
 
 
+def _anchor_relative_paths(resolved: dict) -> None:
+    """A relative data / tokenizer / checkpoint path that exists from the current directory means that file, as
+    `experiment.workspace` does; the job runs elsewhere (its run directory), so it gets the absolute path. Only
+    without a container (inside one, a relative path is the image's); a value that does not exist here stays as
+    written (a hub name, or a path only the job can see)."""
+    if resolved["cluster"]["container"]["runtime"] != "none":
+        return
+    t = resolved["trainer"]
+    for node, key in ((t["data"]["train"], "path"), (t["data"]["validation"], "path"), (t["tokenizer"], "path"),
+                      (t["checkpoint"], "pretrained")):
+        value = node.get(key)
+        if isinstance(value, str) and value and not value.startswith(("/", "~")) and os.path.exists(value):
+            node[key] = os.path.abspath(value)
+
+
 def load_model_preset(name: str) -> dict:
     folder = recipes_dir() / "models"
     path = folder / f"{name}.yaml"
@@ -258,5 +273,6 @@ def load_recipe(path: str | os.PathLike, overrides=(), env: Mapping[str, str] | 
     with_preset = deep_merge(raw, {"trainer": {"model": {**load_model_preset(preset), **model}}})
     resolved = schema.apply_schema(with_preset)
     resolved["experiment"]["workspace"] = os.path.abspath(os.path.expanduser(resolved["experiment"]["workspace"]))
+    _anchor_relative_paths(resolved)
     validate(resolved)
     return Recipe(path=recipe_path, raw=raw, resolved=resolved)

@@ -169,3 +169,18 @@ def test_recipes_listing_gives_each_recipe_its_first_sentence():
     lines = out.stdout.splitlines()
     assert out.returncode == 0 and len(lines) == len(list(recipes_dir().glob("*.yaml")))
     assert all(len(line) <= 37 + 112 and not line.rstrip().endswith(("on", "the", ",")) for line in lines), lines
+
+
+def test_relative_paths_that_exist_here_are_anchored_like_the_workspace(tmp_path, monkeypatch):
+    """The job runs in its run directory: a relative data path that exists from where submit ran used to be read
+    relative to the run directory there, and the run failed after it had waited in the queue."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+    monkeypatch.chdir(tmp_path)
+    sets = ["trainer.data.train.path=data/train.jsonl", "trainer.tokenizer.path=gpt2"]  # gpt2: a hub name
+    t = load_recipe("quickstart", sets, env={}).resolved["trainer"]
+    assert t["data"]["train"]["path"] == str(tmp_path / "data" / "train.jsonl")
+    assert t["tokenizer"]["path"] == "gpt2"
+    inside = load_recipe("quickstart", sets + ["cluster.container.runtime=docker", "cluster.container.image=x"],
+                         env={}).resolved["trainer"]
+    assert inside["data"]["train"]["path"] == "data/train.jsonl"  # in a container, relative is the image's
