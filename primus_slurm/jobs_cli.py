@@ -41,7 +41,7 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
         return
     entry = submit_mod.submit(prepared)
     if prepared.executor == "local" and prepared.recipe.resolved["cluster"]["container"]["runtime"] == "pyxis":
-        click.echo("note: cluster.container is a pyxis image, which only srun can start: this local job runs on "
+        click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)
     if as_json:
         click.echo(json.dumps(entry, indent=2, sort_keys=True))

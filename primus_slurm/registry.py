@@ -55,7 +55,7 @@ def record(entry: dict) -> None:
 
 def check_writable() -> None:
     """Refuse before anything is submitted when the registry cannot be written (a job it does not record would
-    run unseen, and be submitted again)."""
+    run unseen, and be submitted again): opens it for appending, as record() will."""
     path = registry_path()
     try:
         with _locked(path, exclusive=False):

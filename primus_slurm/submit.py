@@ -50,7 +50,6 @@ def check(p: Prepared) -> None:
     paths.check_paths(p.recipe.resolved, p.executor)  # data/tokenizer/checkpoint paths visible from here
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
-    registry.check_writable()
 
 
 def submit(p: Prepared) -> dict:
@@ -62,6 +61,11 @@ def submit(p: Prepared) -> dict:
         shutil.rmtree(p.run_dir, ignore_errors=True)
         raise UserError(f"cannot create the run directory {p.run_dir} (`experiment.workspace`): "
                         f"{exc.strerror or exc}") from None
+    try:
+        registry.check_writable()
+    except UserError:
+        shutil.rmtree(p.run_dir, ignore_errors=True)
+        raise
     info = runs.provenance(p.recipe.resolved, p.recipe.hash, p.run_id, p.executor)
     info["run_dir"] = str(p.run_dir)
     runs.write_run_json(p.run_dir, info)
