@@ -194,9 +194,17 @@ def parse_set(item: str) -> tuple[str, Any, str]:
     return key, value, text
 
 
+def _as_text(value: Any, text: str) -> Any:
+    """A text field's --set value: the text as typed (YAML would read 60 and 1:30:00 as numbers, fold a newline
+    into a space and drop '# x' as a comment), unless it is quoted or YAML's null."""
+    typed = text.strip()
+    if typed[:1] in ("'", '"') or typed in ("", "null", "Null", "NULL", "~"):
+        return value
+    return text if "\n" in text else typed  # a newline stays, for the field's own check to refuse
+
+
 def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None:
-    """Set a dotted key; a string field given a number on the command line (--set cluster.time=60, or 1:30:00,
-    which YAML reads as 5400) takes the text as typed."""
+    """Set a dotted key; a text field takes the text as typed (_as_text)."""
     node_spec: Any = schema.SCHEMA
     node = data
     parts = key.split(".")
@@ -211,9 +219,8 @@ def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None
                             f"{schema.nearest(part, options)}")
         node_spec = node_spec[part]
         if i == len(parts) - 1:
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
             is_text = isinstance(node_spec, schema.Field) and node_spec.kind == "str"
-            node[part] = text.strip() if numeric and is_text and text is not None else value
+            node[part] = _as_text(value, text) if is_text and text is not None else value
         else:
             if node.get(part) is None:
                 node[part] = {}

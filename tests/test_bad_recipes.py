@@ -173,6 +173,16 @@ def test_set_time_takes_the_text_as_typed(typed, limit, capsys):
     assert f"#SBATCH --time={limit}\n" in capsys.readouterr().out
 
 
+def test_set_text_fields_keep_what_was_typed(capsys):
+    """YAML folded a newline into a space (the newline refusal never fired) and read '# x' as null."""
+    assert run(["validate", QS, "--set", "experiment.description=a\nb"]) == 2
+    assert "`experiment.description` contains a newline" in capsys.readouterr().err
+    r = load_recipe(QS, ["experiment.description=# not a comment", "cluster.partition=true"], env={})
+    assert r.resolved["experiment"]["description"] == "# not a comment"
+    assert r.resolved["cluster"]["partition"] == "true"
+    assert load_recipe(QS, ["cluster.partition=null"], env={}).resolved["cluster"]["partition"] is None
+
+
 def test_non_utf8_and_recursive_extends(tmp_path, capsys):
     bad = tmp_path / "bin.yaml"
     bad.write_bytes(b"experiment:\n  name: \xff\xfe\n")
