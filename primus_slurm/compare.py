@@ -20,7 +20,9 @@ _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
 _ATTEMPT = re.compile(r"^debug(?:\.attempt-(\d+))?\.log$")
 SAME_KEYS = (("experiment", "seed"), ("trainer", "data", "train"), ("trainer", "data", "seq_length"),
              ("trainer", "data", "packing"), ("trainer", "data", "format"),
-             ("trainer", "schedule", "global_batch_size"), ("trainer", "schedule", "lr"))
+             ("trainer", "schedule", "global_batch_size"), ("trainer", "schedule", "lr"),
+             ("trainer", "schedule", "min_lr"), ("trainer", "schedule", "warmup_iters"),
+             ("trainer", "schedule", "lr_decay"))
 
 
 def fields(body: str) -> dict:
@@ -141,14 +143,22 @@ def _precision_fields(body: str) -> dict:
     return out
 
 
+def decay_end(recipe: dict):
+    """Where the LR decay ends (trainer.schedule.lr_decay_iters, null: train_iters); None for a constant LR."""
+    s = get(recipe, ("trainer", "schedule")) or {}
+    return None if s.get("lr_decay") == "constant" else (s.get("lr_decay_iters") or s.get("train_iters"))
+
+
 def check_comparable(runs: list[RunLog]) -> None:
     base = runs[0]
     for other in runs[1:]:
-        for path in SAME_KEYS:
-            a, b = get(base.recipe, path), get(other.recipe, path)
+        pairs = [(".".join(p), get(base.recipe, p), get(other.recipe, p)) for p in SAME_KEYS]
+        pairs.append(("LR decay end (trainer.schedule.lr_decay_iters, else train_iters)", decay_end(base.recipe),
+                      decay_end(other.recipe)))
+        for what, a, b in pairs:
             if a != b:
-                raise UserError(f"runs differ in {'.'.join(path)} ({base.name}: {a!r}, {other.name}: {b!r}); "
-                                "compare needs the same seed, data, global batch size and LR")
+                raise UserError(f"runs differ in {what} ({base.name}: {a!r}, {other.name}: {b!r}); "
+                                "compare needs the same seed, data, global batch size and LR schedule")
 
 
 def divergence(base: dict, other: dict) -> tuple[Optional[float], Optional[float], int]:

@@ -70,7 +70,7 @@ def status_cmd(run, as_json):
 @click.command("logs")
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="keep streaming until the job ends")
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="trainer log of this rank (default 0)")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="trainer log of this rank (default 0; only rank 0 writes one, the others' output is in --stdout)")
 @click.option("--stdout", "job_stdout", is_flag=True, help="the job's stdout/stderr file instead")
 def logs_cmd(run, follow, rank, job_stdout):
     """Print (or follow) the trainer log of RUN."""

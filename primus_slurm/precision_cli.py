@@ -13,7 +13,10 @@ def register(group: click.Group) -> None:
         """Per-iteration lm loss of RUNS (same seed, data, GBS, LR), and each later run's max/mean divergence
         from the first RUN (the reference)."""
         from .compare import compare
+        from .errors import UserError
 
+        if plot_path and not plot_path.lower().endswith(".png"):
+            raise UserError(f"--plot {plot_path!r}: the plot is a PNG; give a file name ending in .png")
         click.echo(compare(list(runs), plot_path or None))
 
     @group.command("verify-fp4")

@@ -10,13 +10,14 @@ PREC = {"fp4": None, "fp8": None}
 
 
 def make_run(root: Path, name: str, losses, precision_line: str, fp4=None, fp8=None, lr=1e-4, seed=1234,
-             tok=1000.0, mem=10.0, attempts=None):
+             tok=1000.0, mem=10.0, attempts=None, train_iters=4, lr_decay_iters=None):
     d = root / name
     (d / "logs" / "rank-0").mkdir(parents=True)
     recipe = {"experiment": {"seed": seed, "name": "x"},
               "trainer": {"model": {"num_layers": 2}, "data": {"train": {"path": "d.jsonl"}, "seq_length": 64,
                                                                 "packing": True, "format": "alpaca"},
-                          "schedule": {"global_batch_size": 8, "lr": lr, "micro_batch_size": 1},
+                          "schedule": {"global_batch_size": 8, "lr": lr, "micro_batch_size": 1, "lr_decay": "cosine",
+                                       "train_iters": train_iters, "lr_decay_iters": lr_decay_iters},
                           "precision": {"fp4": fp4, "fp8": fp8}, "logging": {"log_avg_skip_iterations": 1}}}
     (d / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe))
     lines = ["[2026-11-30 01:02:03] primus-trainer start | attempt 0 | world_size 1 | device cpu | resumed_from none",
@@ -72,10 +73,23 @@ def test_compare_refuses_different_lr(tmp_path, capsys):
     assert err.count("\n") == 0 and "trainer.schedule.lr" in err and err.startswith("error: runs differ")
 
 
+def test_compare_refuses_a_different_lr_schedule(tmp_path, capsys):
+    """Peak LR alone is not the schedule: a cosine decay that ends elsewhere gives other losses from the start."""
+    a = make_run(tmp_path, "a", [3.0], BF16, train_iters=40)
+    b = make_run(tmp_path, "b", [3.0], BF16, train_iters=300)
+    assert cli_run(["compare", str(a), str(b)]) == 2
+    assert "runs differ in LR decay end (trainer.schedule.lr_decay_iters, else train_iters) (a: 40, b: 300)" in \
+        capsys.readouterr().err
+    c = make_run(tmp_path, "c", [3.0], BF16, train_iters=300, lr_decay_iters=40)  # longer, same schedule
+    assert cli_run(["compare", str(a), str(c)]) == 0
+
+
 def test_compare_refuses_unknown_run(tmp_path, capsys):
     a = make_run(tmp_path, "a", [3.0], BF16)
     assert cli_run(["compare", str(a), str(tmp_path / "nope"), "--plot", ""]) == 2
     assert "Traceback" not in capsys.readouterr().err
+    assert cli_run(["compare", str(a), str(a), "--plot", str(tmp_path / "x.txt")]) == 2  # matplotlib raised
+    assert "the plot is a PNG" in capsys.readouterr().err and not (tmp_path / "x.txt").exists()
 
 
 def test_verify_native_fp4_all_hold(tmp_path, capsys):

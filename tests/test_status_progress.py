@@ -68,7 +68,8 @@ def test_stall_uses_log_mtime_for_a_live_local_job(tmp_path):
         log = _write(run_dir, "debug.log", CONTRACT_LOG)
         entry = {"run_id": "r", "run_dir": str(run_dir), "executor": "local", "job_id": f"local-{proc.pid}",
                  "pid": proc.pid, "pid_start": _proc_start_ticks(proc.pid), "stall_minutes": 1}
-        assert collect([entry])[0]["state"] == "RUNNING"
+        row = collect([entry])[0]
+        assert row["state"] == "RUNNING" and row["eta_s"] > 0
         old = time.time() - 120
         os.utime(log, (old, old))
         row = collect([entry])[0]
@@ -76,7 +77,8 @@ def test_stall_uses_log_mtime_for_a_live_local_job(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-    assert collect([entry])[0]["state"] == "FAILED"  # gone without an exit code
+    row = collect([entry])[0]
+    assert row["state"] == "FAILED" and row["eta_s"] is None  # gone without an exit code: no ETA either
 
 
 def test_failures_and_the_run_average_reach_status(tmp_path):
