@@ -121,9 +121,9 @@ def find_recipe(name: str, relative_to: Path | None = None) -> Path:
     for cand in candidates:
         if cand.is_file():
             return cand
-    if Path(name).is_dir():
-        raise UserError(f"recipe {name!r} is a directory, not a regular file; give a recipe .yaml file or a name "
-                        "from `primus-slurm recipes`")
+    if Path(name).exists():
+        what = "a directory" if Path(name).is_dir() else "not a regular file"
+        raise UserError(f"recipe {name!r} is {what}; give a recipe .yaml file or a name from `primus-slurm recipes`")
     raise UserError(f"recipe or preset {name!r} not found (looked in {', '.join(str(c) for c in candidates)})")
 
 
