@@ -91,3 +91,22 @@ def test_log_files_per_attempt_and_line_format(tmp_path):
     silent = TrainLogger(str(tmp_path / "r1"), rank=1, attempt=0, stream=sink)
     silent.line("nothing")
     assert len(sink) == 1 and not (tmp_path / "r1").exists()
+
+
+def test_a_resharded_resume_continues_from_its_own_random_stream():
+    """On a layout change the saved RNG streams do not map onto the new ranks; resuming used to leave the streams
+    as model building left them, i.e. as at step 1, so dropout replayed the run's first masks."""
+    from megatron.core import tensor_parallel
+
+    from tests.model_helpers import dist_session, tiny_cfg
+    from trainer.distributed import seed_streams
+
+    def draws(iteration):
+        seed_streams(1234, pp_rank=0, dp_rank=0, iteration=iteration)
+        with tensor_parallel.get_cuda_rng_tracker().fork():
+            tracked = torch.rand(4)
+        return torch.cat([torch.rand(4), tracked])
+
+    with dist_session(tiny_cfg()):
+        first, again, later = draws(0), draws(0), draws(500)
+    assert torch.equal(first, again) and not torch.equal(first[:4], later[:4]) and not torch.equal(first[4:], later[4:])

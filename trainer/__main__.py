@@ -167,6 +167,10 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
         from trainer.reshard import restore  # same layout: this rank's file; else resharded adapters + AdamW
 
         start, note = restore(resume_path, model, optimizer, info)
+        if note:  # another layout: the saved RNG streams do not map onto these ranks (dropout would replay step 1's)
+            from trainer.distributed import seed_streams
+
+            seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank, iteration=start)
         logger.line(f"checkpoint loaded | iteration {start} | path {os.path.relpath(resume_path, run_dir)}"
                     + (f" | {note}" if note else ""))
     return Trainer(cfg, run_dir, info, model, optimizer, params, train_packs, val_packs, forward_losses, logger, stop,

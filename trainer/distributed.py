@@ -75,10 +75,20 @@ def seed_everything(seed: int, rank_offset: int = 0) -> None:
     torch.manual_seed(seed)
 
 
+def seed_streams(seed: int, pp_rank: int, dp_rank: int, iteration: int = 0) -> None:
+    """Seed every random stream: different per pipeline stage (different layers) but equal across TP/DP, like
+    Megatron (the model-parallel tracker then differs per TP rank). iteration > 0: a resume whose saved streams
+    do not fit this layout (trainer.reshard) continues from a stream of its own, not the run's first one again."""
+    from megatron.core import tensor_parallel
+
+    base = (seed + 100 * pp_rank + 1_000_003 * iteration) % 2**31
+    seed_everything(base, rank_offset=dp_rank)
+    tensor_parallel.model_parallel_cuda_manual_seed(base)
+
+
 def init_distributed(cfg) -> DistInfo:
     """Initialise the process group, megatron parallel state and the RNG trackers."""
     from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
 
     dcfg = cfg.trainer.distributed
     par = cfg.trainer.parallelism
@@ -125,11 +135,8 @@ def init_distributed(cfg) -> DistInfo:
             create_gloo_process_groups=backend == "gloo",
         )
 
-    seed = int(cfg.experiment.seed)
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    # Different seeds per pipeline stage (different layers) but equal across TP/DP, like Megatron.
-    seed_everything(seed + 100 * pp_rank, rank_offset=ps.get_data_parallel_rank())
-    tensor_parallel.model_parallel_cuda_manual_seed(seed + 100 * pp_rank)
+    seed_streams(int(cfg.experiment.seed), pp_rank, ps.get_data_parallel_rank())
 
     return DistInfo(
         rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend,
