@@ -105,8 +105,10 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
         for line in out.stdout.splitlines():
             parts = line.split("|")
             if len(parts) >= 4 and parts[0] in wanted:
-                states[parts[0]] = {"state": parts[1].split()[0] if parts[1] else "UNKNOWN",
-                                    "exit_code": _exit_code(parts[2]), "nodes": parts[3], "source": "sacct"}
+                state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
+                if state == "CANCELLED" and code == 0:  # sacct's 0:0 for a cancelled allocation is no exit code
+                    code = None
+                states[parts[0]] = {"state": state, "exit_code": code, "nodes": parts[3], "source": "sacct"}
     missing = {j for j in wanted if states.get(j, {}).get("state") in (None, *_ACTIVE)}
     if not missing:
         return states

@@ -55,7 +55,10 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
     for entry in entries:
         run_dir = Path(entry["run_dir"])
         info = {**entry, **runs.read_run_json(run_dir)}
-        if info.get("executor") == "local":
+        if info.get("executor") == "local" and not run_dir.is_dir():  # its state lived there
+            base = {"state": "UNKNOWN", "exit_code": None, "source": "local",
+                    "reason": f"run directory {run_dir} no longer exists"}
+        elif info.get("executor") == "local":
             base = executors.local_state(run_dir, info)
         else:
             base = slurm.get(str(info.get("job_id")))
@@ -71,6 +74,7 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
             "state": derive_state(base, progress, stalled_for, stall_minutes),
             "scheduler_state": (base or {}).get("state"), "state_source": (base or {}).get("source"),
             "exit_code": exit_code, "trainer_exit_code": progress.exit_code, "nodes": (base or {}).get("nodes"),
+            "reason": (base or {}).get("reason"),
             "restarts": progress.attempt, "seconds_since_log": stalled_for, "stall_minutes": stall_minutes,
             **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime", "exit_code")},
         })
@@ -115,6 +119,7 @@ def render_table(rows: list[dict], console=None) -> None:
                       _fmt(r["last_checkpoint"]), str(r["restarts"]))
     console = console or Console(width=250)
     console.print(table)
-    for r in rows:  # why a run failed, from its trainer log
-        if r.get("error") and r["state"] not in ("RUNNING", "PENDING", "COMPLETED"):
-            console.print(f"{r['run_id']}: {r['error']}", markup=False, highlight=False)
+    for r in rows:  # why a run failed, from its trainer log (else what the executor knows)
+        why = r.get("error") or r.get("reason")
+        if why and r["state"] not in ("RUNNING", "PENDING", "COMPLETED"):
+            console.print(f"{r['run_id']}: {why}", markup=False, highlight=False)

@@ -74,6 +74,7 @@ def test_failed_and_cancelled_jobs(local_slurm, job_env, job_recipe):
     assert out.returncode == 0, out.stderr
     cancelled = wait_state(job_env, sleeper["run_id"], {"CANCELLED"}, timeout=30)
     assert cancelled["scheduler_state"] == "CANCELLED"
+    assert cancelled["exit_code"] != 0  # sacct's 0:0 for the cancelled allocation is not an exit code (was shown as 0)
 
     row = wait_state(job_env, failing["run_id"], {"COMPLETED", "FAILED"}, key="scheduler_state")
     # Slurm's exit code is the batch script's (srun's, after a failed torchrun); the trainer's own code

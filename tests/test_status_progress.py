@@ -153,3 +153,12 @@ def test_follow_printer_keeps_characters_and_lines_whole_and_notes_each_file():
                               "[t] iteration 1/2 | lm loss 1 | note é\n[t] last\n"
                               "(the resolved settings, `arg …` lines, are in debug.attempt-1.log; not shown here)\n"
                               "[t] iteration 2/2\n")
+
+
+def test_a_local_run_whose_directory_is_gone_is_unknown_not_failed(tmp_path):
+    """Its state (exit code, cancel marker) lived in the run directory: without it status used to say FAILED."""
+    entry = {"run_id": "r", "run_dir": str(tmp_path / "moved-away"), "executor": "local", "job_id": "local-1",
+             "pid": 1, "pid_start": -1}
+    row = collect([entry])[0]
+    assert row["state"] == "UNKNOWN" and row["exit_code"] is None
+    assert row["reason"] == f"run directory {tmp_path / 'moved-away'} no longer exists"
