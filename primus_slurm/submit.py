@@ -10,6 +10,7 @@ from . import executors, paths, registry, runs
 from .errors import UserError
 from .recipe import Recipe, dump, load_recipe
 from .render import render_script
+from .validate import check_time_limit
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 
@@ -31,6 +32,7 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id:
     recipe = load_recipe(recipe_path, overrides)
     concrete = executors.resolve_executor(recipe.resolved["cluster"]["executor"])
     recipe.resolved["cluster"]["executor"] = concrete  # the resolved recipe records where it really ran
+    check_time_limit(recipe.resolved["cluster"], concrete)
     if run_id is not None and not RUN_ID_RE.match(run_id):
         raise UserError(f"--run-id must look like 20260131-235959-a1b2c3 (got '{run_id}')")
     run_id = run_id or runs.new_run_id()

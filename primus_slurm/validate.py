@@ -74,11 +74,17 @@ def slurm_seconds(time: str) -> int:
     return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
 
 
-def _cluster(c: dict, exp: dict) -> None:
-    if c["executor"] == "slurm" and 0 < slurm_seconds(c["time"]) <= c["signal_grace_s"]:  # 0: no limit
+def check_time_limit(c: dict, executor: str) -> None:
+    """A Slurm job warned `signal_grace_s` before its end must have a longer limit (load_recipe checks an explicit
+    slurm executor, submit.prepare the one `auto` resolves to)."""
+    if executor == "slurm" and 0 < slurm_seconds(c["time"]) <= c["signal_grace_s"]:  # 0: no limit
         fail(f"`cluster.signal_grace_s` ({c['signal_grace_s']} s) is not shorter than `cluster.time` ({c['time']}): "
              "the time-limit warning would come at the start, and every attempt would stop and requeue at once; "
              "use a longer time or a smaller grace")
+
+
+def _cluster(c: dict, exp: dict) -> None:
+    check_time_limit(c, c["executor"])
     if not WORKSPACE_RE.match(exp["workspace"]):
         fail(f"`experiment.workspace` resolves to {exp['workspace']!r}; use a path of letters, digits and ./_-+@=")
     for i, flag in enumerate(c["extra_sbatch"]):

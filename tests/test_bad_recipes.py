@@ -173,6 +173,20 @@ def test_set_time_takes_the_text_as_typed(typed, limit, capsys):
     assert f"#SBATCH --time={limit}\n" in capsys.readouterr().out
 
 
+def test_time_limit_check_follows_the_executor_auto_resolves_to(capsys, monkeypatch, tmp_path):
+    """`auto` becomes slurm where sbatch is on PATH: the grace check must see that, not the word auto."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    argv = ["submit", QS, "--dry-run", "--set", "cluster.executor=auto", "--set", "cluster.time=5"]
+    assert run(argv) == 2
+    assert "`cluster.signal_grace_s` (300 s) is not shorter than `cluster.time` (5)" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: auto is local, where no limit applies
+    assert run(argv) == 0
+
+
 def test_set_text_fields_keep_what_was_typed(capsys):
     """YAML folded a newline into a space (the newline refusal never fired) and read '# x' as null."""
     assert run(["validate", QS, "--set", "experiment.description=a\nb"]) == 2

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.model_helpers import dist_session, free_port, packed_batch, perturb_adapters, tiny_cfg
+from tests.model_helpers import (DEEPSEEK_MLA, MLA_TARGETS, QWEN3_MOE, dist_session, free_port, packed_batch,
+                                 perturb_adapters, tiny_cfg)
 
 CASES = [("pre", False), ("post", False), ("pre", True), ("post", True)]
 ROW = ("linear_proj", "linear_fc2")
@@ -44,15 +45,43 @@ def _masks(rank, world, position, sp, port):
     return masks
 
 
+def _whole_linear_masks(rank, world, ports):
+    """MoE experts and MLA's duplicated linears are whole on every TP rank but, under SP, see the rank's own
+    tokens: {name: (tokens_per_rank, mask of dropping ones the way the adapter drops an unsharded input)}."""
+    from trainer.model import build_model
+    from trainer.model.lora import LoRALinear
+    from trainer.model.lora_grouped import dropout_per_tp_rank
+
+    out = {}
+    for arch, targets, port in (("moe", None, ports[0]), ("mla", MLA_TARGETS, ports[1])):
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        model_cfg = {**(QWEN3_MOE if arch == "moe" else DEEPSEEK_MLA)}
+        lora = {"dropout": 0.5, **({"target_modules": targets} if targets else {})}
+        cfg = tiny_cfg(trainer={"model": model_cfg, "lora": lora,
+                                "parallelism": {"tensor": world, "sequence_parallel": True}})
+        with dist_session(cfg) as info:
+            model = build_model(cfg, info.device).train()
+            for name, m in model.named_modules():
+                if getattr(m, "dropout", None) is None or not hasattr(m, "tokens_per_rank"):
+                    continue
+                ones = torch.ones(4096)
+                mask = (m._drop(ones, sharded=False) if isinstance(m, LoRALinear)
+                        else dropout_per_tp_rank(m.dropout, ones, m.tokens_per_rank)) == 0
+                out[f"{arch}:{name}"] = (m.tokens_per_rank, mask)
+    return out
+
+
 def _worker(rank, world, ports, out):
     result = {case: _masks(rank, world, *case, port) for case, port in zip(CASES, ports)}
+    result["whole"] = _whole_linear_masks(rank, world, ports[-2:])
     torch.save(result, f"{out}.{rank}")
 
 
 @pytest.fixture(scope="module")
 def masks(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("dropout") / "masks")
-    mp.start_processes(_worker, args=(2, [free_port() for _ in CASES], out), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(2, [free_port() for _ in range(len(CASES) + 2)], out), nprocs=2, join=True,
                        start_method="spawn")
     return torch.load(f"{out}.0"), torch.load(f"{out}.1")
 
@@ -67,3 +96,12 @@ def test_shards_get_their_own_masks_and_whole_tensors_the_same(masks, position, 
         row = name.rsplit(".", 1)[-1] in ROW
         whole = not sp and (row if position == "post" else not row)
         assert torch.equal(a, b) == whole, (name, position, sp, "whole" if whole else "sharded")
+
+
+def test_whole_linears_fed_their_ranks_own_tokens_get_their_own_masks(masks):
+    r0, r1 = masks[0]["whole"], masks[1]["whole"]
+    own = [n for n, (per_rank, _) in r0.items() if per_rank]
+    assert any(".experts." in n for n in own), sorted(r0)  # MoE experts under SP route each rank's tokens
+    for name, (per_rank, mask) in r0.items():
+        assert per_rank == r1[name][0]
+        assert torch.equal(mask, r1[name][1]) != per_rank, (name, per_rank)

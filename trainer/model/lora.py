@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.model.lora_grouped import GroupedLoRALinear, is_grouped_linear
+from trainer.model.lora_grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
 from trainer.model.lora_inputs import adapter_a
 
 COLUMN, ROW = "column", "row"
@@ -100,6 +100,8 @@ class LoRALinear(nn.Module):
         whole = self.is_expert or getattr(base, "parallel_mode", None) == "duplicated"
         # a duplicated linear under SP sees its rank's sequence shard: both factors' grads sum over TP
         shard_fed = whole and not self.is_expert and sequence_parallel and tp_size > 1
+        # a whole linear under SP sees this TP rank's own tokens (its sequence shard, or the tokens it routed)
+        self.tokens_per_rank = whole and sequence_parallel and tp_size > 1
         if whole:
             tp_size, tp_rank, sequence_parallel = 1, 0, False
         self.tp_size = tp_size
@@ -154,15 +156,9 @@ class LoRALinear(nn.Module):
 
     # -- adapter path -------------------------------------------------------------------------
     def _drop(self, t: torch.Tensor, sharded: bool) -> torch.Tensor:
-        """Dropout with megatron's RNG rules: a tensor split across TP ranks (a hidden shard, a sequence shard)
-        draws from the model-parallel tracker, seeded per TP rank, so each shard gets its own mask; a tensor every
-        TP rank holds whole draws from the default generator, equal across TP ranks, so all keep the same mask."""
-        if not sharded or self.tp_size == 1:
-            return self.dropout(t)
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        with get_cuda_rng_tracker().fork():
-            return self.dropout(t)
+        """Dropout of a tensor that is `sharded` across TP ranks (or holds this rank's own tokens) with a mask of
+        this rank's own (trainer.model.lora_grouped.dropout_per_tp_rank)."""
+        return dropout_per_tp_rank(self.dropout, t, self.tokens_per_rank or (sharded and self.tp_size > 1))
 
     def _adapter_h(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """h = A(drop(x)), rank-sized, laid out like the base output (TP/SP collectives applied)."""
@@ -253,7 +249,7 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
         parent = model.get_submodule(parent_name) if parent_name else model
         base = getattr(parent, leaf)
         if is_grouped_linear(base):
-            setattr(parent, leaf, _grouped(base, name, lcfg, seed, global_name))
+            setattr(parent, leaf, _grouped(base, name, lcfg, seed, global_name, sequence_parallel and tp_size > 1))
             continue
         wrapped = LoRALinear(
             base, leaf, dim=int(lcfg.dim), alpha=float(lcfg.alpha), dropout=float(lcfg.dropout or 0.0),
@@ -268,7 +264,7 @@ def _seed(seed: int, global_name: str) -> int:
     return seed * 1_000_003 + zlib.crc32(global_name.encode())
 
 
-def _grouped(base, name: str, lcfg, seed: int, global_name) -> GroupedLoRALinear:
+def _grouped(base, name: str, lcfg, seed: int, global_name, tokens_per_rank: bool = False) -> GroupedLoRALinear:
     """GroupedLoRALinear with each local expert's factors seeded by its global name."""
     dim = int(lcfg.dim)
     out, inp = base.weight0.shape
@@ -276,7 +272,8 @@ def _grouped(base, name: str, lcfg, seed: int, global_name) -> GroupedLoRALinear
     for e in range(base.num_gemms):
         s = _seed(seed, global_name(f"{name}.lora.{e}"))
         pairs.append((_seeded_init((dim, inp), lcfg.a_init, s), _seeded_init((out, dim), lcfg.b_init, s + 1)))
-    return GroupedLoRALinear(base, dim, float(lcfg.alpha), float(lcfg.dropout or 0.0), lcfg.dropout_position, pairs)
+    return GroupedLoRALinear(base, dim, float(lcfg.alpha), float(lcfg.dropout or 0.0), lcfg.dropout_position, pairs,
+                             tokens_per_rank=tokens_per_rank)
 
 
 def lora_modules(model: nn.Module) -> dict[str, nn.Module]:

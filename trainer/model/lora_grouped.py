@@ -17,6 +17,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def dropout_per_tp_rank(dropout: nn.Module, t: torch.Tensor, per_rank: bool) -> torch.Tensor:
+    """Dropout with megatron's RNG rules: a tensor that differs across the TP ranks (a hidden or sequence shard, or
+    a rank's own tokens) draws from the model-parallel tracker, seeded per TP rank, so each rank gets its own mask;
+    a tensor every TP rank holds whole draws from the default generator, equal across TP ranks, so all keep the
+    same mask."""
+    if not per_rank:
+        return dropout(t)
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    with get_cuda_rng_tracker().fork():
+        return dropout(t)
+
+
 def is_grouped_linear(module: nn.Module) -> bool:
     w0 = getattr(module, "weight0", None)
     return isinstance(getattr(module, "num_gemms", None), int) and isinstance(w0, torch.Tensor) and w0.dim() == 2
@@ -85,7 +98,7 @@ class GroupedLoRALinear(nn.Module):
     """A frozen grouped expert linear plus one LoRA adapter per local expert."""
 
     def __init__(self, base: nn.Module, dim: int, alpha: float, dropout: float, dropout_position: str,
-                 init_pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+                 init_pairs: list[tuple[torch.Tensor, torch.Tensor]], tokens_per_rank: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -96,6 +109,7 @@ class GroupedLoRALinear(nn.Module):
         self.scale = float(alpha) / float(dim)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None
         self.dropout_position = dropout_position
+        self.tokens_per_rank = tokens_per_rank  # TP > 1 (with SP): each TP rank routes its own tokens here
         device = base.weight0.device
         self.lora = nn.ModuleList(ExpertAdapter(a.to(device), b.to(device)) for a, b in init_pairs)
 
@@ -107,8 +121,9 @@ class GroupedLoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor, m_splits, *args, **kwargs):
         out, bias = self.base(x, m_splits, *args, **kwargs)
-        inp = self.dropout(x) if self.dropout is not None and self.dropout_position == "pre" else x
+        pre, post = (self.dropout is not None and self.dropout_position == p for p in ("pre", "post"))
+        inp = dropout_per_tp_rank(self.dropout, x, self.tokens_per_rank) if pre else x
         delta = grouped_lora_delta(inp, m_splits, list(self.lora), self.scale)
-        if self.dropout is not None and self.dropout_position == "post":
-            delta = self.dropout(delta)
+        if post:
+            delta = dropout_per_tp_rank(self.dropout, delta, self.tokens_per_rank)
         return out + delta.to(out.dtype), bias
