@@ -210,7 +210,8 @@ def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None
     parts = key.split(".")
     for i, part in enumerate(parts):
         if isinstance(node_spec, schema.Field) and node_spec.kind == "dict" and i == len(parts) - 1:
-            node[part] = value  # a free-form mapping such as cluster.env.NAME
+            # a free-form mapping such as cluster.env.NAME: text values as typed (0755 stays 0755, not 493)
+            node[part] = _as_text(value, text) if node_spec.item == "str" and text is not None else value
             return
         if not isinstance(node_spec, dict) or part not in node_spec:
             prefix = ".".join(parts[:i])
@@ -233,11 +234,11 @@ def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None
 
 def _anchor_relative_paths(resolved: dict) -> None:
     """A relative data / tokenizer / checkpoint path that exists from the current directory means that file, as
-    `experiment.workspace` does; the job runs elsewhere (its run directory), so it gets the absolute path. Only
-    without a container (inside one, a relative path is the image's); a value that does not exist here stays as
-    written (a hub name, or a path only the job can see)."""
-    if resolved["cluster"]["container"]["runtime"] != "none":
-        return
+    `experiment.workspace` does; the job runs elsewhere (its run directory), so it gets the absolute path. Not
+    with docker/podman/apptainer (inside those a relative path is the image's); a value that does not exist here
+    stays as written (a hub name, or a path only the job can see)."""
+    if resolved["cluster"]["container"]["runtime"] not in ("none", "pyxis"):  # pyxis: a local job runs on the host,
+        return  # and on Slurm its default workdir is the run directory, where the relative path did not point either
     t = resolved["trainer"]
     for node, key in ((t["data"]["train"], "path"), (t["data"]["validation"], "path"), (t["tokenizer"], "path"),
                       (t["checkpoint"], "pretrained")):

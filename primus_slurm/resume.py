@@ -55,6 +55,7 @@ def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     progress = read_progress(run_dir)
     if progress.finished and progress.exit_code == 0:
         raise UserError(f"run {run_id} completed (iteration {progress.iteration}); nothing to resume")
+    registry.check_writable()  # a new job the registry cannot record would run unseen
     attempt = next_attempt(run_dir)
     (run_dir / ATTEMPT_BASE).write_text(f"{attempt}\n")
     history = [*info.get("jobs", []), {"job_id": info.get("job_id"), "state": old.get("state"),

@@ -195,6 +195,9 @@ def test_set_text_fields_keep_what_was_typed(capsys):
     assert r.resolved["experiment"]["description"] == "# not a comment"
     assert r.resolved["cluster"]["partition"] == "true"
     assert load_recipe(QS, ["cluster.partition=null"], env={}).resolved["cluster"]["partition"] is None
+    env = load_recipe(QS, ["cluster.env.MODE=0755", "cluster.env.WHEN=1:30", "cluster.env.NOTE=a # b"],
+                      env={}).resolved["cluster"]["env"]
+    assert (env["MODE"], env["WHEN"], env["NOTE"]) == ("0755", "1:30", "a # b")  # YAML: 493, 90, 'a'
 
 
 def test_non_utf8_and_recursive_extends(tmp_path, capsys):

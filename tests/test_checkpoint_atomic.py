@@ -152,8 +152,12 @@ def test_resume_refused_when_train_iters_moves_the_lr_decay(tmp_path):
     with pytest.raises(SetupError) as err:  # ... but not move the schedule silently
         find_resume(longer, str(tmp_path), rhash)
     assert str(err.value) == ("resume refused | trainer.schedule.train_iters changed the LR decay end from iteration "
-                              "1000 to 2000: the LR at iteration 501 would jump from 5.851e-05 to 8.941e-05. Set "
+                              "1000 to 2000: at iteration 501 the LR would be 8.941e-05 instead of 5.851e-05. Set "
                               "trainer.schedule.lr_decay_iters: 1000 to keep the saved schedule, or 2000 to stretch it")
+    ckpt.save(str(tmp_path / "warm" / "checkpoints"), 50, {"x": 1}, rank=0, coords=(0, 0, 0),
+              metadata={"recipe_hash": rhash, "lr_decay_iters": 1000}, keep_last=2)
+    with pytest.raises(SetupError, match=r"at iteration 551 the LR would be 8\.673e-05 instead of 4\.983e-05\. "):
+        find_resume(longer, str(tmp_path / "warm"), rhash)  # stopped in warmup: the LR differs later, in the decay
     assert find_resume(cfg(train_iters=2000, lr_decay_iters=1000), str(tmp_path), rhash)[1] == ""
     path, note = find_resume(cfg(train_iters=2000, lr_decay_iters=2000), str(tmp_path), rhash)
     assert note == "schedule | LR decay end moved on resume from iteration 1000 to 2000 (trainer.schedule.lr_decay_iters)"

@@ -184,3 +184,6 @@ def test_relative_paths_that_exist_here_are_anchored_like_the_workspace(tmp_path
     inside = load_recipe("quickstart", sets + ["cluster.container.runtime=docker", "cluster.container.image=x"],
                          env={}).resolved["trainer"]
     assert inside["data"]["train"]["path"] == "data/train.jsonl"  # in a container, relative is the image's
+    pyxis = load_recipe("quickstart", sets + ["cluster.container.runtime=pyxis", "cluster.container.image=x"],
+                        env={}).resolved["trainer"]  # a local pyxis job runs on the host
+    assert pyxis["data"]["train"]["path"] == str(tmp_path / "data" / "train.jsonl")

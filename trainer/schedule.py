@@ -80,7 +80,9 @@ def resume_change(schedule, saved_decay_iters, iteration: int) -> str:
         return f"schedule | LR decay end moved on resume from iteration {saved} to {now} (trainer.schedule.lr_decay_iters)"
     before = LRSchedule(schedule.lr, schedule.min_lr, schedule.warmup_iters, saved, schedule.lr_decay)
     after = LRSchedule.from_config(schedule)
-    raise ValueError(f"trainer.schedule.train_iters changed the LR decay end from iteration {saved} to {now}: the LR "
-                     f"at iteration {iteration + 1} would jump from {before.lr_at(iteration + 1):.4g} to "
-                     f"{after.lr_at(iteration + 1):.4g}. Set trainer.schedule.lr_decay_iters: {saved} to keep the saved "
-                     f"schedule, or {now} to stretch it")
+    k = iteration + 1
+    if f"{after.lr_at(k):.4g}" == f"{before.lr_at(k):.4g}":  # e.g. stopped in warmup: show where the decay differs
+        k = max(k, (int(schedule.warmup_iters or 0) + min(saved, now)) // 2 + 1)
+    raise ValueError(f"trainer.schedule.train_iters changed the LR decay end from iteration {saved} to {now}: at "
+                     f"iteration {k} the LR would be {after.lr_at(k):.4g} instead of {before.lr_at(k):.4g}. Set "
+                     f"trainer.schedule.lr_decay_iters: {saved} to keep the saved schedule, or {now} to stretch it")
