@@ -93,9 +93,11 @@ def test_log_files_per_attempt_and_line_format(tmp_path):
     assert len(sink) == 1 and not (tmp_path / "r1").exists()
 
 
-def test_a_resharded_resume_continues_from_its_own_random_stream():
-    """On a layout change the saved RNG streams do not map onto the new ranks; resuming used to leave the streams
-    as model building left them, i.e. as at step 1, so dropout replayed the run's first masks."""
+def test_seed_streams_gives_each_resume_iteration_its_own_streams():
+    """seed_streams, which a resume on another layout calls (trainer.__main__._build: the saved RNG streams do not
+    map onto the new ranks, and the model-build state would replay step 1's dropout masks), is deterministic per
+    iteration and differs between iterations, for the default generator and the model-parallel tracker. The call
+    site itself is not exercised here."""
     from megatron.core import tensor_parallel
 
     from tests.model_helpers import dist_session, tiny_cfg
