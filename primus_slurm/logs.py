@@ -113,6 +113,7 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
     info = {**entry, **runs.read_run_json(run_dir)}
     current, offset, state = None, 0, {"state": "PENDING"}
     printer = _Printer(out, fold_args=not stdout)
+    start = int(info.get("stdout_offset") or 0) if stdout else 0  # a resumed local job appends to its stdout
     try:
         while True:
             ended = state.get("state") in TERMINAL
@@ -121,7 +122,7 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
                 if current is not None:  # the old attempt's last lines first
                     printer.write(_read_from(current, offset), current)
                 printer.close()
-                current, offset = path, 0
+                current, offset = path, start
             if current is not None:
                 data = _read_from(current, offset)
                 if data:

@@ -63,6 +63,8 @@ def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     if info.get("executor") == "local":
         for name in (executors.LOCAL_EXIT, executors.LOCAL_CANCELLED):  # the previous job's end markers
             (run_dir / name).unlink(missing_ok=True)
+        out = run_dir / executors.LOCAL_OUT  # the new job appends to it: `logs --stdout -f` starts here
+        info["stdout_offset"] = out.stat().st_size if out.exists() else 0
         info.update(executors.submit_local(run_dir))
     else:
         job_id, submitted = executors.submit_slurm((run_dir / "job.sbatch").read_text(), run_dir)

@@ -61,6 +61,8 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     assert logged and min(logged) > stopped and logged[-1] == 300, logged  # continues, does not start over
     assert second.rstrip().endswith("training finished | iterations 300 | exit 0")
     assert "exit 75" in first.read_text() and "exit 0" not in first.read_text()  # attempt 0's log untouched
+    stdout = cli(job_env, "logs", run_id, "--stdout", "-f").stdout  # the new job's stdout only (local: appended)
+    assert "attempt 1 on" in stdout and "attempt 0 on" not in stdout, stdout[:2000]
     info = json.loads((run_dir / "run.json").read_text())
     assert [j["job_id"] for j in info["jobs"]] == [entry["job_id"]] and info["job_id"] != entry["job_id"]
     assert info["jobs"][0]["state"] in ("CANCELLED", "FAILED") and status_json(job_env, entry["job_id"])["run_id"] \
