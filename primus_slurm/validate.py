@@ -56,6 +56,7 @@ def validate(r: dict) -> None:
     _cluster(r["cluster"], r["experiment"])
     t = r["trainer"]
     _precision(t["precision"], t["distributed"]["device"])
+    _fp4_hardware(t["precision"], r["cluster"]["env_profile"])
     _model(t["model"], t)
     _parallel(t, r["cluster"])
     _lora(t["lora"], t["model"])
@@ -103,6 +104,12 @@ def _cluster(c: dict, exp: dict) -> None:
         fail(f"`cluster.container.image` is required when `cluster.container.runtime` is {cont['runtime']}")
     if cont["image"] and not IMAGE_RE.match(cont["image"]):
         fail(f"`cluster.container.image` is {cont['image']!r:.60}; expected an image reference or path")
+    if cont["runtime"] in ("docker", "podman", "apptainer") and "#" in (cont["image"] or ""):
+        fail(f"`cluster.container.image` {cont['image']!r:.80} uses pyxis/enroot's registry#image form; "
+             f"{cont['runtime']} needs registry/image (e.g. nvcr.io/nvidia/pytorch:25.09-py3)")
+    if cont["runtime"] == "apptainer" and cont["image"] and not cont["image"].startswith(("/", "docker://", "oras://")):
+        fail(f"`cluster.container.image` is {cont['image']!r:.80}; apptainer needs a .sif path or a "
+             "docker://registry/image (or oras://) reference")
     for i, m in enumerate(cont["mounts"]):
         if not MOUNT_RE.match(m):
             fail(f"`cluster.container.mounts[{i}]` is {m!r:.60}; expected '/host/path:/container/path[:ro|rw]'")
@@ -117,6 +124,23 @@ def _cluster(c: dict, exp: dict) -> None:
             fail(f"`cluster.env.{key}` is a variable the job script sets or relies on; choose another name")
     if c["executor"] == "local" and c["nodes"] > 1:
         fail(f"`cluster.nodes` is {c['nodes']} but `cluster.executor` is local; the local executor runs one node")
+
+
+# FP4 units per env profile (the trainer's gating checks the device itself at start; this catches a recipe whose
+# nodes cannot run its FP4 format before it waits in the queue)
+FP4_FORMAT = {"b200": "nvfp4", "mi355x": "mxfp4", "h100": None, "h200": None, "mi300x": None}
+
+
+def _fp4_hardware(p: dict, profile: str) -> None:
+    if not p["fp4"] or p["fp4_emulation"] or profile not in FP4_FORMAT:
+        return
+    native = FP4_FORMAT[profile]
+    if native is None:
+        fail(f"`trainer.precision.fp4` needs FP4 units, and `cluster.env_profile` {profile} has none (NVFP4: b200; "
+             "MXFP4: mi355x); set `trainer.precision.fp4_emulation: true` for accuracy studies, or use fp8")
+    if p["fp4_recipe"] != native:
+        fail(f"`trainer.precision.fp4_recipe` is {p['fp4_recipe']}, but `cluster.env_profile` {profile} runs "
+             f"{native} (NVFP4 is NVIDIA TE's, MXFP4 ROCm TE's); set fp4_recipe: {native}")
 
 
 def _precision(p: dict, device: str) -> None:
@@ -175,6 +199,9 @@ def _model(m: dict, t: dict) -> None:
 
 
 def _parallel(t: dict, c: dict) -> None:
+    if t["distributed"]["device"] != "cpu" and c["gpus_per_node"] and nproc_per_node(c) > c["gpus_per_node"]:
+        fail(f"`cluster.nproc_per_node` ({nproc_per_node(c)}) exceeds `cluster.gpus_per_node` ({c['gpus_per_node']}): "
+             "one rank a GPU (two ranks on one GPU fail in NCCL/RCCL)")
     par, m = t["parallelism"], t["model"]
     tp, pp, cp, ep = par["tensor"], par["pipeline"], par["context"], par["expert"]
     world = world_size(c)

@@ -39,8 +39,8 @@ def bash_syntax_ok(script: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_render_every_recipe_every_runtime(recipe, runtime, tmp_path):
     overrides = [f"cluster.container.runtime={runtime}", "cluster.executor=slurm", "cluster.nodes=2"]
-    if runtime != "none":
-        overrides.append(f"cluster.container.image={IMAGE}")
+    if runtime != "none":  # apptainer takes a .sif path or a docker:// reference
+        overrides.append(f"cluster.container.image={'docker://' if runtime == 'apptainer' else ''}{IMAGE}")
     r = load_recipe(recipes_dir() / recipe, overrides, env={})
     run_dir = f"{r.resolved['experiment']['workspace']}/{r.resolved['experiment']['name']}/20261130-000000-abcdef"
     script = render_script(r.resolved, run_dir, "20261130-000000-abcdef", "slurm")
