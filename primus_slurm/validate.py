@@ -104,6 +104,10 @@ def _cluster(c: dict, exp: dict) -> None:
         fail(f"`cluster.container.image` is required when `cluster.container.runtime` is {cont['runtime']}")
     if cont["image"] and not IMAGE_RE.match(cont["image"]):
         fail(f"`cluster.container.image` is {cont['image']!r:.60}; expected an image reference or path")
+    if cont["runtime"] in ("docker", "podman") and c["gpus_per_node"] and not c["exclusive"] and c["executor"] != "local":
+        fail(f"`cluster.container.runtime` {cont['runtime']} gives the container every GPU of the node (its daemon is "
+             "outside the job's cgroup), so with `cluster.exclusive: false` it would use GPUs Slurm gave to other "
+             "jobs; set exclusive: true, or use pyxis or apptainer")
     if cont["runtime"] in ("docker", "podman", "apptainer") and "#" in (cont["image"] or ""):
         fail(f"`cluster.container.image` {cont['image']!r:.80} uses pyxis/enroot's registry#image form; "
              f"{cont['runtime']} needs registry/image (e.g. nvcr.io/nvidia/pytorch:25.09-py3)")

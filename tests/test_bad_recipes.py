@@ -46,6 +46,8 @@ BAD = [
     ("cluster: {time: 1:30:00}", "`cluster.time` is the number 5400; quote it"),
     ("cluster: {container: {runtime: docker, image: 'nvcr.io#nvidia/pytorch:25.09-py3'}}",
      "uses pyxis/enroot's registry#image form; docker needs registry/image"),
+    ("cluster: {executor: slurm, exclusive: false, gpus_per_node: 4, container: {runtime: docker, image: a/b:1}}",
+     "with `cluster.exclusive: false` it would use GPUs Slurm gave to other jobs"),
     ("cluster: {container: {runtime: apptainer, image: 'rocm/megatron-lm:v25.9'}}",
      "apptainer needs a .sif path or a docker://registry/image"),
     ("cluster: {gpus_per_node: 8, nproc_per_node: 16}\ntrainer: {distributed: {device: cuda}}",
