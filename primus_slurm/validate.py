@@ -203,6 +203,9 @@ def _model(m: dict, t: dict) -> None:
 
 
 def _parallel(t: dict, c: dict) -> None:
+    if t["distributed"]["device"] == "cpu" and t["distributed"]["backend"] == "nccl":
+        fail("`trainer.distributed.backend` nccl needs GPUs, and `trainer.distributed.device` is cpu; use gloo "
+             "(or auto)")
     if t["distributed"]["device"] != "cpu" and c["gpus_per_node"] and nproc_per_node(c) > c["gpus_per_node"]:
         fail(f"`cluster.nproc_per_node` ({nproc_per_node(c)}) exceeds `cluster.gpus_per_node` ({c['gpus_per_node']}): "
              "one rank a GPU (two ranks on one GPU fail in NCCL/RCCL)")

@@ -48,6 +48,7 @@ BAD = [
      "uses pyxis/enroot's registry#image form; docker needs registry/image"),
     ("cluster: {executor: slurm, exclusive: false, gpus_per_node: 4, container: {runtime: docker, image: a/b:1}}",
      "with `cluster.exclusive: false` it would use GPUs Slurm gave to other jobs"),
+    ("trainer: {distributed: {backend: nccl}}", "`trainer.distributed.backend` nccl needs GPUs"),
     ("cluster: {container: {runtime: apptainer, image: 'rocm/megatron-lm:v25.9'}}",
      "apptainer needs a .sif path or a docker://registry/image"),
     ("cluster: {gpus_per_node: 8, nproc_per_node: 16}\ntrainer: {distributed: {device: cuda}}",
