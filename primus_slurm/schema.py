@@ -119,7 +119,8 @@ SCHEMA: dict = {
         "env": Field("dict", {}, item="str"),
         "secrets": Field("list", ["HF_TOKEN", "WANDB_API_KEY"], help="environment variable names passed through"),
         "python": Field("str", "python3", pattern=re.compile(r"^[A-Za-z0-9_./+-]{1,256}$"),
-                        help="the job's interpreter; python3 means the launcher's own when there is no container"),
+                        help="an interpreter name or path of letters, digits and _./+- (python3: the launcher's "
+                             "own when there is no container)"),
         "entrypoint": Field("str", "trainer", pattern=re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$"),
                             help="python module torchrun runs with -m"),
         "stall_minutes": Field("float", 30.0, min=0.1, max=10080),
@@ -127,7 +128,7 @@ SCHEMA: dict = {
             "runtime": Field("str", "none", choices=RUNTIMES),
             "image": _opt("str"),
             "mounts": Field("list", [], help="'src:dst[:ro]'"),
-            "workdir": _opt("str"),
+            "workdir": _opt("str", pattern=re.compile(r"^/[A-Za-z0-9_./+@=-]*$"), help="an absolute path"),
             "shm_size": Field("str", "64g", pattern=re.compile(r"^\d+[kmgKMG]?$", re.ASCII)),
             "extra_args": Field("list", []),
         },

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slurm
 NOT_IN_SCRIPT = {"experiment.description", "trainer.model.rope_scaling", "trainer.tokenizer.path",
                  "trainer.data.train.path", "trainer.data.train.hf_name", "trainer.data.validation.path",
                  "trainer.data.validation.hf_name", "trainer.data.cache_dir", "trainer.checkpoint.pretrained"}
-QUOTED_IN_SCRIPT = {"cluster.env", "cluster.container.workdir", "cluster.container.extra_args"}
+QUOTED_IN_SCRIPT = {"cluster.env", "cluster.container.extra_args"}
 INERT = NOT_IN_SCRIPT | QUOTED_IN_SCRIPT
 CONTAINER = ["--set", "cluster.container.runtime=docker", "--set", "cluster.container.image=img:1"]
 
