@@ -207,18 +207,18 @@ def _stat(pid) -> list | None:
 
 
 def _process_tree(root: int) -> dict:
-    """{pid: start ticks} of `root` and all its live descendants."""
-    children: dict = {}
+    """{pid: start ticks} of `root` and all its live descendants (one pass over /proc)."""
+    children, starts = {}, {}
     for entry in os.listdir("/proc"):
         fields = _stat(entry) if entry.isdigit() else None
         if fields and fields[0] not in ("Z", "X"):
             children.setdefault(int(fields[1]), []).append(int(entry))
+            starts[int(entry)] = int(fields[19])
     tree, todo = {}, [root]
     while todo:
         pid = todo.pop()
-        start = _proc_start_ticks(pid)
-        if start is not None and pid not in tree:
-            tree[pid] = start
+        if pid in starts and pid not in tree:
+            tree[pid] = starts[pid]
             todo.extend(children.get(pid, ()))
     return tree
 

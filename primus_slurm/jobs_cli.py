@@ -13,6 +13,7 @@ from . import status as status_mod
 from . import resume as resume_mod
 from . import submit as submit_mod
 from .errors import UserError
+from .render import container_unused
 
 
 @click.command("submit")
@@ -40,7 +41,7 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
             sys.stdout.write(submit_mod.dry_run_text(prepared))
         return
     entry = submit_mod.submit(prepared)
-    if prepared.executor == "local" and prepared.recipe.resolved["cluster"]["container"]["runtime"] == "pyxis":
+    if container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"], prepared.executor):
         click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)
     if as_json:
@@ -70,7 +71,8 @@ def status_cmd(run, as_json):
 @click.command("logs")
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="keep streaming until the job ends")
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="trainer log of this rank (default 0; only rank 0 writes one, the others' output is in --stdout)")
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="trainer log of this rank (default 0; only rank 0 writes one, the others' output is in --stdout)")
 @click.option("--stdout", "job_stdout", is_flag=True, help="the job's stdout/stderr file instead")
 def logs_cmd(run, follow, rank, job_stdout):
     """Print (or follow) the trainer log of RUN."""

@@ -203,7 +203,7 @@ def _as_text(value: Any, text: str) -> Any:
     return text if "\n" in text else typed  # a newline stays, for the field's own check to refuse
 
 
-def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None:
+def apply_set(data: dict, key: str, value: Any, text: str) -> None:
     """Set a dotted key; a text field takes the text as typed (_as_text)."""
     node_spec: Any = schema.SCHEMA
     node = data
@@ -211,7 +211,7 @@ def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None
     for i, part in enumerate(parts):
         if isinstance(node_spec, schema.Field) and node_spec.kind == "dict" and i == len(parts) - 1:
             # a free-form mapping such as cluster.env.NAME: text values as typed (0755 stays 0755, not 493)
-            node[part] = _as_text(value, text) if node_spec.item == "str" and text is not None else value
+            node[part] = _as_text(value, text) if node_spec.item == "str" else value
             return
         if not isinstance(node_spec, dict) or part not in node_spec:
             prefix = ".".join(parts[:i])
@@ -221,7 +221,7 @@ def apply_set(data: dict, key: str, value: Any, text: str | None = None) -> None
         node_spec = node_spec[part]
         if i == len(parts) - 1:
             is_text = isinstance(node_spec, schema.Field) and node_spec.kind == "str"
-            node[part] = _as_text(value, text) if is_text and text is not None else value
+            node[part] = _as_text(value, text) if is_text else value
         else:
             if node.get(part) is None:
                 node[part] = {}

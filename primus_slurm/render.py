@@ -69,6 +69,11 @@ def job_env(resolved: dict) -> dict:
     return {**profiles()[c["env_profile"]]["env"], **c["env"]}
 
 
+def container_unused(runtime: str, executor: str) -> bool:
+    """A pyxis image with the local executor: pyxis is srun's plugin, so the local job runs on the host."""
+    return executor == "local" and runtime == "pyxis"
+
+
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None) -> str:
     if not WORKSPACE_RE.match(str(run_dir)):  # it lands unquoted in #SBATCH lines (symlinks already resolved)
         raise UserError(f"the run directory {str(run_dir)!r} must be an absolute path of letters, digits and "
@@ -79,8 +84,8 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
     env = job_env(resolved)
     python = c["python"]
     runtime = c["container"]["runtime"]
-    if python == "python3" and (runtime == "none" or (executor == "local" and runtime == "pyxis")):
-        # no container (pyxis is srun's, so a local job runs bare): the job runs the launcher's interpreter, the
+    if python == "python3" and (runtime == "none" or container_unused(runtime, executor)):
+        # no container (or one that is not used): the job runs the launcher's interpreter, the
         # environment primus-slurm (and torch) were installed into (on Slurm that assumes a filesystem the nodes
         # share; set cluster.python otherwise)
         python = sys.executable
@@ -90,7 +95,8 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
         "executor": executor,
         "slurm": executor == "slurm",
         "sbatch": sbatch_lines(resolved, run_dir) if executor == "slurm" else [],
-        "runtime": c["container"]["runtime"],
+        "runtime": runtime,
+        "container_unused": container_unused(runtime, executor),
         "container": c["container"],
         "vendor": profile["vendor"],
         "profile_name": c["env_profile"],

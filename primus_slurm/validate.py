@@ -193,13 +193,10 @@ def _model(m: dict, t: dict) -> None:
         for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
             if not m[key]:
                 fail(f"`trainer.model.{key}` is required with `trainer.model.multi_latent_attention: true`")
-    ck = t["checkpoint"]  # what the trainer cannot do for these models: say so before a run, not at its end
-    if m["multi_latent_attention"] and t["lora"]["enabled"] and ck["export_peft"]:
+    # what the trainer cannot do for this model: say so before a run, not at its end
+    if m["multi_latent_attention"] and t["lora"]["enabled"] and t["checkpoint"]["export_peft"]:
         fail("`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention (DeepSeek) adapters; "
              "set it to false (every checkpoint holds the adapters)")
-    if ck["pretrained"] and (m["num_moe_experts"] or m["multi_latent_attention"]):
-        fail("`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only, not MoE or "
-             "multi-latent attention; set it to null (random weights) for this model")
 
 
 def _parallel(t: dict, c: dict) -> None:
@@ -289,9 +286,10 @@ def _data_and_schedule(t: dict) -> None:
     if s["lr_decay_iters"] is not None and s["lr_decay_iters"] < s["warmup_iters"]:
         fail(f"`trainer.schedule.lr_decay_iters` ({s['lr_decay_iters']}) is before the end of warmup_iters "
              f"({s['warmup_iters']}): it must be null or >= warmup_iters")
-    ckpt = t["checkpoint"]
-    if ckpt["pretrained"] and t["model"]["family"] != "llama":
-        fail("`trainer.checkpoint.pretrained` (HF import) supports the llama family only for now")
+    ckpt, m = t["checkpoint"], t["model"]
+    if ckpt["pretrained"] and (m["family"] != "llama" or m["num_moe_experts"] or m["multi_latent_attention"]):
+        fail("`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only (the llama family, not "
+             "MoE or multi-latent attention); set it to null (random weights) for this model")
     lg = t["logging"]
     if lg["profile_end"] is not None and (lg["profile_start"] is None or lg["profile_end"] < lg["profile_start"]):
         fail(f"`trainer.logging.profile_end` ({lg['profile_end']}) needs `trainer.logging.profile_start` <= it")

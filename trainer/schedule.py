@@ -34,8 +34,10 @@ class LRSchedule:
         self.decay = decay
 
     @classmethod
-    def from_config(cls, schedule) -> "LRSchedule":
-        return cls(schedule.lr, schedule.min_lr, schedule.warmup_iters, decay_iters_of(schedule), schedule.lr_decay)
+    def from_config(cls, schedule, decay_iters: int | None = None) -> "LRSchedule":
+        """The recipe's schedule; decay_iters replaces its T (a checkpoint's, in resume_change)."""
+        return cls(schedule.lr, schedule.min_lr, schedule.warmup_iters, decay_iters or decay_iters_of(schedule),
+                   schedule.lr_decay)
 
     def lr_at(self, iteration: int) -> float:
         i, w, t = int(iteration), self.warmup_iters, self.decay_iters
@@ -78,8 +80,7 @@ def resume_change(schedule, saved_decay_iters, iteration: int) -> str:
         return ""
     if schedule.get("lr_decay_iters") is not None:
         return f"schedule | LR decay end moved on resume from iteration {saved} to {now} (trainer.schedule.lr_decay_iters)"
-    before = LRSchedule(schedule.lr, schedule.min_lr, schedule.warmup_iters, saved, schedule.lr_decay)
-    after = LRSchedule.from_config(schedule)
+    before, after = LRSchedule.from_config(schedule, saved), LRSchedule.from_config(schedule)
     k = iteration + 1
     if f"{after.lr_at(k):.4g}" == f"{before.lr_at(k):.4g}":  # e.g. stopped in warmup: show where the decay differs
         k = max(k, (int(schedule.warmup_iters or 0) + min(saved, now)) // 2 + 1)
