@@ -22,7 +22,7 @@ import torch
 
 FAMILIES = ("llama", "qwen3", "qwen3_moe", "deepseek_v2")
 _COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-               max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False)
+               max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False)
 _MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 
 
@@ -50,26 +50,26 @@ def tiny_config(family: str, **overrides):
     return cls(**kw)
 
 
-def build_tiny(family: str, seed: int = 0, **overrides):
-    """A random fp32 transformers model of `family` (eval mode), norms noised and routers sharpened."""
+def build_tiny(family: str, seed: int = 0, dtype=torch.float32, **overrides):
+    """A random transformers model of `family` (eval mode, fp32 unless `dtype`), norms noised, routers sharpened."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides), dtype=dtype).eval()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.1)
             elif name.endswith("mlp.gate.weight"):  # the router
                 p.mul_(30.0)
     return model
 
 
-def save_tiny(family: str, out_dir, seed: int = 0, **overrides) -> Path:
+def save_tiny(family: str, out_dir, seed: int = 0, dtype=torch.float32, **overrides) -> Path:
     """Build a tiny `family` model and save it (safetensors, Hub layout: one tensor per expert)."""
     out = Path(out_dir)
-    model = build_tiny(family, seed=seed, **overrides)
+    model = build_tiny(family, seed=seed, dtype=dtype, **overrides)
     model.save_pretrained(out, safe_serialization=True)
     layout = hub_layout(out)
     if family in ("qwen3_moe", "deepseek_v2") and not layout["per_expert"]:

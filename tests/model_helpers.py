@@ -134,3 +134,18 @@ def arch_sections(arch: dict) -> dict:
     if arch.get("multi_latent_attention"):
         out["lora"] = {"target_modules": MLA_TARGETS}  # merged over the tiny defaults
     return out
+
+
+def trained_export(cfg, tokens, adapter_dir, seed: int = 6, std: float = 0.2):
+    """Build the model of `cfg` (its pretrained import included), give its adapters random values, export them
+    in PEFT format to adapter_dir (trainer.model.export_peft); returns the model's logits on `tokens`."""
+    from trainer.model import build_model, export_peft
+
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        perturb_adapters(model, seed=seed, std=std)
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=tokens, position_ids=None, attention_mask=None)
+        export_peft(model, cfg, adapter_dir)
+    return logits

@@ -5,9 +5,8 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from tests.model_helpers import dist_session, perturb_adapters, tiny_cfg
+from tests.model_helpers import tiny_cfg, trained_export
 from tests.test_hf_import import make_hf_llama
-from trainer.model import build_model, export_peft
 
 
 def test_peft_export_matches_megatron_logits(tmp_path):
@@ -15,13 +14,8 @@ def test_peft_export_matches_megatron_logits(tmp_path):
     cfg = tiny_cfg(trainer={"checkpoint": {"pretrained": str(tmp_path / "hf")},
                             "lora": {"dim": 4, "alpha": 12}})
     tokens = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
-    with dist_session(cfg) as info:
-        model = build_model(cfg, info.device)
-        perturb_adapters(model, seed=6, std=0.2)
-        model.eval()
-        with torch.no_grad():
-            mega = model(input_ids=tokens, position_ids=None, attention_mask=None)
-        out = export_peft(model, cfg, tmp_path / "adapter")
+    out = tmp_path / "adapter"
+    mega = trained_export(cfg, tokens, out)
     conf = json.loads((out / "adapter_config.json").read_text())
     assert conf["r"] == 4 and conf["lora_alpha"] == 12
     assert set(conf["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",

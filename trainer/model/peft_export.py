@@ -1,15 +1,24 @@
 """Export the LoRA adapters in Hugging Face PEFT format, independent of the parallel layout.
 
-    export_peft(model, cfg, out_dir)   # collective over TP and PP; rank 0 of DP writes
+    export_peft(model, cfg, out_dir)   # collective over TP, EP and PP; rank 0 of DP writes
 
-Writes `adapter_config.json` + `adapter_model.safetensors` that
-`peft.PeftModel.from_pretrained(LlamaForCausalLM, out_dir)` loads. Fused megatron linears are split
-into HF modules: linear_qkv -> q/k/v_proj (each gets the same A; B split per query group),
-linear_fc1 -> gate/up_proj (same A; B split in halves); linear_proj -> o_proj, linear_fc2 ->
-down_proj. The scale alpha/r is the same in both, so outputs are identical. MoE: routed expert j's
-adapters -> mlp.experts.<j>.gate_proj/up_proj/down_proj (the per-expert module names of the HF hub
-checkpoints, global expert index whatever the EP layout), shared experts -> mlp.shared_experts.*;
-multi-latent attention adapters are not exported (NotImplementedError).
+Writes `adapter_config.json` + `adapter_model.safetensors` that `peft.PeftModel.from_pretrained` loads onto the
+installed transformers (5.x) model. Fused megatron linears are split into HF modules: linear_qkv -> q/k/v_proj
+(each gets the same A; B split per query group), linear_fc1 -> gate/up_proj (same A; B split in halves);
+linear_proj -> o_proj, linear_fc2 -> down_proj, shared experts -> mlp.shared_experts.*. The scale alpha/r is
+the same in both, so outputs are identical.
+
+MoE models (transformers keeps routed experts fused in memory: mlp.experts.gate_up_proj [E, 2I, H] =
+[gate_e; up_e] per expert, mlp.experts.down_proj [E, H, I], both [out, in] per expert): the routed experts'
+adapters are written for peft's ParamWrapper (`target_parameters`: mlp.experts.gate_up_proj /
+mlp.experts.down_proj), whose delta for expert e is scale * B_e @ A_e with A = [A_0; ...; A_{E-1}] [E*r, in]
+and B [out, r*E] holding B_e in columns e, e+E, ... . megatron's fc1 output is [gate; up] with one A, so
+gate_up_proj takes fc1's factors as they are: exact, same rank. peft nests the two wrappers in parameter order
+(gate_up_proj inside): `fused_expert_keys`. On these model types peft's transformers-v5 conversion rewrites
+module targets named gate_proj/up_proj/down_proj into the fused expert parameters, so the dense and shared-expert
+MLP linears are targeted as parameters too (mlp.gate_proj.weight, mlp.shared_experts.gate_proj.weight, ...;
+same keys, same math). peft's ParamWrapper refuses lora_dropout != 0: the adapter_config then says 0 (dropout is
+a training-time setting; inference never applies it).
 """
 from __future__ import annotations
 
@@ -54,6 +63,15 @@ def gathered_adapters(model) -> dict[str, torch.Tensor]:
 
 _EXPERT_PATH = re.compile(r"^mlp\.experts\.(?:local_experts\.(\d+)\.(linear_fc[12])|(linear_fc[12])\.lora\.(\d+))$")
 _MLA = ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+_FUSED_ROLE = {"linear_fc1": "gate_up_proj", "linear_fc2": "down_proj"}
+
+
+def fused_expert_keys(target_parameters) -> dict[bool, str]:
+    """{inner: fused parameter}: the peft module key of each fused expert parameter, `mlp.experts.base_layer`
+    (inner=True) or `mlp.experts`. peft wraps a module's targeted parameters in their definition order
+    (transformers: gate_up_proj, then down_proj), each wrapper around the previous one."""
+    roles = [r for r in ("gate_up_proj", "down_proj") if any(str(t).endswith(f"experts.{r}") for t in target_parameters)]
+    return {False: roles[0]} if len(roles) == 1 else ({True: roles[0], False: roles[1]} if roles else {})
 
 
 def _hf_module(path: str) -> tuple[str, str]:
@@ -75,39 +93,72 @@ def _hf_module(path: str) -> tuple[str, str]:
     raise ValueError(f"no HF PEFT mapping for LoRA on {path}")
 
 
-def to_peft_tensors(adapters: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    """Megatron LoRA factors -> PEFT keys (…q_proj.lora_A.weight) with fused linears split. Routed
-    experts map to the HF checkpoints' per-expert modules (mlp.experts.<j>.gate_proj/up_proj/down_proj)."""
+def _pieces(leaf: str, b: torch.Tensor, heads: int, groups: int):
+    if leaf == "linear_qkv":
+        return zip(("q_proj", "k_proj", "v_proj"), split_qkv(b, heads, groups))
+    if leaf == "linear_proj":
+        return [("o_proj", b)]
+    if leaf == "linear_fc1":
+        return zip(("gate_proj", "up_proj"), b.chunk(2, dim=0))
+    if leaf == "linear_fc2":
+        return [("down_proj", b)]
+    raise ValueError(f"no HF PEFT mapping for LoRA on {leaf}")
+
+
+def _fuse_experts(per_expert: dict, experts: int, out: dict) -> set[str]:
+    """Routed experts' factors {(layer, leaf): {j: (A, B)}} -> ParamWrapper keys (module docstring)."""
+    params: set[str] = set()
+    for (idx, leaf), by_j in sorted(per_expert.items()):
+        if sorted(by_j) != list(range(experts)):
+            raise ValueError(f"layer {idx} {leaf}: adapters of experts {sorted(by_j)}, expected all {experts}")
+        params.add(f"mlp.experts.{_FUSED_ROLE[leaf]}")
+    for (idx, leaf), by_j in sorted(per_expert.items()):
+        both = {lf for (i, lf) in per_expert if i == idx} == set(_FUSED_ROLE)
+        inner = both and leaf == "linear_fc1"
+        pre = f"{_PREFIX}.{idx}.mlp.experts" + (".base_layer" if inner else "")
+        a = torch.cat([by_j[j][0] for j in range(experts)], dim=0)       # [E*r, in]
+        b = torch.stack([by_j[j][1] for j in range(experts)], dim=2)     # [out, r, E]
+        out[f"{pre}.lora_A.weight"] = a
+        out[f"{pre}.lora_B.weight"] = b.reshape(b.shape[0], -1)          # column k*E + e = B_e[:, k]
+    return params
+
+
+def to_peft_tensors(adapters: dict[str, torch.Tensor], config) -> tuple[dict[str, torch.Tensor], list, list]:
+    """Megatron LoRA factors -> (PEFT tensors, target_modules, target_parameters), fused linears split. Dense
+    models: every adapter on an HF linear module. MoE models: routed experts on the fused expert parameters,
+    the other MLP linears as parameters (module docstring)."""
     heads, groups = config.num_attention_heads, config.num_query_groups
+    moe = bool(getattr(config, "num_moe_experts", None))
     out: dict[str, torch.Tensor] = {}
-    modules = sorted({k.rsplit(".", 1)[0] for k in adapters})
-    for mod in modules:
+    modules, params, per_expert = set(), set(), {}
+    for mod in sorted({k.rsplit(".", 1)[0] for k in adapters}):
         a, b = adapters[mod + ".lora_a"], adapters[mod + ".lora_b"]
         _, idx, path = mod.split(".", 2)
         prefix, leaf = _hf_module(path)
-        pre = f"{_PREFIX}.{idx}.{prefix}"
-        if leaf == "linear_qkv":
-            pieces = zip(("q_proj", "k_proj", "v_proj"), split_qkv(b, heads, groups))
-        elif leaf == "linear_proj":
-            pieces = [("o_proj", b)]
-        elif leaf == "linear_fc1":
-            pieces = zip(("gate_proj", "up_proj"), b.chunk(2, dim=0))
-        elif leaf == "linear_fc2":
-            pieces = [("down_proj", b)]
-        else:
-            raise ValueError(f"no HF PEFT mapping for LoRA on {path}")
-        for hf, piece in pieces:
-            out[f"{pre}.{hf}.lora_A.weight"] = a
-            out[f"{pre}.{hf}.lora_B.weight"] = piece
-    return {k: v.clone().contiguous() for k, v in out.items()}  # no shared storage (safetensors)
+        if moe and prefix.startswith("mlp.experts."):
+            per_expert.setdefault((int(idx), leaf), {})[int(prefix.rsplit(".", 1)[1])] = (a, b)
+            continue
+        for hf, piece in _pieces(leaf, b, heads, groups):
+            out[f"{_PREFIX}.{idx}.{prefix}.{hf}.lora_A.weight"] = a
+            out[f"{_PREFIX}.{idx}.{prefix}.{hf}.lora_B.weight"] = piece
+            if moe and prefix.startswith("mlp"):
+                params.add(f"{prefix}.{hf}.weight")
+            else:
+                modules.add(hf)
+    if per_expert:
+        params |= _fuse_experts(per_expert, int(config.num_moe_experts), out)
+    tensors = {k: v.clone().contiguous() for k, v in out.items()}  # no shared storage (safetensors)
+    return tensors, sorted(modules), sorted(params)
 
 
-def adapter_config(cfg, targets: list[str]) -> dict:
+def adapter_config(cfg, targets: list[str], parameters: list[str] = ()) -> dict:
     lcfg = cfg.trainer.lora
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(lcfg.dim),
-        "lora_alpha": float(lcfg.alpha), "lora_dropout": float(lcfg.dropout or 0.0),
-        "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False,
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(lcfg.dim), "lora_alpha": float(lcfg.alpha),
+        # (peft's ParamWrapper refuses dropout; it is a training-time setting, inference never applies it)
+        "lora_dropout": 0.0 if parameters else float(lcfg.dropout or 0.0),
+        "target_modules": sorted(targets), "target_parameters": sorted(parameters) or None,
+        "bias": "none", "fan_in_fan_out": False,
         "use_rslora": False, "use_dora": False, "inference_mode": True,
         "base_model_name_or_path": cfg.trainer.checkpoint.pretrained or None,
         "init_lora_weights": True, "modules_to_save": None,
@@ -126,10 +177,10 @@ def export_peft(model, cfg, out_dir, dtype: torch.dtype = torch.float32) -> Path
                                               ps.get_pipeline_model_parallel_rank() == 0)
     if not writer:
         return None
-    tensors = {k: v.to(dtype) for k, v in to_peft_tensors(adapters, model.config).items()}
-    targets = sorted({k.split(".")[-3] for k in tensors})
+    tensors, targets, parameters = to_peft_tensors(adapters, model.config)
+    tensors = {k: v.to(dtype) for k, v in tensors.items()}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (out / "adapter_config.json").write_text(json.dumps(adapter_config(cfg, targets), indent=2))
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config(cfg, targets, parameters), indent=2))
     return out
