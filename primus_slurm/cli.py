@@ -104,6 +104,8 @@ def _register_optional(module: str) -> None:
 
 _register_optional("primus_slurm.jobs_cli")
 _register_optional("primus_slurm.precision_cli")
+_register_optional("primus_slurm.post_cli")
+_register_optional("primus_slurm.preflight")
 
 
 _NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2

@@ -60,12 +60,18 @@ def status_cmd(run, as_json):
     """State and training progress of all runs, or of RUN."""
     entries = [registry.find(run)] if run else registry.entries()
     rows = status_mod.collect(entries)
+    if run:  # its exports, generations and evals (primus_slurm.post)
+        from . import post, post_cli
+
+        rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
     if as_json:
         click.echo(status_mod.to_json(rows[0] if run else rows))
     elif not rows:
         click.echo("no runs yet (primus-slurm submit RECIPE)")
     else:
         status_mod.render_table(rows)
+        if run:
+            post_cli.show_results(rows[0]["run_dir"])
 
 
 @click.command("logs")

@@ -14,8 +14,10 @@ from primus_slurm.resources import templates_dir
 from primus_slurm.validate import WORKSPACE_RE, nproc_per_node
 
 TEMPLATE = "job.sh.j2"
-# Variables the script itself exports; containers that do not inherit the host environment get them by name.
-SCRIPT_VARS = ("PRIMUS_RUN_DIR", "PRIMUS_RUN_ID", "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")
+# Variables the script itself exports (and srun's task rank, which the preflight reads); containers that do not
+# inherit the host environment get them by name.
+SCRIPT_VARS = ("PRIMUS_RUN_DIR", "PRIMUS_RUN_ID", "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH",
+               "PRIMUS_CONTAINER_RUNTIME", "PRIMUS_CONTAINER_IMAGE", "SLURM_PROCID")
 JIT_VARS = {"nvidia": ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"),
             "amd": ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")}
 
@@ -74,7 +76,9 @@ def container_unused(runtime: str, executor: str) -> bool:
     return executor == "local" and runtime == "pyxis"
 
 
-def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None) -> str:
+def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None, template: str = TEMPLATE,
+                  extra: dict | None = None) -> str:
+    """The job script; `template` may extend job.sh.j2 (post-training jobs), `extra` adds/overrides context."""
     if not WORKSPACE_RE.match(str(run_dir)):  # it lands unquoted in #SBATCH lines (symlinks already resolved)
         raise UserError(f"the run directory {str(run_dir)!r} must be an absolute path of letters, digits and "
                         "./_-+@= (check `experiment.workspace` and the symlinks on its way)")
@@ -110,4 +114,5 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
         "requeue": c["requeue"],
         "signal": c["signal"],
     }
-    return _environment().get_template(TEMPLATE).render(**context)
+    context.update(extra or {})
+    return _environment().get_template(template).render(**context)

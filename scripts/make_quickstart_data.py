@@ -43,6 +43,22 @@ def make_record(rng: random.Random) -> dict:
     return {"instruction": "Write in capitals.", "input": " ".join(w), "output": " ".join(w).upper()}
 
 
+HELDOUT_TASKS = ("Reverse the letters.", "Sort the digits.")
+
+
+def make_heldout(rng: random.Random, seen: set, per_task: int = 8) -> list[dict]:
+    """Reversal and sort records whose (instruction, input) is in neither split: `primus-slurm generate`'s
+    bundled prompts (prompts.jsonl; the README's before/after and tests/test_post_*.py score them)."""
+    out: dict[str, list[dict]] = {t: [] for t in HELDOUT_TASKS}
+    while any(len(v) < per_task for v in out.values()):
+        r = make_record(rng)
+        key = (r["instruction"], r["input"])
+        if r["instruction"] in out and len(out[r["instruction"]]) < per_task and key not in seen:
+            seen.add(key)
+            out[r["instruction"]].append(r)
+    return [r for pair in zip(*out.values()) for r in pair]
+
+
 def write_jsonl(path: str, records: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
@@ -108,6 +124,8 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     write_jsonl(os.path.join(args.out, "train.jsonl"), train)
     write_jsonl(os.path.join(args.out, "validation.jsonl"), val)
+    seen = {(r["instruction"], r["input"]) for r in train + val}
+    write_jsonl(os.path.join(args.out, "prompts.jsonl"), make_heldout(random.Random(args.seed + 1), seen))
     from trainer.data.formatters import format_alpaca  # the exact prompt text the model will see
 
     texts = ["".join(s.text for s in format_alpaca(r, "gen")) for r in train]

@@ -1,0 +1,155 @@
+"""CLI commands after training: export, generate, eval (the job side is trainer/post). `cli.py` calls register()."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import post
+from .errors import UserError
+
+FORMATS_WITH_TEXT = ("alpaca", "openai", "chatml", "text")
+
+
+def common(func):
+    func = click.option("--executor", type=click.Choice(["slurm", "local"]), default=None,
+                        help="where the job runs (default: where the run ran)")(func)
+    func = click.option("--checkpoint", "iteration", type=click.IntRange(min=0), default=None, metavar="ITER",
+                        help="checkpoint iteration (default: the latest)")(func)
+    return click.argument("run")(func)
+
+
+def _finish(job: post.PostJob) -> None:
+    rc, result = post.launch(job)
+    if rc != 0 or not result:
+        raise UserError(f"{job.kind} job failed (exit {rc}); its output: {job.post_dir}/"
+                        f"{'job.out' if job.executor == 'local' else 'slurm-*.out'}")
+    click.echo(f"{job.kind} result: {job.post_dir / 'result.json'}")
+
+
+def _checkpoint_args(job: post.PostJob, iteration) -> None:
+    post.check_checkpoint(job.run_dir, iteration)
+    if iteration is not None:
+        job.args += ["--checkpoint", iteration]
+
+
+@click.command("export")
+@common
+@click.option("--adapter", is_flag=False, flag_value="", default=None, metavar="OUT",
+              help="write the checkpoint's PEFT adapter to OUT (no OUT: into the export's directory)")
+@click.option("--merged", is_flag=False, flag_value="", default=None, metavar="OUT",
+              help="write a merged Hugging Face checkpoint (base + LoRA) to OUT (no OUT: into the export's "
+                   "directory); needs the run's trainer.checkpoint.pretrained")
+def export_cmd(run, iteration, executor, adapter, merged):
+    """Export RUN's checkpoint: the PEFT adapter and/or a merged HF model (into RUN/exports/)."""
+    job = post.new_job("export", run, executor)
+    if adapter is None and merged is None:
+        raise UserError("export: give --adapter [OUT] and/or --merged [OUT]")
+    if merged is not None and not post.pretrained(job.resolved):
+        raise UserError("--merged: run has no pretrained base (trainer.checkpoint.pretrained is unset); only "
+                        "--adapter can be exported")
+    _checkpoint_args(job, iteration)
+    for option, value, name in (("--adapter", adapter, "adapter"), ("--merged", merged, "merged")):
+        out = post.output_dir(job, value, name, option)
+        if out:
+            job.args += [option, out]
+    _finish(job)
+
+
+def _read_prompts(path: str) -> None:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--prompts {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    n = 0
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--prompts {path}:{i}: not JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise UserError(f"--prompts {path}:{i}: each line must be a JSON object (a record of the run's format)")
+        n += 1
+    if not n:
+        raise UserError(f"--prompts {path}: no records")
+
+
+@click.command("generate")
+@common
+@click.option("--prompt", default=None, metavar="TEXT", help="one prompt (alpaca instruction / chat user turn)")
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE.jsonl",
+              help="records in the run's data format; an answer field present is the reference (scored)")
+@click.option("--merged", default=None, metavar="DIR", help="generate from this merged export instead")
+@click.option("--base-only", is_flag=True, help="the run's base model without the adapter (before fine-tuning)")
+@click.option("--max-new-tokens", type=click.IntRange(min=1, max=1 << 20), default=64)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, help="0: greedy")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0)
+@click.option("--seed", type=click.IntRange(min=0), default=0)
+@click.option("--engine", type=click.Choice(["auto", "transformers", "vllm"]), default="auto",
+              help="auto: vLLM when importable on a GPU, else transformers + peft")
+def generate_cmd(run, iteration, executor, prompt, prompts_file, merged, base_only, max_new_tokens, temperature,
+                 top_p, seed, engine):
+    """Generate from RUN's model, prompts laid out as in its training (into RUN/generations/)."""
+    job = post.new_job("generate", run, executor)
+    if (prompt is None) == (prompts_file is None):
+        raise UserError("generate: give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    fmt = job.resolved["trainer"]["data"]["format"]
+    if prompt is not None and fmt not in FORMATS_WITH_TEXT:
+        raise UserError(f"--prompt: the run's format {fmt} needs records; use --prompts FILE.jsonl")
+    if merged is not None and base_only:
+        raise UserError("generate: --merged and --base-only exclude each other")
+    if merged is not None:
+        merged_dir = Path(merged).expanduser().resolve()
+        if not (merged_dir / "config.json").is_file():
+            raise UserError(f"--merged {merged}: not a Hugging Face model directory (no config.json)")
+        job.args += ["--merged", str(merged_dir)]
+    elif not post.pretrained(job.resolved):
+        raise UserError("generate: run has no pretrained base (trainer.checkpoint.pretrained is unset); "
+                        "generate needs one, or --merged DIR")
+    if merged is None and not base_only:
+        _checkpoint_args(job, iteration)
+    elif iteration is not None:
+        raise UserError("--checkpoint: not used with --merged or --base-only")
+    if prompts_file is not None:
+        _read_prompts(prompts_file)
+        job.copies["prompts.jsonl"] = prompts_file
+        job.args += ["--prompts", str(job.post_dir / "prompts.jsonl")]
+    else:
+        job.args += ["--prompt", prompt]
+    job.args += ["--max-new-tokens", max_new_tokens, "--temperature", temperature, "--top-p", top_p,
+                 "--seed", seed, "--engine", engine] + (["--base-only"] if base_only else [])
+    _finish(job)
+
+
+@click.command("eval")
+@common
+@click.option("--data", default=None, metavar="PATH", help="another dataset in the run's format (default: its "
+              "validation split)")
+def eval_cmd(run, iteration, executor, data):
+    """Eval loss and token accuracy of RUN's checkpoint, without training (into RUN/evals/)."""
+    job = post.new_job("eval", run, executor)
+    _checkpoint_args(job, iteration)
+    if data is not None:
+        path = Path(data).expanduser().resolve()
+        if not path.exists():
+            raise UserError(f"--data {data}: no such file or directory")
+        job.args += ["--data", str(path)]
+    elif not (job.resolved["trainer"]["data"].get("validation") or {}).get("path") and \
+            not (job.resolved["trainer"]["data"].get("validation") or {}).get("hf_name"):
+        raise UserError("eval: the run has no validation split (trainer.data.validation); give --data PATH")
+    _finish(job)
+
+
+def show_results(run_dir, out=sys.stdout) -> None:
+    """The post jobs of a run, one line each (under `status RUN`)."""
+    for r in post.results(run_dir):
+        out.write(f"{r['kind']:<8} {r['id']}  {r['state']:<9} {r['summary'] or '-'}\n")
+
+
+def register(group: click.Group) -> None:
+    for command in (export_cmd, generate_cmd, eval_cmd):
+        group.add_command(command)

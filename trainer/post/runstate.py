@@ -1,0 +1,96 @@
+"""What a post-training job loads from a run directory: its resolved recipe (as one process), a checkpoint,
+and the megatron model with that checkpoint's adapters (trainer.reshard restores any saved layout)."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from trainer import checkpoint as ckpt
+from trainer.config import Config, load_config
+
+
+class PostError(Exception):
+    """A one-line user-facing reason; the job prints `error: <it>` and exits 2."""
+
+
+def say(msg: str) -> None:
+    """A progress line on the job's stdout (the launcher streams it)."""
+    print(msg, file=sys.stdout, flush=True)
+
+
+def run_config(run_dir: str, data_path: Optional[str] = None) -> Config:
+    """The run's resolved recipe laid out for one process (every parallel size 1: post jobs are one process;
+    checkpoints of any layout load through trainer.reshard). `data_path`: another validation set."""
+    path = os.path.join(run_dir, "recipe.resolved.yaml")
+    if not os.path.isfile(path):
+        raise PostError(f"{run_dir} is not a run directory (no recipe.resolved.yaml)")
+    data = load_config(path).to_dict()
+    data["trainer"]["parallelism"].update(tensor=1, pipeline=1, context=1, expert=1, sequence_parallel=False,
+                                          tp_comm_overlap=False)
+    if data_path:
+        data["trainer"]["data"]["validation"] = {"path": data_path, "hf_name": None, "split": "validation",
+                                                 "limit": None}
+    return Config(data)
+
+
+def checkpoint_dir(run_dir: str, iteration: Optional[int] = None) -> str:
+    """checkpoints/iter_N (or the one `latest` names); PostError when it is missing or incomplete."""
+    root = os.path.join(run_dir, "checkpoints")
+    if iteration is None:
+        try:
+            path = ckpt.read_latest(root)
+        except ckpt.CheckpointError as err:
+            raise PostError(str(err)) from None
+        if path is None:
+            raise PostError(f"{root} has no checkpoint yet (no `latest`)")
+        return path
+    path = os.path.join(root, ckpt.iter_name(iteration))
+    if not os.path.isfile(os.path.join(path, "metadata.json")):
+        have = ", ".join(str(i) for i, _ in ckpt.list_checkpoints(root)) or "none"
+        raise PostError(f"--checkpoint {iteration}: no complete checkpoint {path} (saved iterations: {have})")
+    return path
+
+
+def check_precision(cfg) -> None:
+    """TE's environment and the capability check of training (a precision this machine lacks: PostError)."""
+    from trainer import precision
+
+    os.environ.update(precision.te_environment(cfg))
+    try:
+        precision.check_capabilities(cfg)
+    except precision.PrecisionError as err:
+        raise PostError(str(err).splitlines()[0] if str(err) else "precision not supported here") from None
+
+
+def load_model(cfg, path: str):
+    """(model in eval mode, DistInfo, iteration): built as in training, adapters of checkpoint `path`."""
+    from trainer import precision
+    from trainer.distributed import init_distributed
+    from trainer.model import build_model
+    from trainer.optim import build_optimizer, trainable_parameters
+    from trainer.reshard import restore
+
+    check_precision(cfg)
+    info = init_distributed(cfg)
+    model = build_model(cfg, info.device)
+    precision.apply_emulation(model, cfg)
+    optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)  # restore() fills it too
+    iteration, note = restore(path, model, optimizer, info)
+    say(f"checkpoint loaded | iteration {iteration} | path {path}" + (f" | {note}" if note else ""))
+    model.eval()
+    return model, info, iteration
+
+
+def precision_note(cfg) -> str:
+    """The training precision, stated (never baked into exported weights)."""
+    p = cfg.trainer.precision
+    parts = []
+    if p.fp8:
+        parts.append(f"FP8 ({p.fp8}, {p.fp8_recipe} scaling{', FP8 weights' if p.get('fp8_param') else ''})")
+    if p.fp4:
+        parts.append(f"FP4 ({p.fp4}, {p.fp4_recipe}{', emulated' if p.fp4_emulation else ''})")
+    base = "BF16" if p.bf16 else "FP32"
+    if not parts:
+        return f"trained in {base}"
+    return f"trained with {' and '.join(parts)} compute on {base} weights; these weights are not quantized"
