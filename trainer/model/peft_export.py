@@ -62,7 +62,10 @@ def gathered_adapters(model) -> dict[str, torch.Tensor]:
 
 
 _EXPERT_PATH = re.compile(r"^mlp\.experts\.(?:local_experts\.(\d+)\.(linear_fc[12])|(linear_fc[12])\.lora\.(\d+))$")
-_MLA = ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+# multi-latent attention: megatron-core de-interleaves DeepSeek's rope channels inside its RoPE, so the HF
+# rows are megatron's rows (trainer.model.hf_names imports them as is): a rename
+_MLA = {"linear_q_proj": "q_proj", "linear_q_down_proj": "q_a_proj", "linear_q_up_proj": "q_b_proj",
+        "linear_kv_down_proj": "kv_a_proj_with_mqa", "linear_kv_up_proj": "kv_b_proj"}
 _FUSED_ROLE = {"linear_fc1": "gate_up_proj", "linear_fc2": "down_proj"}
 
 
@@ -81,9 +84,6 @@ def _hf_module(path: str) -> tuple[str, str]:
         j, leaf = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(4), m.group(3))
         return f"mlp.experts.{j}", leaf
     block, _, leaf = path.rpartition(".")
-    if leaf in _MLA:
-        raise NotImplementedError("PEFT export of multi-latent-attention adapters is not implemented "
-                                  "(set checkpoint.export_peft: false; checkpoints hold the adapters)")
     if block == "self_attention":
         return "self_attn", leaf
     if block == "mlp":
@@ -98,6 +98,8 @@ def _pieces(leaf: str, b: torch.Tensor, heads: int, groups: int):
         return zip(("q_proj", "k_proj", "v_proj"), split_qkv(b, heads, groups))
     if leaf == "linear_proj":
         return [("o_proj", b)]
+    if leaf in _MLA:
+        return [(_MLA[leaf], b)]
     if leaf == "linear_fc1":
         return zip(("gate_proj", "up_proj"), b.chunk(2, dim=0))
     if leaf == "linear_fc2":
