@@ -8,6 +8,8 @@ Families: llama, qwen3 (q_norm/k_norm), qwen3_moe (router mlp.gate, routed exper
 deepseek_v2 (MLA; q_lora_rank None -> q_proj, set -> q_a_proj/q_a_layernorm/q_b_proj; first_k_dense_replace
 dense layers; shared experts mlp.shared_experts). Sizes match tests/model_helpers.TINY (hidden 64, 4 heads,
 vocab 128, ffn 160) and its QWEN3_MOE / DEEPSEEK_MLA presets (4 experts, top-2, expert ffn 32, shared 64).
+rms_norm_eps is 1e-5 (tiny_cfg's norm_epsilon), except DeepSeek-V2's 1e-6: transformers 5.24 builds its
+q_a_layernorm / kv_a_layernorm with a fixed eps of 1e-6, whatever config.json says (so does the real model).
 
 Norm weights get noise (ones would hide a swapped norm) and router weights are scaled up, so the top-k choice
 is decisive (near-ties could route differently under rounding). transformers 5 keeps experts fused in memory
@@ -43,7 +45,7 @@ def tiny_config(family: str, **overrides):
                                             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                             n_routed_experts=4, n_shared_experts=2, first_k_dense_replace=1,
                                             topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0,
-                                            mlp_bias=False, **_MOE)
+                                            mlp_bias=False, rms_norm_eps=1e-6, **_MOE)
     else:
         raise ValueError(f"unknown tiny family {family!r} (one of {FAMILIES})")
     kw = {**_COMMON, **kw, "rope_parameters": overrides.pop("rope_parameters", rope), **overrides}
