@@ -20,12 +20,12 @@ from trainer.model.lora_inputs import wire_adapter_input_recompute
 from trainer.precision import fp8_params
 
 
-def _precision_kwargs(cfg) -> dict:
+def _precision_kwargs(cfg, env=None) -> dict:
     try:
         from trainer.precision import transformer_config_kwargs
     except ImportError:
         return {}
-    return dict(transformer_config_kwargs(cfg))
+    return dict(transformer_config_kwargs(cfg, env))
 
 
 def _recompute_kwargs(rcfg) -> dict:
@@ -40,8 +40,9 @@ def _recompute_kwargs(rcfg) -> dict:
     raise ValueError(f"trainer.recompute.granularity must be null|full|selective, got {gran!r}")
 
 
-def make_transformer_config(cfg, device: torch.device, use_te: bool):
-    """TransformerConfig for the recipe; fusions only where their kernels exist (GPU)."""
+def make_transformer_config(cfg, device: torch.device, use_te: bool, env=None):
+    """TransformerConfig for the recipe; fusions only where their kernels exist (GPU). `env`: the machine's
+    precision Environment (None: probed)."""
     m, par, prec = cfg.trainer.model, cfg.trainer.parallelism, cfg.trainer.precision
     if int(par.context) > 1:  # (validate refuses it too; a hand-edited resolved recipe ends here)
         raise ConfigError("trainer.parallelism.context > 1 is not supported yet: packed (THD) batches are not "
@@ -77,7 +78,7 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool):
     kwargs.update(arch.moe_kwargs(m, use_te, on_gpu, par))
     kwargs.update(arch.mla_kwargs(m))
     kwargs.update(_recompute_kwargs(cfg.trainer.recompute))
-    kwargs.update(_precision_kwargs(cfg))
+    kwargs.update(_precision_kwargs(cfg, env))
     kwargs.update(tp_overlap.config_kwargs(cfg))
     return arch.config_class(m)(**kwargs)
 

@@ -1,0 +1,170 @@
+"""`primus-slurm export|generate|eval` on a real quickstart run (trained once for this module: the shipped recipe,
+80 iterations, checkpoints and evals at 40 and 80), locally and as jobs on the local Slurm cluster."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, cli
+
+pytestmark = pytest.mark.slow
+QS = ROOT / "recipes" / "data" / "quickstart"
+ITERS, EVERY = 80, 40
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(env, run id, run dir, {iteration: logged eval loss}) of a finished quickstart run."""
+    tmp = tmp_path_factory.mktemp("post")
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    out = cli(env, "submit", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", "--json",
+              "--set", f"trainer.schedule.train_iters={ITERS}", "--set", f"trainer.checkpoint.save_interval={EVERY}",
+              "--set", f"trainer.schedule.eval_interval={EVERY}", "--set", f"trainer.data.cache_dir={tmp / 'cache'}")
+    assert out.returncode == 0, out.stderr
+    entry = json.loads(out.stdout)
+    run_dir = Path(entry["run_dir"])
+    end = time.monotonic() + 1200
+    while not (run_dir / "exit_code").exists():
+        assert time.monotonic() < end, (run_dir / "logs" / "local.out").read_text()[-3000:]
+        time.sleep(2)
+    log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
+    assert (run_dir / "exit_code").read_text().strip() == "0", log[-3000:]
+    evals = {int(line.split("eval iteration ")[1].split()[0]): float(line.rsplit(" ", 1)[1])
+             for line in log.splitlines() if "] eval iteration " in line}
+    assert sorted(evals) == [EVERY, ITERS], log[-2000:]
+    return env, entry["run_id"], run_dir, evals
+
+
+def post(env, *args, timeout=600):
+    out = cli(env, *args, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    path = Path(out.stdout.strip().splitlines()[-1].split("result: ", 1)[1])
+    return json.loads(path.read_text()), out.stdout
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_eval_reproduces_the_logged_eval_loss(run):
+    env, run_id, _, evals = run
+    for it in (EVERY, None):  # a named checkpoint, then the latest (the last iteration)
+        result, text = post(env, "eval", run_id, *(["--checkpoint", str(it)] if it else []), "--executor", "local")
+        it = it or ITERS
+        assert result["iteration"] == it
+        assert abs(result["eval_loss"] - evals[it]) <= 2e-6 * evals[it], (result, evals)  # logged with 7 digits
+        assert 0.3 < result["token_accuracy"] < 1.0 and result["loss_tokens"] > 500, result
+        assert "eval | micro-batch 1 |" in text and result["summary"] in text  # progress, then one summary line
+    assert evals[ITERS] < evals[EVERY]
+
+
+def test_merged_export_loads_and_matches_base_plus_peft(run, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    env, run_id, run_dir, _ = run
+    merged = tmp_path / "merged"
+    result, _ = post(env, "export", run_id, "--merged", str(merged), "--adapter", "--executor", "local")
+    assert result["iteration"] == ITERS and result["merged"] == str(merged)
+    files = {p.name for p in merged.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
+            "README.md"} <= files and any(f.endswith(".safetensors") and f.startswith("model-") for f in files)
+    assert "trained in FP32" in (merged / "README.md").read_text()
+    # the adapter of the last checkpoint is the one the trainer exported when it finished
+    from safetensors.torch import load_file
+
+    ours, trainers = load_file(Path(result["adapter"]) / "adapter_model.safetensors"), \
+        load_file(run_dir / "adapter" / "adapter_model.safetensors")
+    assert ours.keys() == trainers.keys() and all(torch.equal(ours[k], trainers[k]) for k in ours)
+
+    tok = AutoTokenizer.from_pretrained(merged)
+    ids = tok(["### Instruction:\nReverse the letters.\n\n### Input:\na b c d\n\n### Response:\nd c b a"],
+              return_tensors="pt")["input_ids"]
+    base = AutoModelForCausalLM.from_pretrained(QS / "base", dtype=torch.float32).eval()
+    with torch.no_grad():
+        plain = base(ids).logits
+        peft_logits = PeftModel.from_pretrained(base, result["adapter"]).eval()(ids).logits
+        model = AutoModelForCausalLM.from_pretrained(merged).eval()
+        assert next(model.parameters()).dtype == torch.float32  # the base's dtype
+        merged_logits = model(ids).logits
+    assert (peft_logits - plain).abs().max() > 1e-2  # the adapter matters, so equality below means something
+    assert (merged_logits - peft_logits).abs().max() < 1e-4
+
+
+def test_generate_answers_heldout_prompts_better_than_the_base(run):
+    env, run_id, run_dir, _ = run
+    prompts = QS / "prompts.jsonl"
+    held = records(prompts)
+    seen = {(r["instruction"], r["input"]) for r in records(QS / "train.jsonl")}
+    assert len(held) == 16 and not seen & {(r["instruction"], r["input"]) for r in held}
+    trained, text = post(env, "generate", run_id, "--prompts", str(prompts), "--executor", "local")
+    base, _ = post(env, "generate", run_id, "--prompts", str(prompts), "--base-only", "--executor", "local")
+    t, b = trained["scores"], base["scores"]
+    assert t["scored"] == b["scored"] == 16
+    assert t["char_accuracy"] >= b["char_accuracy"] + 0.25, (t, b)  # measured: 0.76 vs 0.33
+    assert t["exact_match"] > b["exact_match"], (t, b)
+    rows = records(Path(trained["generations"]))
+    assert rows[0]["prompt_text"].endswith("### Response:\n")  # the Alpaca layout the run trained on
+    # sampling: the same seed gives the same answers, and runs through the same path
+    one = ["generate", run_id, "--prompt", "Reverse the letters.", "--temperature", "0.8", "--top-p", "0.9",
+           "--seed", "3", "--max-new-tokens", "8", "--executor", "local"]
+    s1, _ = post(env, *one)
+    s2, _ = post(env, *one)
+    assert records(Path(s1["generations"]))[0]["answer"] == records(Path(s2["generations"]))[0]["answer"]
+    kinds = [r["kind"] for r in json.loads(cli(env, "status", run_id, "--json").stdout)["post"]]
+    assert kinds.count("generate") >= 4
+
+
+def _one_error(out) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def test_bad_input_is_one_error_line(run, tmp_path):
+    env, run_id, run_dir, _ = run
+    assert "not a known run" in _one_error(cli(env, "eval", "no-such-run"))
+    assert "iter_0000007" in _one_error(cli(env, "export", run_id, "--adapter", "--checkpoint", "7"))
+    assert "--prompt" in _one_error(cli(env, "generate", run_id))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "x"}\n[1, 2]\n')
+    assert "bad.jsonl:2" in _one_error(cli(env, "generate", run_id, "--prompts", str(bad)))
+    # a run without a pretrained base: --merged is refused before anything runs
+    copy = tmp_path / "ws" / "copy" / "20260101-000000-abcdef"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("exports", "generations", "evals", "code"))
+    resolved = yaml.safe_load((copy / "recipe.resolved.yaml").read_text())
+    resolved["trainer"]["checkpoint"]["pretrained"] = None
+    (copy / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    assert "pretrained" in _one_error(cli(env, "export", str(copy), "--merged"))
+    assert "pretrained" in _one_error(cli(env, "generate", str(copy), "--prompt", "hi"))
+    assert not (copy / "exports").exists() and not (copy / "generations").exists()
+
+
+@pytest.mark.slurm
+def test_the_three_commands_as_slurm_jobs(run, local_slurm):
+    env, run_id, run_dir, evals = run
+    ev, text = post(env, "eval", run_id, "--checkpoint", str(EVERY), "--executor", "slurm")
+    assert text.startswith("submitted eval job ") and "eval | micro-batch 1 |" in text  # followed while it ran
+    assert abs(ev["eval_loss"] - evals[EVERY]) <= 2e-6 * evals[EVERY]
+    gen, _ = post(env, "generate", run_id, "--prompt", "Sort the digits.", "--max-new-tokens", "8",
+                  "--executor", "slurm")
+    ex, _ = post(env, "export", run_id, "--adapter", "--executor", "slurm")
+    assert (Path(ex["adapter"]) / "adapter_config.json").is_file() and gen["scores"] == {}
+    rows = json.loads(cli(env, "status", run_id, "--json").stdout)["post"]
+    slurm = [r for r in rows if r["executor"] == "slurm"]
+    assert sorted(r["kind"] for r in slurm) == ["eval", "export", "generate"], rows
+    assert all(r["state"] == "COMPLETED" and r["job_id"].isdigit() and r["summary"] for r in slurm), slurm
+    for r in slurm:
+        assert (Path(r["path"]) / f"slurm-{r['job_id']}.out").is_file()
+        assert "#SBATCH --no-requeue" in (Path(r["path"]) / "job.sh").read_text()
+    table = cli(env, "status", run_id).stdout
+    assert all(r["id"] in table for r in rows)
