@@ -264,13 +264,21 @@ def load_recipe(path: str | os.PathLike, overrides=(), env: Mapping[str, str] | 
     raw = _load_with_extends(recipe_path)
     for item in overrides:
         apply_set(raw, *parse_set(item))
+    resolved = resolve_raw(raw, env)
+    return Recipe(path=recipe_path, raw=raw, resolved=resolved)
+
+
+def resolve_raw(raw: dict, env: Mapping[str, str], check: bool = True) -> dict:
+    """The resolved recipe of a raw one (extends and --set applied): secrets and ${VAR}s interpolated, the model
+    preset inlined, every default filled in, and (check) every rule of the contract checked. `raw` is
+    interpolated in place."""
     for section in ("experiment", "cluster", "trainer"):
         if not isinstance(raw.get(section, {}), dict):
             raise UserError(f"`{section}` must be a mapping, got {type(raw[section]).__name__}")
     listed = (raw.get("cluster") or {}).get("secrets")
     if listed is not None and (not isinstance(listed, list) or not all(isinstance(s, str) for s in listed)):
         raise UserError("`cluster.secrets` must be a list of environment variable names")
-    raw = interpolate(raw, env, set(listed or ()) | set(schema.ALWAYS_SECRET))
+    raw.update(interpolate(raw, env, set(listed or ()) | set(schema.ALWAYS_SECRET)))
     trainer = raw.get("trainer", {})
     model = trainer.get("model", {})
     if not isinstance(model, dict):
@@ -282,5 +290,6 @@ def load_recipe(path: str | os.PathLike, overrides=(), env: Mapping[str, str] | 
     resolved = schema.apply_schema(with_preset)
     resolved["experiment"]["workspace"] = os.path.abspath(os.path.expanduser(resolved["experiment"]["workspace"]))
     _anchor_relative_paths(resolved)
-    validate(resolved)
-    return Recipe(path=recipe_path, raw=raw, resolved=resolved)
+    if check:
+        validate(resolved)
+    return resolved

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import primus_contract
+
 RUN_JSON = "run.json"
 
 
@@ -60,8 +62,8 @@ def create_run_dir(run_dir: Path, script: str, raw_yaml: str, resolved_yaml: str
     (run_dir / "job.sbatch").write_text(script)
     (run_dir / "recipe.yaml").write_text(raw_yaml)
     (run_dir / "recipe.resolved.yaml").write_text(resolved_yaml)
-    shutil.copytree(trainer_source_dir(), run_dir / "code" / "trainer",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for source in (trainer_source_dir(), Path(primus_contract.__file__).parent):  # the trainer imports the contract
+        shutil.copytree(source, run_dir / "code" / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def provenance(resolved: dict, recipe_hash: str, run_id: str, executor: str) -> dict:

@@ -138,7 +138,8 @@ BAD = [
      "carries BF16 or FP8"),
     ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true, "
      "tp_comm_overlap: true}, distributed: {device: cuda}, precision: {bf16: true, fp8: hybrid, "
-     "fp8_recipe: tensorwise, first_last_layers_bf16: true}}", "first_last_layers_bf16"),
+     "fp8_recipe: tensorwise, first_last_layers_bf16: true, num_layers_at_start_in_bf16: 0}}",
+     "first_last_layers_bf16"),
 ]
 
 

@@ -275,6 +275,6 @@ def test_a_refusal_before_distributed_init_reaches_the_rank0_log(tmp_path):
     res = run_trainer(cfg, run_dir)
     assert res.returncode == 2, res.stderr[-2000:]
     log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
-    assert "] config error | trainer.precision.fp8" in log, log
+    assert "] config error | `trainer.precision.fp8`" in log, log
     progress = read_progress(run_dir)
-    assert progress.error.startswith("config error | trainer.precision.fp8") and progress.final_state == "FAILED"
+    assert progress.error.startswith("config error | `trainer.precision.fp8`") and progress.final_state == "FAILED"

@@ -32,14 +32,16 @@ def _say(msg: str, logger=None) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _check_precision(cfg) -> None:
-    """Refuse (one line, exit 2) a precision this machine cannot run; never fall back silently."""
+def _check_at_start(cfg) -> None:
+    """Refuse (one line, exit 2) a recipe the contract refuses or this machine cannot run; never fall back
+    silently (trainer/start_check.py: the same rules `submit` ran, then the machine's)."""
     os.environ.update(precision.te_environment(cfg))  # read by TE at import: set before anything imports it
+    from trainer.start_check import StartRefused, pre_start
+
     try:
-        precision.check_capabilities(cfg)
-    except precision.PrecisionError as err:
-        raise SetupError("config error | " + (str(err).splitlines()[0] if str(err) else "precision not supported here")) \
-            from None
+        pre_start(cfg)
+    except StartRefused as err:
+        raise SetupError(f"config error | {err}") from None
 
 
 def find_resume(cfg, run_dir: str, rhash: str) -> tuple:
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     try:
         try:
             cfg = load_config(args.config)
-            _check_precision(cfg)
+            _check_at_start(cfg)
         except (ConfigError, OSError) as err:
             raise SetupError(f"config error | {err}") from None
         return _train(cfg, run_dir, attempt)

@@ -9,9 +9,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from primus_contract.fields import SCHEMA
+
 from .errors import DataError
 
-FORMATS = ("alpaca", "squad", "openai", "chatml", "mlperf_npy", "text")
+_DATA = SCHEMA["trainer"]["data"]  # allowed values and defaults: primus_contract.fields (the one definition)
+FORMATS = _DATA["format"].choices
 
 
 def get(cfg: Any, dotted: str, default: Any = None) -> Any:
@@ -53,13 +56,13 @@ class DataOptions:
     validation: SourceSpec
     tokenizer: str | None
     seq_length: int
-    packing: bool = True
-    pad_to_multiple_of: int = 1
-    overlong: str = "truncate"
-    bad_records: str = "error"
+    packing: bool = _DATA["packing"].default
+    pad_to_multiple_of: int = _DATA["pad_to_multiple_of"].default
+    overlong: str = _DATA["overlong"].default
+    bad_records: str = _DATA["bad_records"].default
     cache_dir: str | None = None
-    shuffle: bool = True
-    seed: int = 1234
+    shuffle: bool = _DATA["shuffle"].default
+    seed: int = SCHEMA["experiment"]["seed"].default
     micro_batch_size: int = 1
     extra: dict = field(default_factory=dict)
 
@@ -84,12 +87,8 @@ class DataOptions:
         seq = _int(get(cfg, d + "seq_length"), d + "seq_length", minimum=2)
         mult = get(cfg, d + "pad_to_multiple_of", 1)
         mult = 1 if mult is None else _int(mult, d + "pad_to_multiple_of", minimum=1)
-        overlong = get(cfg, d + "overlong", "truncate") or "truncate"
-        if overlong not in ("truncate", "drop"):
-            raise DataError(f"trainer.data.overlong: {overlong!r} is not one of truncate|drop")
-        bad = get(cfg, d + "bad_records", "error") or "error"
-        if bad not in ("error", "skip"):
-            raise DataError(f"trainer.data.bad_records: {bad!r} is not one of error|skip")
+        overlong = _choice(cfg, "overlong")
+        bad = _choice(cfg, "bad_records")
         train = _source(cfg, "train", "train")
         if not train.enabled:
             raise DataError("trainer.data.train.path: no training data given (set path or hf_name)")
@@ -106,6 +105,13 @@ class DataOptions:
                    seed=_int(get(cfg, "experiment.seed", 1234), "experiment.seed"),
                    micro_batch_size=_int(get(cfg, "trainer.schedule.micro_batch_size", 1) or 1,
                                          "trainer.schedule.micro_batch_size", minimum=1))
+
+
+def _choice(cfg: Any, name: str) -> str:
+    value = get(cfg, "trainer.data." + name, None) or _DATA[name].default
+    if value not in _DATA[name].choices:
+        raise DataError(f"trainer.data.{name}: {value!r} is not one of {'|'.join(_DATA[name].choices)}")
+    return value
 
 
 def _source(cfg: Any, name: str, default_split: str) -> SourceSpec:

@@ -3,48 +3,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
 from typing import Optional, Tuple
+
+from primus_contract.machine import Environment  # noqa: F401 (the facts the contract's machine rules read)
 
 _TE_DISTS = ("transformer_engine", "transformer-engine", "transformer_engine_torch",
              "transformer-engine-cu12", "transformer-engine-cu13")
-
-
-@dataclass(frozen=True)
-class Environment:
-    device: str = "cpu"                              # 'cpu' or 'cuda' (ROCm also reports 'cuda')
-    device_name: str = "cpu"
-    cuda_cc: Optional[Tuple[int, int]] = None        # NVIDIA compute capability
-    rocm_arch: Optional[str] = None                  # e.g. 'gfx942', 'gfx950' (AMD only)
-    te_version: Optional[Tuple[int, ...]] = None     # None: Transformer Engine not importable
-    te_has_mxfp4: bool = False                       # ROCm TE exposes recipe.MXFP4BlockScaling
-    has_triton: bool = False
-
-    @property
-    def has_te(self) -> bool:
-        return self.te_version is not None
-
-    @property
-    def is_rocm(self) -> bool:
-        return self.rocm_arch is not None
-
-    def gfx_number(self) -> Optional[int]:
-        """gfx942 -> 942 (hex-ish names like gfx90a -> None)."""
-        if not self.rocm_arch:
-            return None
-        digits = self.rocm_arch.split(":")[0].removeprefix("gfx")
-        return int(digits) if digits.isdigit() else None
-
-    def summary(self) -> str:
-        if self.device == "cpu":
-            where = "CPU"
-        elif self.is_rocm:
-            where = f"{self.device_name} ({self.rocm_arch})"
-        else:
-            cc = f"{self.cuda_cc[0]}.{self.cuda_cc[1]}" if self.cuda_cc else "?"
-            where = f"{self.device_name} (compute capability {cc})"
-        te = "TE " + ".".join(map(str, self.te_version)) if self.te_version else "no Transformer Engine"
-        return f"{where}, {te}"
 
 
 def parse_version(text: str) -> Tuple[int, ...]:

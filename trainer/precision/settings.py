@@ -8,9 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from primus_contract.errors import ContractError
+from primus_contract.fields import SCHEMA
+from primus_contract.schema import coerce_value
+
 from .errors import PrecisionError
 
 FIELD = "trainer.precision"
+_DEFAULTS = SCHEMA["trainer"]["precision"]
+_DEFAULTS_DIST = SCHEMA["trainer"]["distributed"]
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -33,23 +39,24 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class PrecisionSettings:
-    bf16: bool = True
-    fp8: Optional[str] = None
-    fp8_recipe: str = "delayed"
-    fp4: Optional[str] = None
-    fp4_recipe: str = "nvfp4"
-    fp4_param: bool = False
-    fp8_param: bool = False
-    fp8_dot_product_attention: bool = False
-    fp4_param_gather: bool = False
-    fp4_emulation: bool = False
-    fp4_stochastic_rounding: bool = False
-    fp4_random_hadamard: bool = False
-    first_last_layers_bf16: bool = False
-    num_layers_at_start_in_bf16: int = 1
-    num_layers_at_end_in_bf16: int = 1
+    # defaults: primus_contract.fields (the one definition)
+    bf16: bool = _DEFAULTS["bf16"].default
+    fp8: Optional[str] = _DEFAULTS["fp8"].default
+    fp8_recipe: str = _DEFAULTS["fp8_recipe"].default
+    fp4: Optional[str] = _DEFAULTS["fp4"].default
+    fp4_recipe: str = _DEFAULTS["fp4_recipe"].default
+    fp4_param: bool = _DEFAULTS["fp4_param"].default
+    fp8_param: bool = _DEFAULTS["fp8_param"].default
+    fp8_dot_product_attention: bool = _DEFAULTS["fp8_dot_product_attention"].default
+    fp4_param_gather: bool = _DEFAULTS["fp4_param_gather"].default
+    fp4_emulation: bool = _DEFAULTS["fp4_emulation"].default
+    fp4_stochastic_rounding: bool = _DEFAULTS["fp4_stochastic_rounding"].default
+    fp4_random_hadamard: bool = _DEFAULTS["fp4_random_hadamard"].default
+    first_last_layers_bf16: bool = _DEFAULTS["first_last_layers_bf16"].default
+    num_layers_at_start_in_bf16: int = _DEFAULTS["num_layers_at_start_in_bf16"].default
+    num_layers_at_end_in_bf16: int = _DEFAULTS["num_layers_at_end_in_bf16"].default
     num_layers: Optional[int] = None
-    device: str = "auto"
+    device: str = _DEFAULTS_DIST["device"].default
     pipeline: int = 1
 
     @classmethod
@@ -75,27 +82,15 @@ class PrecisionSettings:
         return settings
 
     def validate_types(self) -> None:
-        choices = {
-            "fp8": (None, "hybrid", "e4m3"),
-            "fp8_recipe": ("delayed", "tensorwise", "blockwise"),
-            "fp4": (None, "e2m1"),
-            "fp4_recipe": ("nvfp4", "mxfp4"),
-            "device": ("auto", "cpu", "cuda"),
-        }
-        for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                shown = "|".join("null" if a is None else a for a in allowed)
-                where = "trainer.distributed.device" if name == "device" else f"{FIELD}.{name}"
-                raise PrecisionError(f"{where}: {value!r} is not one of {shown}")
-        for name in ("bf16", "fp4_param", "fp8_param", "fp8_dot_product_attention", "fp4_param_gather",
-                     "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard", "first_last_layers_bf16"):
-            if not isinstance(getattr(self, name), bool):
-                raise PrecisionError(f"{FIELD}.{name}: expected true or false, got {getattr(self, name)!r}")
-        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise PrecisionError(f"{FIELD}.{name}: expected an integer >= 0, got {value!r}")
+        """Each value against its field in the contract (type, allowed values, range)."""
+        for name in self.__dataclass_fields__:
+            if name in ("num_layers", "pipeline"):
+                continue
+            where = "trainer.distributed.device" if name == "device" else f"{FIELD}.{name}"
+            try:
+                coerce_value(where, getattr(self, name))
+            except ContractError as err:
+                raise PrecisionError(str(err)) from None
 
     @property
     def fp4_format(self) -> Optional[str]:

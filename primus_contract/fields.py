@@ -1,0 +1,259 @@
+"""The recipe's keys: every key, its type, default and allowed values. The single source of defaults.
+
+`SCHEMA` is a nested dict whose leaves are `Field`s (primus_contract.schema applies it). Both the launcher
+(primus_slurm) and the trainer read it; it needs nothing outside the standard library.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ALWAYS_SECRET = ("HF_TOKEN", "WANDB_API_KEY")  # protected whatever cluster.secrets lists
+TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$", re.ASCII)
+MAX_STR = 4096
+FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: str  # int | float | bool | str | list | dict
+    default: Any = None
+    nullable: bool = False
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+    pattern: re.Pattern | None = None
+    item: str = "str"  # element kind for list/dict values
+    help: str = ""
+
+    def allowed(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(str(c) for c in self.choices) + (" or null" if self.nullable else "")
+        what = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+                "list": f"a list of {self.item}s", "dict": f"a mapping of names to {self.item}s"}[self.kind]
+        if self.min is not None and self.max is not None:
+            what += f" in [{self.min:g}, {self.max:g}]"
+        elif self.min is not None:
+            what += f" >= {self.min:g}"
+        return what + (" or null" if self.nullable else "")
+
+
+def _opt(kind: str, **kw) -> Field:
+    return Field(kind, None, nullable=True, **kw)
+
+
+SIGNALS = ("USR2", "TERM", "INT", "URG", "XCPU")  # never USR1: NCCL uses it
+RUNTIMES = ("none", "docker", "podman", "pyxis", "apptainer")
+PROFILES = ("none", "cpu", "mi300x", "mi355x", "h100", "h200", "b200")
+
+MODEL = {
+    "preset": Field("str", "tiny_llama", pattern=NAME_RE),
+    "family": Field("str", "llama", choices=("llama", "qwen3", "deepseek")),
+    "num_layers": Field("int", 2, min=1, max=1024),
+    "hidden_size": Field("int", 128, min=8, max=1 << 20),
+    "ffn_hidden_size": Field("int", 352, min=8, max=1 << 22),
+    "num_attention_heads": Field("int", 4, min=1, max=4096),
+    "num_query_groups": _opt("int", min=1, max=4096),
+    "kv_channels": _opt("int", min=1, max=1 << 16),
+    "vocab_size": Field("int", 512, min=2, max=1 << 24),
+    "max_position_embeddings": Field("int", 1024, min=1, max=1 << 24),
+    "rotary_base": Field("float", 10000.0, min=1),
+    "rope_scaling": _opt("dict", item="number"),
+    "norm_epsilon": Field("float", 1e-5, min=0, max=1),
+    "untie_embeddings": Field("bool", True),
+    "qk_layernorm": Field("bool", False),
+    "num_moe_experts": _opt("int", min=1, max=4096),
+    "moe_router_topk": _opt("int", min=1, max=64),
+    "moe_ffn_hidden_size": _opt("int", min=1, max=1 << 20),
+    "moe_shared_expert_intermediate_size": _opt("int", min=1, max=1 << 20),
+    "moe_layer_freq": Field("int", 1, min=1, max=1024),
+    "moe_first_k_dense": Field("int", 0, min=0, max=1024),
+    "moe_norm_topk_prob": _opt("bool", help="renormalise the top-k routing weights (HF norm_topk_prob); null: the "
+                                            "family's own (qwen3 true, deepseek false)"),
+    "moe_router_topk_scaling_factor": _opt("float", min=0, help="routing weights times this (HF routed_scaling_factor)"),
+    "multi_latent_attention": Field("bool", False),
+    "q_lora_rank": _opt("int", min=1, max=1 << 16),
+    "kv_lora_rank": _opt("int", min=1, max=1 << 16),
+    "qk_head_dim": _opt("int", min=1, max=1 << 12),
+    "qk_pos_emb_head_dim": _opt("int", min=1, max=1 << 12),
+    "v_head_dim": _opt("int", min=1, max=1 << 12),
+}
+
+DATA_SOURCE = {
+    "path": _opt("str"),
+    "hf_name": _opt("str"),
+    "split": Field("str", "train", pattern=re.compile(r"^[A-Za-z0-9_.:\[\]%-]{1,64}$")),
+    "limit": _opt("int", min=1),
+}
+
+SCHEMA: dict = {
+    "experiment": {
+        "name": Field("str", "run", pattern=NAME_RE, help="letters, digits, '.', '_', '-'; at most 64"),
+        "workspace": Field("str", "./runs"),
+        "seed": Field("int", 1234, min=0, max=2**31 - 1),
+        "description": Field("str", ""),
+    },
+    "cluster": {
+        "executor": Field("str", "auto", choices=("auto", "slurm", "local")),
+        "partition": _opt("str", pattern=NAME_RE),
+        "account": _opt("str", pattern=NAME_RE),
+        "qos": _opt("str", pattern=NAME_RE),
+        "reservation": _opt("str", pattern=NAME_RE),
+        "constraint": _opt("str"),
+        "nodes": Field("int", 1, min=1, max=4096),
+        "gpus_per_node": Field("int", 8, min=0, max=64),
+        "nproc_per_node": _opt("int", min=1, max=256, help="processes per node; default gpus_per_node (1 on CPU)"),
+        "cpus_per_task": _opt("int", min=1, max=1024),
+        "mem": _opt("str", pattern=re.compile(r"^\d+[KMGT]?$", re.ASCII)),
+        "time": Field("str", "04:00:00", pattern=TIME_RE, help="minutes, HH:MM:SS or D-HH:MM:SS"),
+        "exclusive": Field("bool", True),
+        "requeue": Field("bool", True),
+        "signal": Field("str", "USR2", choices=SIGNALS),
+        "signal_grace_s": Field("int", 300, min=10, max=3600),
+        "extra_sbatch": Field("list", [], help="extra '--flag=value' sbatch options"),
+        "env_profile": Field("str", "none", choices=PROFILES),
+        "env": Field("dict", {}, item="str"),
+        "secrets": Field("list", ["HF_TOKEN", "WANDB_API_KEY"], help="environment variable names passed through"),
+        "python": Field("str", "python3", pattern=re.compile(r"^[A-Za-z0-9_./+-]{1,256}$"),
+                        help="an interpreter name or path of letters, digits and _./+- (python3: the launcher's "
+                             "own when there is no container)"),
+        "entrypoint": Field("str", "trainer", pattern=re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$"),
+                            help="python module torchrun runs with -m"),
+        "stall_minutes": Field("float", 30.0, min=0.1, max=10080),
+        "container": {
+            "runtime": Field("str", "none", choices=RUNTIMES),
+            "image": _opt("str"),
+            "mounts": Field("list", [], help="'src:dst[:ro]'"),
+            "workdir": _opt("str", pattern=re.compile(r"^/[A-Za-z0-9_./+@=-]*$"), help="an absolute path"),
+            "shm_size": Field("str", "64g", pattern=re.compile(r"^\d+[kmgKMG]?$", re.ASCII)),
+            "extra_args": Field("list", []),
+        },
+    },
+    "trainer": {
+        "model": MODEL,
+        "tokenizer": {"path": Field("str", "")},
+        "data": {
+            "format": Field("str", "alpaca", choices=("alpaca", "squad", "openai", "chatml", "mlperf_npy", "text")),
+            "train": DATA_SOURCE,
+            "validation": {**DATA_SOURCE, "split": Field("str", "validation", pattern=DATA_SOURCE["split"].pattern)},
+            "seq_length": Field("int", 256, min=8, max=1 << 20),
+            "packing": Field("bool", True),
+            "pad_to_multiple_of": Field("int", 1, min=1, max=4096),
+            "overlong": Field("str", "truncate", choices=("truncate", "drop")),
+            "bad_records": Field("str", "error", choices=("error", "skip")),
+            "cache_dir": _opt("str"),
+            "shuffle": Field("bool", True),
+        },
+        "schedule": {
+            "train_iters": Field("int", 100, min=1, max=10**9),
+            "micro_batch_size": Field("int", 1, min=1, max=65536),
+            "global_batch_size": Field("int", 8, min=1, max=10**7),
+            "lr": Field("float", 1e-4, min=0, max=10),
+            "min_lr": Field("float", 0.0, min=0, max=10),
+            "warmup_iters": Field("int", 0, min=0),
+            "lr_decay": Field("str", "cosine", choices=("cosine", "linear", "constant")),
+            "lr_decay_iters": _opt("int", min=1, help="iteration the LR decay ends at (null: train_iters); set it to "
+                                   "train longer on resume without moving the schedule"),
+            "weight_decay": Field("float", 0.0, min=0, max=10),
+            "adam_beta1": Field("float", 0.9, min=0, max=1),
+            "adam_beta2": Field("float", 0.999, min=0, max=1),
+            "adam_eps": Field("float", 1e-8, min=0, max=1),
+            "clip_grad": Field("float", 1.0, min=0),
+            "eval_interval": _opt("int", min=1),
+            "eval_iters": Field("int", 10, min=1),
+            "target_eval_loss": _opt("float", min=0),
+        },
+        "parallelism": {
+            "tensor": Field("int", 1, min=1, max=1024),
+            "pipeline": Field("int", 1, min=1, max=1024),
+            "context": Field("int", 1, min=1, max=1024),
+            "expert": Field("int", 1, min=1, max=1024),
+            "sequence_parallel": Field("bool", False),
+            "tp_comm_overlap": Field("bool", False, help="overlap the tensor-parallel all-gathers / reduce-scatters "
+                                     "with the GEMMs (TE userbuffers; needs sequence_parallel, a GPU and TE)"),
+        },
+        "precision": {
+            "bf16": Field("bool", True),
+            "fp8": _opt("str", choices=("hybrid", "e4m3")),
+            "fp8_recipe": Field("str", "delayed", choices=("delayed", "tensorwise", "blockwise")),
+            "fp4": _opt("str", choices=("e2m1",)),
+            "fp4_recipe": Field("str", "nvfp4", choices=("nvfp4", "mxfp4")),
+            "fp4_param": Field("bool", False),
+            "fp4_param_gather": Field("bool", False),
+            "fp4_emulation": Field("bool", False),
+            "fp4_stochastic_rounding": Field("bool", False),
+            "fp4_random_hadamard": Field("bool", False),
+            "fp8_weight_cache": Field("bool", True, help="keep quantized copies of the frozen base weights "
+                                      "between steps (faster; ~2 bytes/param more); false for models that barely fit"),
+            "fp8_param": Field("bool", False, help="keep the frozen base weights as FP8 tensors only (quantized "
+                               "once, each with a scale from its own amax: 1 byte a parameter instead of 2, no "
+                               "per-step re-quantization); needs fp8; works with checkpoint.pretrained"),
+            "fp8_dot_product_attention": Field("bool", False, help="refused when true: TE's FP8 attention takes "
+                                               "bshd/sbhd only, the trainer runs packed THD"),
+            "first_last_layers_bf16": Field("bool", False),
+            "num_layers_at_start_in_bf16": Field("int", 1, min=0),
+            "num_layers_at_end_in_bf16": Field("int", 1, min=0),
+        },
+        "lora": {
+            "enabled": Field("bool", True),
+            "dim": Field("int", 16, min=1, max=65536),
+            "alpha": Field("float", 32.0, min=0),
+            "dropout": Field("float", 0.0, min=0, max=0.99),
+            "dropout_position": Field("str", "pre", choices=("pre", "post")),
+            "a_init": Field("str", "xavier", choices=("xavier", "kaiming")),
+            "b_init": Field("str", "zero", choices=("zero",)),
+            "target_modules": Field("list", ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]),
+            "exclude_modules": Field("list", []),
+        },
+        "recompute": {
+            "granularity": _opt("str", choices=("full", "selective")),
+            "method": Field("str", "uniform", choices=("uniform", "block")),
+            "num_layers": Field("int", 1, min=1),
+            "adapter_inputs": Field("bool", False, help="adapters keep only what the frozen base keeps anyway (fc2: "
+                                    "SwiGLU recomputed from fc1's output; RMSNorm linears: norm folded into A): "
+                                    "Llama-3-8B at 8192 tokens 50.4 -> 39.4 GiB, ~5 % slower in bf16, ~8 % in FP8"),
+            "chunked_loss": Field("bool", True, help="output layer + cross-entropy a chunk of tokens at a time with "
+                                  "the input gradient computed in forward (frozen output layer): the [tokens, "
+                                  "vocab] logits are never kept (Llama-3-8B at 8192 tokens: 53.7 -> 50.4 GiB, "
+                                  "~3 % slower)"),
+            "adapter_inputs_scope": Field("str", "all", choices=("all", "fc2", "norm"),
+                                          help="which adapters adapter_inputs rewires: fc2 (SwiGLU recompute, "
+                                          "ffn/tp x tokens x 2 bytes a layer) or norm (RMSNorm linears, 2 x "
+                                          "hidden/tp x tokens x 2 bytes a layer)"),
+        },
+        "checkpoint": {
+            "save_interval": _opt("int", min=1),
+            "keep_last": Field("int", 2, min=1, max=1000),
+            "resume": Field("str", "auto", choices=("auto", "never")),
+            "pretrained": _opt("str"),
+            "disable_last_saving": Field("bool", False),
+            "export_peft": Field("bool", True),
+        },
+        "logging": {
+            "log_interval": Field("int", 1, min=1),
+            "log_avg_skip_iterations": Field("int", 2, min=0),
+            "tensorboard": Field("bool", False),
+            "profile_start": _opt("int", min=1, help="first iteration to run under torch.profiler"),
+            "profile_end": _opt("int", min=1, help="last profiled iteration (default: profile_start)"),
+            "profile_ranks": Field("list", [0], item="int"),
+            "profile_trace": Field("bool", False, help="also write a chrome trace (large for big models)"),
+        },
+        "distributed": {
+            "device": Field("str", "auto", choices=("auto", "cpu", "cuda")),
+            "backend": Field("str", "auto", choices=("auto", "nccl", "gloo")),
+            "timeout_minutes": Field("float", 30.0, min=0.05, max=1440),
+        },
+    },
+}
+
+
+
+# keys that were accepted once and did nothing: refused as unknown, with what to do instead
+REMOVED = {
+    "trainer.logging.wandb_project": "W&B logging is not implemented (the key was accepted and ignored); remove it "
+                                     "(the trainer's metrics are in <run_dir>/events.jsonl and, with "
+                                     "trainer.logging.tensorboard: true, in TensorBoard)",
+}

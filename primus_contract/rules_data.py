@@ -1,0 +1,40 @@
+"""Cross-field rules for data, schedule, logging and checkpoint over a defaulted recipe (one definition: run by
+`validate`/`submit` and by the trainer at start)."""
+from __future__ import annotations
+
+from primus_contract.errors import fail
+
+
+def data_and_schedule_rules(t: dict) -> None:
+    d, s = t["data"], t["schedule"]
+    if not d["train"]["path"] and not d["train"]["hf_name"]:
+        fail("`trainer.data.train.path` or `trainer.data.train.hf_name` is required")
+    if d["format"] == "mlperf_npy" and not d["train"]["path"]:
+        fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
+    if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:
+        fail("`trainer.tokenizer.path` is required (a local tokenizer directory or a hub name)")
+    if s["eval_interval"] and not (d["validation"]["path"] or d["validation"]["hf_name"]):
+        fail("`trainer.schedule.eval_interval` is set but `trainer.data.validation` has no path or hf_name")
+    if s["min_lr"] > s["lr"]:
+        fail(f"`trainer.schedule.min_lr` ({s['min_lr']}) must not exceed `trainer.schedule.lr` ({s['lr']})")
+    if s["warmup_iters"] > s["train_iters"]:
+        fail(f"`trainer.schedule.warmup_iters` ({s['warmup_iters']}) exceeds train_iters ({s['train_iters']})")
+    if s["lr_decay_iters"] is not None and s["lr_decay_iters"] < s["warmup_iters"]:
+        fail(f"`trainer.schedule.lr_decay_iters` ({s['lr_decay_iters']}) is before the end of warmup_iters "
+             f"({s['warmup_iters']}): it must be null or >= warmup_iters")
+    lg = t["logging"]
+    if lg["profile_end"] is not None and (lg["profile_start"] is None or lg["profile_end"] < lg["profile_start"]):
+        fail(f"`trainer.logging.profile_end` ({lg['profile_end']}) needs `trainer.logging.profile_start` <= it")
+
+
+def checkpoint_rules(t: dict) -> None:
+    """What the checkpoint section asks of the model: HF import and PEFT export."""
+    m = t["model"]
+    # what the trainer cannot do for this model: say so before a run, not at its end
+    if m["multi_latent_attention"] and t["lora"]["enabled"] and t["checkpoint"]["export_peft"]:
+        fail("`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention (DeepSeek) adapters; "
+             "set it to false (every checkpoint holds the adapters)")
+    ckpt = t["checkpoint"]
+    if ckpt["pretrained"] and (m["family"] != "llama" or m["num_moe_experts"] or m["multi_latent_attention"]):
+        fail("`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only (the llama family, not "
+             "MoE or multi-latent attention); set it to null (random weights) for this model")

@@ -1,0 +1,123 @@
+"""Cross-field rules for the model, parallelism and LoRA targets over a defaulted recipe (one definition: run
+by `validate`/`submit` and by the trainer at start)."""
+from __future__ import annotations
+
+import fnmatch
+
+from primus_contract.errors import fail
+
+# the LoRA-wrappable linear names of each attention/MLP kind (megatron-core module names)
+DENSE_ATTN = ("self_attention.linear_qkv", "self_attention.linear_proj")
+MLA_ATTN = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+            "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
+DENSE_MLP = ("mlp.linear_fc1", "mlp.linear_fc2")
+MOE_MLP = ("mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "mlp.shared_experts.linear_fc1",
+           "mlp.shared_experts.linear_fc2")  # routers stay frozen: never a LoRA target
+
+
+def model_linear_names(model: dict) -> list[str]:
+    attn = MLA_ATTN if model["multi_latent_attention"] else DENSE_ATTN
+    mlp = MOE_MLP + DENSE_MLP if model["num_moe_experts"] else DENSE_MLP
+    return list(attn + mlp)
+
+
+def pattern_matches(pattern: str, names: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n.rsplit(".", 1)[-1], pattern) for n in names)
+
+
+def world_size(cluster: dict) -> int:
+    return cluster["nodes"] * nproc_per_node(cluster)
+
+
+def nproc_per_node(cluster: dict) -> int:
+    return cluster["nproc_per_node"] or cluster["gpus_per_node"] or 1
+
+
+def model_rules(m: dict, t: dict) -> None:
+    heads, groups = m["num_attention_heads"], m["num_query_groups"] or m["num_attention_heads"]
+    if heads % groups:
+        fail(f"`trainer.model.num_query_groups` ({groups}) must divide `num_attention_heads` ({heads})")
+    if not m["kv_channels"] and not m["multi_latent_attention"] and m["hidden_size"] % heads:
+        fail(f"`trainer.model.hidden_size` ({m['hidden_size']}) must be divisible by num_attention_heads ({heads})"
+             " or set kv_channels")
+    seq = t["data"]["seq_length"]
+    if seq > m["max_position_embeddings"]:
+        fail(f"`trainer.data.seq_length` ({seq}) exceeds `trainer.model.max_position_embeddings` "
+             f"({m['max_position_embeddings']})")
+    if m["num_moe_experts"]:
+        if not m["moe_router_topk"] or m["moe_router_topk"] > m["num_moe_experts"]:
+            fail(f"`trainer.model.moe_router_topk` must be between 1 and num_moe_experts ({m['num_moe_experts']})")
+    if m["multi_latent_attention"]:
+        for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            if not m[key]:
+                fail(f"`trainer.model.{key}` is required with `trainer.model.multi_latent_attention: true`")
+
+
+def parallel_rules(t: dict, c: dict) -> None:
+    if t["distributed"]["device"] == "cpu" and t["distributed"]["backend"] == "nccl":
+        fail("`trainer.distributed.backend` nccl needs GPUs, and `trainer.distributed.device` is cpu; use gloo "
+             "(or auto)")
+    if t["distributed"]["device"] != "cpu" and c["gpus_per_node"] and nproc_per_node(c) > c["gpus_per_node"]:
+        fail(f"`cluster.nproc_per_node` ({nproc_per_node(c)}) exceeds `cluster.gpus_per_node` ({c['gpus_per_node']}): "
+             "one rank a GPU (two ranks on one GPU fail in NCCL/RCCL)")
+    par, m = t["parallelism"], t["model"]
+    tp, pp, cp, ep = par["tensor"], par["pipeline"], par["context"], par["expert"]
+    world = world_size(c)
+    heads, groups = m["num_attention_heads"], m["num_query_groups"] or m["num_attention_heads"]
+    if heads % tp or (not m["multi_latent_attention"] and groups % tp):
+        fail(f"`trainer.parallelism.tensor` ({tp}) must divide num_attention_heads ({heads}) and "
+             f"num_query_groups ({groups})")
+    if tp * pp * cp > world or world % (tp * pp * cp):
+        fail(f"`trainer.parallelism` tensor×pipeline×context = {tp * pp * cp} must divide the world size "
+             f"{world} (cluster.nodes × processes per node)")
+    if cp > 1:  # megatron would take the whole packed sequence for each rank's chunk: wrong attention and RoPE
+        fail(f"`trainer.parallelism.context` is {cp}; context parallelism is not supported yet (packed THD batches "
+             "are not split across context-parallel ranks): use 1")
+    dp = world // (tp * pp * cp)
+    if ep > 1 and not m["num_moe_experts"]:
+        fail("`trainer.parallelism.expert` > 1 needs a MoE model (trainer.model.num_moe_experts)")
+    if ep > 1 and ((dp * cp) % ep or m["num_moe_experts"] % ep):
+        fail(f"`trainer.parallelism.expert` ({ep}) must divide data×context parallel size ({dp * cp}) and "
+             f"num_moe_experts ({m['num_moe_experts']})")
+    if m["num_layers"] % pp:
+        fail(f"`trainer.parallelism.pipeline` ({pp}) must divide trainer.model.num_layers ({m['num_layers']})")
+    if m["num_moe_experts"] and tp > 1 and not par["sequence_parallel"]:
+        fail("`trainer.parallelism.sequence_parallel` must be true for a MoE model with tensor parallelism "
+             "(megatron-core's MoE token dispatch requires it)")
+    if par["sequence_parallel"] and tp == 1:
+        fail("`trainer.parallelism.sequence_parallel` needs `trainer.parallelism.tensor` > 1")
+    if par["tp_comm_overlap"]:
+        tp_comm_overlap_rules(par, t["precision"], t["distributed"])
+    s = t["schedule"]
+    if s["global_batch_size"] % (s["micro_batch_size"] * dp):
+        fail(f"`trainer.schedule.global_batch_size` ({s['global_batch_size']}) must be divisible by "
+             f"micro_batch_size × data-parallel size = {s['micro_batch_size']} × {dp}")
+
+
+def tp_comm_overlap_rules(par: dict, prec: dict, dist: dict) -> None:
+    """What TE userbuffers cannot carry (the trainer checks the same, plus the GPU and TE)."""
+    what = "`trainer.parallelism.tp_comm_overlap`"
+    if not par["sequence_parallel"]:
+        fail(f"{what} needs `trainer.parallelism.sequence_parallel: true` (and so tensor > 1): it overlaps the "
+             "sequence-parallel all-gathers and reduce-scatters")
+    if dist["device"] == "cpu":
+        fail(f"{what} needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu")
+    if prec["fp4"]:
+        fail(f"{what} carries BF16 or FP8; set `trainer.precision.fp4` to null or the overlap off")
+    if prec["fp8"] and prec["fp8_recipe"] == "blockwise":
+        fail(f"{what} works with `trainer.precision.fp8_recipe` delayed or tensorwise, not blockwise")
+    if prec["fp8"] and prec["first_last_layers_bf16"]:
+        fail(f"{what} cannot be combined with `trainer.precision.first_last_layers_bf16`")
+
+
+def lora_rules(lora: dict, model: dict) -> None:
+    if not lora["enabled"]:
+        return
+    names = model_linear_names(model)
+    for field in ("target_modules", "exclude_modules"):
+        for i, pattern in enumerate(lora[field]):
+            if not pattern_matches(pattern, names):
+                fail(f"`trainer.lora.{field}[{i}]` ({pattern!r:.60}) matches no linear layer of this model; "
+                     f"available: {', '.join(n.rsplit('.', 1)[-1] for n in names)}")
+    if not lora["target_modules"]:
+        fail("`trainer.lora.target_modules` is empty; name at least one linear layer (e.g. linear_qkv)")

@@ -1,0 +1,94 @@
+"""Cross-field precision rules over a defaulted recipe: one definition, run by `validate`/`submit` and by the
+trainer at start (trainer.precision.gating). Rules that need the machine are in primus_contract.machine."""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from primus_contract.errors import fail
+
+P = "trainer.precision"
+FP4_FLAGS = ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard")
+# FP4 units per env profile (the trainer checks the device itself at start; this catches a recipe whose nodes
+# cannot run its FP4 format before it waits in the queue)
+FP4_FORMAT = {"b200": "nvfp4", "mi355x": "mxfp4", "h100": None, "h200": None, "mi300x": None}
+FP8_ATTENTION_WHY = ("TE's FP8 fused attention takes bshd/sbhd inputs only, and this trainer always runs the "
+                     "packed THD layout (per-document cu_seqlens); remove it")
+
+
+def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device: str) -> None:
+    """What holds on any machine. bf16: false with fp8/fp4 is allowed: the low-precision GEMMs then run inside an
+    fp32 model (megatron-core's TransformerConfig and TE's autocast take fp32 activations; FP4 emulation in fp32
+    is what tests/test_fp4_emulation.py runs)."""
+    if p["fp4_param_gather"]:  # megatron's distributed-optimizer all-gather: nothing here would read it
+        fail(f"`{P}.fp4_param_gather` has no effect in LoRA training: the frozen base is sharded by "
+             "tensor/pipeline parallelism only and no parameters are all-gathered; remove it")
+    if p["fp4"] and p["fp8"]:
+        fail(f"`{P}.fp4` and `{P}.fp8` are mutually exclusive (megatron-core runs one low-precision recipe); "
+             "set one of them to null")
+    for flag in FP4_FLAGS:
+        if p[flag] and not p["fp4"]:
+            fail(f"`{P}.{flag}` needs `{P}.fp4: e2m1` (fp4 is null)")
+    if p["fp4"] and p["fp4_recipe"] == "mxfp4" and p["fp4_random_hadamard"]:
+        fail(f"`{P}.fp4_random_hadamard` is implemented for fp4_recipe: nvfp4 only (TE's 16-point RHT); set it "
+             "to false for mxfp4")
+    if p["fp4_param"] and p["fp4_emulation"]:
+        fail(f"`{P}.fp4_param` keeps weights as real FP4 tensors with native TE kernels, which emulation has "
+             "not; set fp4_param: false to emulate, or run natively on FP4 hardware")
+    if p["fp8_param"] and not p["fp8"]:
+        fail(f"`{P}.fp8_param` needs `{P}.fp8: hybrid|e4m3` (fp8 is null)")
+    if p["fp8_dot_product_attention"]:  # TE 2.20.2's nvte_get_fused_attn_backend; measured on an H200
+        fail(f"`{P}.fp8_dot_product_attention` is not supported: {FP8_ATTENTION_WHY}")
+    if p["first_last_layers_bf16"]:
+        _first_last(p, num_layers, pipeline)
+    if device == "cpu" and p["fp8"]:  # the trainer's machine rule would say the same on the node
+        fail(f"`{P}.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu "
+             "(on CPU: bf16, or fp4: e2m1 with fp4_emulation: true)")
+    if device == "cpu" and p["fp4"] and not p["fp4_emulation"]:
+        fail(f"`{P}.fp4` needs FP4 hardware (compute capability 10.0) with Transformer Engine; "
+             f"`trainer.distributed.device` is cpu: set `{P}.fp4_emulation: true` to emulate it")
+
+
+def _first_last(p: Mapping, num_layers: Optional[int], pipeline: int) -> None:
+    if not (p["fp4"] or p["fp8"]):
+        fail(f"`{P}.first_last_layers_bf16` only applies with fp8 or fp4 set (every layer already runs in "
+             "bf16/fp32); set it to false")
+    if p["fp8"] and p["fp8_recipe"] == "delayed":  # megatron-core's TransformerConfig raises the same
+        fail(f"`{P}.first_last_layers_bf16` is not supported with fp8_recipe: delayed (megatron-core refuses "
+             "it); use fp8_recipe: tensorwise or blockwise")
+    if num_layers is None:
+        return
+    per_stage = num_layers // max(1, pipeline)
+    start, end = p["num_layers_at_start_in_bf16"], p["num_layers_at_end_in_bf16"]
+    for name, value in (("num_layers_at_start_in_bf16", start), ("num_layers_at_end_in_bf16", end)):
+        if value > per_stage:
+            fail(f"`{P}.{name}` ({value}) exceeds the {per_stage} layers per pipeline stage")
+    if start + end >= num_layers:
+        fail(f"`{P}.num_layers_at_start_in_bf16` + num_layers_at_end_in_bf16 ({start}+{end}) leaves none of the "
+             f"{num_layers} layers in low precision")
+
+
+def profile_rules(p: Mapping, profile: str) -> None:
+    """The FP4 format the recipe's env profile has units for."""
+    if not p["fp4"] or p["fp4_emulation"] or profile not in FP4_FORMAT:
+        return
+    native = FP4_FORMAT[profile]
+    if native is None:
+        fail(f"`{P}.fp4` needs FP4 units, and `cluster.env_profile` {profile} has none (NVFP4: b200; "
+             f"MXFP4: mi355x); set `{P}.fp4_emulation: true` for accuracy studies, or use fp8")
+    if p["fp4_recipe"] != native:
+        fail(f"`{P}.fp4_recipe` is {p['fp4_recipe']}, but `cluster.env_profile` {profile} runs "
+             f"{native} (NVFP4 is NVIDIA TE's, MXFP4 ROCm TE's); set fp4_recipe: {native}")
+
+
+def recipe_precision_rules(t: Mapping, profile: str) -> None:
+    """precision_rules + profile_rules on the `trainer` section of a defaulted recipe."""
+    device = t["distributed"]["device"]
+    device = "cpu" if profile == "cpu" and device == "auto" else device  # profile cpu hides the GPUs (device_rules)
+    precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], device)
+
+
+def device_rules(t: Mapping, profile: str) -> None:
+    if profile == "cpu" and t["distributed"]["device"] == "cuda":  # its CUDA_VISIBLE_DEVICES is empty
+        fail("`trainer.distributed.device` is cuda, but `cluster.env_profile` cpu hides the GPUs "
+             "(CUDA_VISIBLE_DEVICES is empty); use device auto or cpu, or the profile of the GPU nodes")
+    profile_rules(t["precision"], profile)
