@@ -8,12 +8,6 @@ from trainer.model.lora import (adapter_state_dict, allreduce_sequence_parallel_
                                 load_adapter_state_dict)
 
 
-def load_hf_llama(model, hf_dir):
-    from trainer.model.hf_import import load_hf_llama as _load
-
-    return _load(model, hf_dir)
-
-
 def export_peft(model, cfg, out_dir):
     from trainer.model.peft_export import export_peft as _export
 
@@ -21,4 +15,4 @@ def export_peft(model, cfg, out_dir):
 
 
 __all__ = ["build_model", "forward_losses", "adapter_state_dict", "load_adapter_state_dict",
-           "allreduce_sequence_parallel_grads", "load_hf_llama", "export_peft"]
+           "allreduce_sequence_parallel_grads", "export_peft"]

@@ -4,8 +4,9 @@ DeepSeek-V2), MLA (DeepSeek), RoPE scaling (llama3, yarn).
     kwargs.update(moe_kwargs(m, use_te, on_gpu)); kwargs.update(rope_kwargs(m)); cls = config_class(m)
 
 MoE: routed experts every layer (or after `moe_first_k_dense` dense layers, or by `moe_layer_freq`),
-top-k routing as the HF models do it (Qwen3: softmax over the top-k logits = renormalised top-k
-probabilities; DeepSeek-V2: softmax over all experts, top-k kept unnormalised), optional shared
+top-k routing as the HF models do it (norm_topk_prob true, Qwen3's default: softmax over the top-k logits =
+renormalised top-k probabilities; false, DeepSeek-V2's: softmax over all experts, top-k kept unnormalised,
+times routed_scaling_factor = model.moe_router_topk_scaling_factor), optional shared
 experts, no load-balancing loss (the router is frozen under LoRA). Experts are not tensor-parallel
 (expert_tensor_parallel_size 1, set in trainer.distributed too); expert parallelism splits them over
 the data-parallel ranks. TE runs them as TEGroupedMLP (grouped GEMM), the local spec as SequentialMLP.
@@ -40,6 +41,9 @@ def moe_kwargs(mcfg, use_te: bool, on_gpu: bool, par=None) -> dict:
         raise ValueError("MoE with parallelism.tensor > 1 needs parallelism.sequence_parallel: true "
                          "(megatron-core refuses MoE training under TP without it)")
     experts, topk = int(mcfg.num_moe_experts), int(mcfg.moe_router_topk or 1)
+    norm_topk = mcfg.get("moe_norm_topk_prob")  # null: the family's own (Qwen3 renormalises, DeepSeek-V2 not)
+    norm_topk = mcfg.family != "deepseek" if norm_topk is None else bool(norm_topk)
+    scale = float(mcfg.get("moe_router_topk_scaling_factor") or 1.0)
     if topk > experts:
         raise ValueError(f"model.moe_router_topk {topk} > num_moe_experts {experts}")
     out = {
@@ -54,8 +58,9 @@ def moe_kwargs(mcfg, use_te: bool, on_gpu: bool, par=None) -> dict:
         "moe_router_load_balancing_type": "none",
         "moe_aux_loss_coeff": 0.0,
         # (top-1 needs it too: a softmax over one logit has no gradient, megatron refuses it)
-        "moe_router_pre_softmax": mcfg.family == "deepseek" or topk == 1,
+        "moe_router_pre_softmax": not norm_topk or topk == 1,
         "moe_router_score_function": "softmax",
+        "moe_router_topk_scaling_factor": scale if scale != 1.0 else None,
         "expert_tensor_parallel_size": 1,
     }
     if on_gpu:
@@ -67,15 +72,29 @@ def rope_kwargs(mcfg) -> dict:
     """RoPE scaling: llama3 (GPTModel keywords) or yarn (MLATransformerConfig fields)."""
     rs = mcfg.rope_scaling
     mla = bool(mcfg.multi_latent_attention)
-    if not rs:
-        return {"rope_type": "rope"} if mla else {}
+    if not rs:  # (MLATransformerConfig defaults to DeepSeek's YaRN factor 40: its softmax scale would keep mscale²)
+        return {"rope_type": "rope", "rotary_scaling_factor": 1.0} if mla else {}
     kind = rs.get("type") or rs.get("rope_type")
     if kind == "yarn" and mla:
-        return {"rope_type": "yarn", **{dst: float(rs[src]) for src, dst in _YARN_KEYS.items() if src in rs}}
+        return {"rope_type": "yarn", **yarn_kwargs(rs)}
     if kind == "llama3" and not mla and all(float(rs.get(k, v)) == float(v) for k, v in _LLAMA3.items()):
         return {}  # applied by GPTModel (gpt_rope_kwargs)
     raise NotImplementedError(f"rope_scaling {dict(rs)}: supported are llama3 (1/4/8192) on standard "
                               "attention and yarn on multi-latent attention")
+
+
+def yarn_kwargs(rs) -> dict:
+    """MLA's YaRN fields with Hugging Face's defaults where config.json leaves one out (megatron's own defaults are
+    DeepSeek-V3's): beta_fast 32, beta_slow 1; mscale and mscale_all_dim count only when both are given
+    (otherwise the cos/sin scale is 0.1 ln(factor) + 1 and the softmax scale is not changed)."""
+    out = {dst: float(rs[src]) for src, dst in _YARN_KEYS.items() if rs.get(src) is not None}
+    out.setdefault("beta_fast", 32.0)
+    out.setdefault("beta_slow", 1.0)
+    if not (rs.get("mscale") and rs.get("mscale_all_dim")):
+        out.update(mscale=1.0, mscale_all_dim=0.0)
+    if "original_max_position_embeddings" not in out:
+        raise ValueError("model.rope_scaling yarn needs original_max_position_embeddings")
+    return out
 
 
 def gpt_rope_kwargs(mcfg) -> dict:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from trainer.config import ConfigError
 from trainer.model import arch, seeding, specs, tp_overlap
 from trainer.model.chunked_loss import install_chunked_loss
+from trainer.model.hf_import import load_hf
 from trainer.model.lora import apply_lora
 from trainer.model.lora_inputs import wire_adapter_input_recompute
 from trainer.precision import fp8_params
@@ -118,13 +119,7 @@ def build_model(cfg, device: torch.device):
     model._primus_tp_overlap = ub_tokens
     model.to(device)
     if cfg.trainer.checkpoint.pretrained:
-        from trainer.model.hf_import import load_hf_llama
-
-        if m.num_moe_experts or m.multi_latent_attention:
-            raise NotImplementedError("checkpoint.pretrained: HF import covers dense Llama-layout models "
-                                      "only, not MoE / multi-latent attention (random weights work)")
-
-        load_hf_llama(model, cfg.trainer.checkpoint.pretrained)
+        model._primus_weights_line = load_hf(model, cfg.trainer.checkpoint.pretrained, m.to_dict())
     elif getattr(config, "fp8_param", False):  # delayed scaling: initial FP8 weights drawn again, own scales
         checks = fp8_params.redraw_delayed(model, _init_seed_of(model, int(cfg.experiment.seed)))
         if checks:

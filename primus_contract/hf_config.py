@@ -1,0 +1,244 @@
+"""A Hugging Face checkpoint's config.json against the recipe's model section: the checkpoint is the truth.
+
+    hf = read_config(path)              # config.json of a checkpoint directory (HFConfigError if unreadable)
+    fields = model_fields(hf)           # the recipe model fields that config.json implies
+    bad = mismatches(recipe_model, fields)   # [(field, recipe value, config.json value)], effective values
+    check_pretrained(recipe_model, path)     # raises HFConfigError naming the first mismatch or unsupported field
+    describe(path)                      # "qwen3_moe | 48 layers | 128 experts top-8 | 16 shards | 61.1 GB"
+
+Supported `model_type`s: llama (2 / 3 / 3.1, rope_scaling llama3), qwen3 (q_norm/k_norm), qwen3_moe (router
+mlp.gate, per-expert weights, no shared experts) and deepseek_v2 (multi-latent attention with or without
+q_lora_rank, YaRN, first_k_dense_replace dense layers, shared + routed experts, greedy top-k). A config.json field
+that changes the math and that the trainer does not implement (sliding window, biases, another activation,
+group-limited routing, a quantized checkpoint, an unknown field) is refused by name. Standard library only: the
+launcher (validate/submit) and the trainer (at start) run the same check.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+FAMILY = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "deepseek_v2": "deepseek"}
+MOE_TYPES = ("qwen3_moe", "deepseek_v2")
+# config.json fields that do not change the forward pass the trainer computes (bookkeeping, generation, inference
+# caches, the auxiliary balancing losses of pre-training: LoRA keeps the router frozen and adds no aux loss).
+_HARMLESS = frozenset((
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
+    "max_position_embeddings", "pretraining_tp", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha",
+    "seq_aux", "ep_size", "output_attentions", "output_hidden_states", "return_dict", "is_encoder_decoder",
+    "tie_encoder_decoder", "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "max_window_layers",
+    "num_key_value_heads", "n_group", "topk_group", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
+    "layer_types", "sliding_window", "use_sliding_window", "attention_bias", "mlp_bias", "hidden_act",
+    "num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers",
+    "norm_topk_prob", "routed_scaling_factor", "topk_method", "scoring_func", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim", "num_hidden_layers", "hidden_size",
+    "intermediate_size", "num_attention_heads", "vocab_size", "rms_norm_eps", "tie_word_embeddings",
+    "quantization_config", "attn_logit_softcapping", "final_logit_softcapping", "embedding_multiplier",
+))
+_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192.0}
+_YARN = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+class HFConfigError(ValueError):
+    """A checkpoint the trainer cannot import as the recipe describes; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def read_config(path) -> dict:
+    f = Path(path) / "config.json"
+    try:
+        return json.loads(f.read_text())
+    except FileNotFoundError:
+        raise HFConfigError("trainer.checkpoint.pretrained", f"{path} has no config.json (an HF checkpoint "
+                            "directory holds config.json and *.safetensors)") from None
+    except (OSError, ValueError) as e:
+        raise HFConfigError("trainer.checkpoint.pretrained", f"{f} cannot be read as JSON: {e}") from None
+
+
+def _refuse(hf: dict, key: str, why: str):
+    raise HFConfigError(f"config.json {key}", f"config.json `{key}: {json.dumps(hf.get(key))}` ({hf['model_type']}) "
+                                              f"is not supported: {why}")
+
+
+def rope(hf: dict) -> tuple[float, dict | None]:
+    """(RoPE base, scaling dict or None) from either config.json spelling (rope_theta + rope_scaling, or
+    transformers 5's rope_parameters)."""
+    params = hf.get("rope_parameters") or {}
+    theta = float(hf.get("rope_theta", params.get("rope_theta", 10000.0)))
+    scaling = hf.get("rope_scaling")
+    if scaling is None and params.get("rope_type", params.get("type", "default")) != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if not scaling:
+        return theta, None
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind == "default":
+        return theta, None
+    nums = {k: float(v) for k, v in scaling.items() if k not in ("rope_type", "type") and v is not None}
+    return theta, {"type": kind, **nums}
+
+
+def _check_unsupported(hf: dict) -> None:
+    mt = hf["model_type"]
+    unknown = sorted(k for k in hf if k not in _HARMLESS)
+    if unknown:
+        _refuse(hf, unknown[0], "a field primus-slurm does not know, so it cannot tell whether it changes the model")
+    if hf.get("quantization_config"):
+        _refuse(hf, "quantization_config", "import a BF16/FP32 checkpoint (FP8 weights are made by trainer.precision)")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            _refuse(hf, key, "the trainer's linears have no biases")
+    if hf.get("hidden_act", "silu") != "silu":
+        _refuse(hf, "hidden_act", "the trainer's MLP is SwiGLU (silu)")
+    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+        _refuse(hf, "use_sliding_window" if hf.get("use_sliding_window") else "layer_types",
+                "sliding-window attention is not implemented; every layer attends to its whole document")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "embedding_multiplier"):
+        if hf.get(key) is not None:
+            _refuse(hf, key, "not implemented by the trainer")
+    if mt == "deepseek_v2":
+        if hf.get("topk_method", "greedy") != "greedy":
+            _refuse(hf, "topk_method", "only greedy top-k routing is implemented (megatron-core's group-limited "
+                                       "routing scores a group by the sum of its best experts, DeepSeek-V2 by the max)")
+        if hf.get("scoring_func", "softmax") != "softmax":
+            _refuse(hf, "scoring_func", "DeepSeek-V2 routing is a softmax over the experts")
+        if int(hf.get("moe_layer_freq", 1)) != 1:
+            _refuse(hf, "moe_layer_freq", "MoE layers every layer after first_k_dense_replace are implemented")
+    if mt == "qwen3_moe":
+        if int(hf.get("decoder_sparse_step", 1)) != 1:
+            _refuse(hf, "decoder_sparse_step", "every layer is an MoE layer in the trainer's Qwen3-MoE")
+        if hf.get("mlp_only_layers"):
+            _refuse(hf, "mlp_only_layers", "every layer is an MoE layer in the trainer's Qwen3-MoE")
+    if mt in ("qwen3", "qwen3_moe") and "head_dim" not in hf:
+        _refuse(hf, "head_dim", "Qwen3 config.json must give head_dim")
+
+
+def _rope_fields(hf: dict, mla: bool) -> dict:
+    theta, scaling = rope(hf)
+    if scaling is not None:
+        kind = scaling["type"]
+        if kind == "llama3" and not mla:
+            off = [k for k, v in _LLAMA3.items() if not math.isclose(scaling.get(k, v), v)]
+            if off:
+                _refuse({**hf, "rope_scaling": scaling}, "rope_scaling",
+                        f"llama3 scaling with {off[0]} {scaling[off[0]]} (megatron-core implements 1 / 4 / 8192)")
+        elif kind == "yarn" and mla:
+            for key, ok in (("truncate", 1.0), ("attention_factor", None)):
+                if key in scaling and scaling[key] != ok:
+                    _refuse({**hf, "rope_scaling": scaling}, "rope_scaling",
+                            f"yarn with {key} {scaling[key]} is not implemented by megatron-core")
+        else:
+            _refuse({**hf, "rope_scaling": scaling}, "rope_scaling", "implemented are llama3 (Llama) and yarn "
+                                                                    "(DeepSeek multi-latent attention)")
+    return {"rotary_base": theta, "rope_scaling": scaling}
+
+
+def model_fields(hf: dict) -> dict:
+    """The recipe's trainer.model fields that this config.json implies (HFConfigError if unsupported)."""
+    mt = hf.get("model_type")
+    if mt not in FAMILY:
+        raise HFConfigError("config.json model_type", f"config.json model_type {mt!r} is not supported: "
+                                                      f"one of {', '.join(sorted(FAMILY))}")
+    _check_unsupported(hf)
+    mla = mt == "deepseek_v2"
+    heads = int(hf["num_attention_heads"])
+    out = {"family": FAMILY[mt], "num_layers": int(hf["num_hidden_layers"]), "hidden_size": int(hf["hidden_size"]),
+           "ffn_hidden_size": int(hf["intermediate_size"]), "num_attention_heads": heads,
+           "vocab_size": int(hf["vocab_size"]), "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+           "untie_embeddings": not bool(hf.get("tie_word_embeddings", False)),
+           "multi_latent_attention": mla, **_rope_fields(hf, mla)}
+    if mla:
+        out.update(q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=int(hf["kv_lora_rank"]),
+                   qk_head_dim=int(hf["qk_nope_head_dim"]), qk_pos_emb_head_dim=int(hf["qk_rope_head_dim"]),
+                   v_head_dim=int(hf["v_head_dim"]))
+    else:
+        out.update(num_query_groups=int(hf.get("num_key_value_heads") or heads),
+                   kv_channels=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+                   qk_layernorm=mt in ("qwen3", "qwen3_moe"))
+    if mt in MOE_TYPES:
+        experts = hf.get("num_experts", hf.get("num_local_experts", hf.get("n_routed_experts")))
+        shared = int(hf.get("n_shared_experts") or 0) * int(hf["moe_intermediate_size"])
+        out.update(num_moe_experts=int(experts), moe_router_topk=int(hf["num_experts_per_tok"]),
+                   moe_ffn_hidden_size=int(hf["moe_intermediate_size"]),
+                   moe_shared_expert_intermediate_size=shared or None,
+                   moe_first_k_dense=int(hf.get("first_k_dense_replace") or 0), moe_layer_freq=1,
+                   moe_norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                   moe_router_topk_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0))
+    else:
+        out.update(num_moe_experts=None)
+    return out
+
+
+def _effective(m: dict, key: str):
+    """A recipe model value as the trainer uses it (nulls resolved the way trainer.model.build does)."""
+    v = m.get(key)
+    if key == "num_query_groups":
+        return int(v or m["num_attention_heads"])
+    if key == "kv_channels":
+        return int(v or int(m["hidden_size"]) // int(m["num_attention_heads"]))
+    if key == "moe_norm_topk_prob" and v is None:
+        return m.get("family") != "deepseek"  # the family's routing (trainer.model.arch)
+    if key == "moe_router_topk_scaling_factor" and v is None:
+        return 1.0
+    if key == "rope_scaling" and v:
+        return {("type" if k == "rope_type" else k): (x if k in ("type", "rope_type") else float(x))
+                for k, x in v.items()}
+    if key == "rope_scaling":
+        return None
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def mismatches(recipe_model: dict, fields: dict) -> list[tuple[str, object, object]]:
+    """(field, recipe value, config.json value) for each model field the two disagree on."""
+    return [(k, _effective(recipe_model, k), _effective(fields, k)) for k in fields
+            if not _same(_effective(recipe_model, k), _effective(fields, k))]
+
+
+def check_pretrained(recipe_model: dict, path) -> dict:
+    """Refuse (HFConfigError) a checkpoint whose config.json disagrees with the recipe or is unsupported;
+    returns the config.json fields."""
+    fields = model_fields(read_config(path))
+    bad = mismatches(recipe_model, fields)
+    if bad:
+        key, mine, theirs = bad[0]
+        more = f" (and {len(bad) - 1} more: {', '.join(k for k, _, _ in bad[1:])})" if len(bad) > 1 else ""
+        raise HFConfigError(f"trainer.model.{key}", f"`trainer.model.{key}` is {json.dumps(mine)} but the checkpoint's "
+                                                    f"config.json says {json.dumps(theirs)}{more}: {path}")
+    return fields
+
+
+def shards(path) -> tuple[list[str], int]:
+    """(safetensors files, total bytes) of a checkpoint: from model.safetensors.index.json when present."""
+    d = Path(path)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    else:
+        files = sorted(p.name for p in d.glob("*.safetensors"))
+    return files, sum((d / f).stat().st_size for f in files if (d / f).exists())
+
+
+def describe(path) -> str:
+    """What will be loaded: family, layers, experts, shards, size."""
+    hf = read_config(path)
+    f = model_fields(hf)
+    files, size = shards(path)
+    experts = (f" | {f['num_moe_experts']} experts top-{f['moe_router_topk']}"
+               + (f" + shared {f['moe_shared_expert_intermediate_size']}" if f["moe_shared_expert_intermediate_size"]
+                  else "") if f["num_moe_experts"] else "")
+    mla = " | MLA" + (f" q_lora {f['q_lora_rank']}" if f.get("q_lora_rank") else "") if f["multi_latent_attention"] else ""
+    return (f"{hf['model_type']} | {f['num_layers']} layers | hidden {f['hidden_size']}{mla}{experts} | "
+            f"{len(files)} shard{'s' if len(files) != 1 else ''} | {size / 1e9:.1f} GB")
