@@ -65,7 +65,8 @@ def test_render_every_recipe_every_runtime(recipe, runtime, tmp_path):
     for name, value in {**c["env"]}.items():
         assert f"export {name}={shlex.quote(value)}" in script
     if runtime in ("docker", "podman"):
-        assert f"exec {runtime} run --rm --name" in script and "--ipc host" in script
+        assert f'primus-node {runtime} "$JOB_ID"' in script and 'exec "$rt" run --rm -i --name "$name"' in script
+        assert f"--shm-size {shlex.quote(c['container']['shm_size'])}" in script and "--ipc host" not in script
         assert shlex.quote(IMAGE) in script
     if runtime == "pyxis":
         assert f"--container-image={shlex.quote(IMAGE)}" in script and "--container-mounts=" in script
@@ -148,7 +149,8 @@ def test_bare_metal_slurm_runs_the_launchers_interpreter_and_containers_python3(
     def python_of(*sets):
         r = load_recipe(recipes_dir() / "quickstart.yaml", overrides=["cluster.executor=slurm", *sets])
         script = render_script(r.resolved, str(tmp_path), "20261130-000000-abcdef")
-        return re.search(r"^TRAIN=\(\n  (\S+) -m torch.distributed.run", script, re.M).group(1)
+        m = re.search(r"^TRAIN=\(\n(?:.*\n)?  (\S+) -m torch.distributed.run", script, re.M)  # (after the preflight)
+        return m.group(1)
 
     assert python_of() == shlex.quote(sys.executable)
     assert python_of("cluster.container.runtime=apptainer", "cluster.container.image=/img.sif") == "python3"
