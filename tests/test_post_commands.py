@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -168,3 +169,35 @@ def test_the_three_commands_as_slurm_jobs(run, local_slurm):
         assert "#SBATCH --no-requeue" in (Path(r["path"]) / "job.sh").read_text()
     table = cli(env, "status", run_id).stdout
     assert all(r["id"] in table for r in rows)
+
+
+def _outside_command(text: str) -> str:
+    """The script without its #SBATCH lines, the post job's PYTHONPATH lines and the command of TRAIN=(...)."""
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("#SBATCH"))
+    text = re.sub(r"# This job's code:.*?\nexport PYTHONPATH=\"\$POST_DIR[^\n]*\n", "", text, flags=re.S)
+    start = text.index(" --\n", text.index("TRAIN=(")) + 4
+    return text[:start] + text[text.index("\n)\n", start):].replace("eval exited", "training exited")
+
+
+@pytest.mark.parametrize("runtime", ["none", "docker", "apptainer", "pyxis"])
+def test_post_job_script_is_the_training_template(runtime, tmp_path):
+    """Environment, preflight, container and launch lines are the training script's; only the command differs."""
+    import copy
+
+    from primus_slurm import post
+    from primus_slurm.recipe import load_recipe
+    from primus_slurm.render import render_script
+
+    sets = [] if runtime == "none" else [f"cluster.container.runtime={runtime}",
+                                         "cluster.container.image=docker://registry.example/img:1"
+                                         if runtime == "apptainer" else "cluster.container.image=img:1"]
+    resolved = load_recipe(ROOT / "recipes" / "quickstart.yaml", overrides=sets).resolved
+    run_dir = tmp_path / "run"
+    job = post.PostJob("eval", {"run_id": "RUN"}, run_dir, resolved, "slurm", "ID", ["--data", "a b'c"])
+    script = post.script(job)
+    one_node = copy.deepcopy(resolved)
+    one_node["cluster"].update(nodes=1, requeue=False)
+    assert _outside_command(script) == _outside_command(render_script(one_node, str(run_dir), "RUN", "slurm"))
+    assert f"--output={run_dir}/evals/ID/slurm-%j.out" in script and "#SBATCH --no-requeue" in script
+    assert "-m trainer.post eval --run \"$RUN_DIR\" --out \"$POST_DIR\"" in script and "'a b'\"'\"'c'" in script
+    assert "torch.distributed.run" not in script and "--job-name=quickstart-eval" in script
