@@ -241,4 +241,5 @@ def describe(path) -> str:
                   else "") if f["num_moe_experts"] else "")
     mla = " | MLA" + (f" q_lora {f['q_lora_rank']}" if f.get("q_lora_rank") else "") if f["multi_latent_attention"] else ""
     return (f"{hf['model_type']} | {f['num_layers']} layers | hidden {f['hidden_size']}{mla}{experts} | "
-            f"{len(files)} shard{'s' if len(files) != 1 else ''} | {size / 1e9:.1f} GB")
+            f"{len(files)} shard{'s' if len(files) != 1 else ''} | "
+            + (f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"))

@@ -2,7 +2,10 @@
 `validate`/`submit` and by the trainer at start)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from primus_contract.errors import fail
+from primus_contract.hf_config import HFConfigError, check_pretrained
 
 
 def data_and_schedule_rules(t: dict) -> None:
@@ -35,6 +38,10 @@ def checkpoint_rules(t: dict) -> None:
         fail("`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention (DeepSeek) adapters; "
              "set it to false (every checkpoint holds the adapters)")
     ckpt = t["checkpoint"]
-    if ckpt["pretrained"] and (m["family"] != "llama" or m["num_moe_experts"] or m["multi_latent_attention"]):
-        fail("`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only (the llama family, not "
-             "MoE or multi-latent attention); set it to null (random weights) for this model")
+    # the checkpoint's config.json is the truth: a recipe model that disagrees, or a config.json field the trainer
+    # does not implement, is refused by name (where the directory is readable: the login node, then the job's node)
+    if ckpt["pretrained"] and Path(ckpt["pretrained"]).is_dir():
+        try:
+            check_pretrained(m, ckpt["pretrained"])
+        except HFConfigError as e:
+            fail(str(e), e.field)

@@ -40,6 +40,19 @@ def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
     click.echo(f"ok: {r.path} — {t['model']['preset']} on {c['nodes']} node(s), world {world_size(c)}, "
                f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
+    if t["checkpoint"]["pretrained"]:
+        click.echo(f"pretrained: {pretrained_line(t['checkpoint']['pretrained'])}")
+
+
+def pretrained_line(path: str) -> str:
+    """What the job will import: family, layers, experts, shards, size (its config.json already checked)."""
+    from pathlib import Path
+
+    from primus_contract.hf_config import describe
+
+    if not Path(path).is_dir():
+        return f"{path} (not readable here: its config.json is checked against the recipe when the job starts)"
+    return f"{path} — {describe(path)}"
 
 
 @main.command()

@@ -60,22 +60,23 @@ def test_hf_llama_logits_match(tmp_path):
 def test_import_reads_one_tensor_at_a_time(tmp_path):
     """A rank must not hold the whole checkpoint (138 GB for Llama2-70B, on every rank): nothing is read
     until the loader reaches a tensor, and each megatron tensor reads only its own HF tensors."""
-    from trainer.model.hf_import import SafetensorsDir, hf_to_megatron
+    from trainer.model.hf_import import hf_entries
+    from trainer.model.hf_read import SafetensorsDir
 
-    make_hf_llama(tmp_path / "hf", seed=1, layers=3)
+    make_hf_llama(tmp_path / "hf", seed=1, layers=2)
     hf = SafetensorsDir(tmp_path / "hf")
     with dist_session(tiny_cfg()) as info:
-        config = build_model(tiny_cfg(), info.device).config
-    full = hf_to_megatron(hf, config, te_layout=False, layer_offset=1, num_local_layers=1)
-    assert hf.reads == 0 and len(full) == 9
+        model = build_model(tiny_cfg(), info.device)
+        full, missing = hf_entries(model, hf)
+    assert hf.reads == 0 and not missing and len(full) == 2 * 6 + 3
     reads = []
     for name in full:
         before = hf.reads
         assert full[name].dim() in (1, 2)
         reads.append((name.rsplit(".", 2)[-2], hf.reads - before))
-    assert dict(reads)["linear_qkv"] == 3 and dict(reads)["linear_fc1"] == 2 and hf.reads == 12
-    assert torch.equal(full["decoder.layers.0.self_attention.linear_proj.weight"],
-                       hf["model.layers.1.self_attn.o_proj.weight"])  # layer_offset picks the HF layer
+    assert dict(reads)["linear_qkv"] == 3 and dict(reads)["linear_fc1"] == 2 and hf.reads == 21
+    assert torch.equal(full["decoder.layers.1.self_attention.linear_proj.weight"],
+                       hf["model.layers.1.self_attn.o_proj.weight"])
 
 
 @pytest.mark.parametrize("gone", ["model.layers.1.mlp.up_proj.weight", "model.norm.weight"])
