@@ -116,3 +116,7 @@ def test_merge_refuses_an_adapter_key_without_base_tensor(tmp_path):
     with pytest.raises(KeyError, match="layers.1.self_attn.q_proj maps to no tensor"):
         merge_adapter(other, tmp_path / "adapter", tmp_path / "merged")
     assert not (tmp_path / "merged").exists()  # nothing written
+    with pytest.raises(FileExistsError, match="already holds"):  # never mixed with an older checkpoint's shards
+        merge_adapter(base, tmp_path / "adapter", other)
+    with pytest.raises(ValueError, match="must not be the base"):
+        merge_adapter(base, tmp_path / "adapter", base)

@@ -41,21 +41,26 @@ _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", t
            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
            torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
 _NAMES = {v: k for k, v in _DTYPES.items()}
-_COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-           "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
-           "chat_template.json", "preprocessor_config.json")
+_COPIED = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+           "vocab.*", "merges.txt", "*.tiktoken", "chat_template.*", "preprocessor_config.json", "LICENSE*", "NOTICE*")
 _FUSED = re.compile(r"^(?P<layer>.+\.mlp\.experts)(?P<inner>\.base_layer)?$")
 
 
 class Stored(dict):
-    """name -> safe_open handle of every *.safetensors file in a directory (memory-mapped); `read(name)` reads
+    """name -> safe_open handle of a directory's safetensors files (memory-mapped: the index's files, else
+    model.safetensors, else every *.safetensors); `read(name)` reads
     one tensor, `meta(name)` gives (dtype, shape) from the header without reading it. Order: file, then key."""
 
     def __init__(self, directory):
         from safetensors import safe_open
 
         super().__init__()
-        files = sorted(Path(directory).glob("*.safetensors"))
+        d = Path(directory)
+        index = d / "model.safetensors.index.json"
+        if index.exists():  # only the files the index names (a repo may also hold e.g. consolidated.safetensors)
+            files = [d / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        else:
+            files = [d / "model.safetensors"] if (d / "model.safetensors").exists() else sorted(d.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {directory}")
         for f in files:
@@ -96,8 +101,8 @@ def _expert_delta(factors: _Factors, module: str, e: int, experts: int, rows: sl
     def delta() -> torch.Tensor:
         a, b = factors.pair(module)
         r = a.shape[0] // experts
-        d = b[:, e::experts] @ a[e * r:(e + 1) * r] * scale  # B_e [out, r] @ A_e [r, in]
-        return d if rows is None else d[rows]
+        b_e = b[:, e::experts] if rows is None else b[rows, e::experts]  # B_e [out, r] (or its rows)
+        return b_e @ a[e * r:(e + 1) * r] * scale                       # @ A_e [r, in]
     return delta
 
 
@@ -191,6 +196,10 @@ def merge_adapter(base_dir, adapter_dir, out_dir, *, note: str = "", shard_bytes
     conf = json.loads((adapter_dir / "adapter_config.json").read_text())
     if conf.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"adapter peft_type {conf.get('peft_type')!r}: only LORA merges")
+    if out.resolve() in (base_dir.resolve(), adapter_dir.resolve()):
+        raise ValueError(f"merge output {out} must not be the base or the adapter directory")
+    if out.is_dir() and any(out.glob("*.safetensors")):
+        raise FileExistsError(f"{out} already holds *.safetensors; merge into an empty directory")
     base, factors = Stored(base_dir), _Factors(adapter_dir)
     plan = delta_plan(base, factors, conf)  # every adapter key is placed before anything is written
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +220,7 @@ def merge_adapter(base_dir, adapter_dir, out_dir, *, note: str = "", shard_bytes
                 total += size
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-    copied = [f for f in _COPIED if (base_dir / f).is_file()]
+    copied = sorted({f.name for pattern in _COPIED for f in base_dir.glob(pattern) if f.is_file()})
     for f in copied:
         shutil.copy2(base_dir / f, out / f)
     info = {"out": str(out), "base": str(base_dir), "adapter": str(adapter_dir), "tensors": len(weight_map),
