@@ -72,6 +72,8 @@ def load_model(cfg, path: str):
     from trainer.reshard import restore
 
     check_precision(cfg)
+    if "RANK" not in os.environ:  # one process: a free port, not the job script's (a training job may hold it)
+        os.environ.pop("MASTER_PORT", None)
     info = init_distributed(cfg)
     model = build_model(cfg, info.device)
     precision.apply_emulation(model, cfg)
