@@ -5,16 +5,16 @@
 # the versions of this checkout's .venv (so the image runs what the suite tests on bare metal).
 #
 #   scripts/container-image.sh          install + configure + build what is missing; prints the image tag
+#                                       (also starts podman's Docker-compatible API service, for a docker CLI)
 #   scripts/container-image.sh tag      print the tag of the image (built or not)
 #
-# The image is cached: its tag is localhost/primus-cpu:<hash of this script, requirements/cpu.txt and the
+# The image is cached: its tag is localhost/primus-cpu:<hash of the build steps, requirements/cpu.txt and the
 # venv's pinned versions>, and nothing is rebuilt while that tag exists (older primus-cpu tags are removed).
 # A second tag, localhost/primus-cpu-nomcore:<same hash>, is the same image with megatron-core uninstalled:
 # the preflight's negative case. Needs root; facts behind the settings: ../shared/notes/containers-on-one-machine.md
 # (crun refuses this machine's hybrid cgroups -> runc; podman's default RLIMIT_NOFILE raise is not permitted).
 set -euo pipefail
-SELF=$(readlink -f "$0")
-cd "$(dirname "$SELF")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 ROOT=$PWD
 STATE=${PRIMUS_CONTAINER_STATE:-/var/tmp/primus-container}
 MIRROR=${PRIMUS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -39,7 +39,9 @@ pins() {  # the venv's exact versions (name==version), so the image matches the 
 
 tag() {
   local key
-  key=$( { cat "$SELF" requirements/cpu.txt; pins; } | sha1sum | cut -c1-12)
+  # what decides the image's content: the build steps, the suite, the requirement list and the pinned versions
+  key=$( { declare -f build requirements; echo "$SUITE $NOT_IN_IMAGE"; cat requirements/cpu.txt; pins; } \
+    | sha1sum | cut -c1-12)
   echo "localhost/primus-cpu:$key"
 }
 
@@ -76,6 +78,17 @@ runtime = "runc"
 EOF
   fi
   touch /etc/containers/nodocker  # podman-docker's `docker` prints a notice on every call otherwise
+}
+
+start_service() {  # podman's Docker-compatible API, for a real `docker` CLI (podman-docker points docker.sock at it)
+  local pidfile="$STATE/podman-service.pid"
+  [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null && return 0
+  mkdir -p "$STATE" /run/podman
+  setsid podman system service --time=0 unix:///run/podman/podman.sock >"$STATE/podman-service.log" 2>&1 &
+  echo $! >"$pidfile"
+  local i
+  for i in $(seq 1 50); do [ -S /run/podman/podman.sock ] && return 0; sleep 0.2; done
+  die "podman system service did not create /run/podman/podman.sock (see $STATE/podman-service.log)"
 }
 
 build() {  # build TAG
@@ -134,6 +147,7 @@ esac
 [ -x .venv/bin/python ] || die ".venv missing: run scripts/setup-env.sh first"
 install_packages
 configure
+start_service
 TAG=$(tag)
 if ! podman image exists "$TAG" || ! podman image exists "${TAG/primus-cpu:/primus-cpu-nomcore:}"; then
   build "$TAG"

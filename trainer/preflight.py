@@ -143,16 +143,24 @@ def summary(found: list) -> str:
 
 
 def _log_failure(run_dir: Optional[str], line: str) -> None:
-    """The attempt's rank-0 log (trainer/logger.py names it), from node 0 only: status shows the line."""
+    """The attempt's rank-0 log and event stream (primus_contract.run_files), from node 0 only: status shows it."""
     if not run_dir or os.environ.get("SLURM_PROCID", "0") != "0":
         return
     attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    name = "debug.log" if attempt == 0 else f"debug.attempt-{attempt}.log"
+    try:
+        from primus_contract import run_files
+    except ImportError:  # a run directory without the contract's copy: the human log only
+        run_files = None
     folder = os.path.join(run_dir, "logs", "rank-0")
     try:
         os.makedirs(folder, exist_ok=True)
+        name = run_files.log_name(attempt) if run_files else ("debug.log" if attempt == 0 else
+                                                                f"debug.attempt-{attempt}.log")
         with open(os.path.join(folder, name), "a", encoding="utf-8") as fh:
             fh.write(f"[{time.strftime(STAMP)}] config error | {line}\n")
+        if run_files is not None:
+            with open(os.path.join(folder, run_files.events_name(attempt)), "a", encoding="utf-8") as fh:
+                fh.write(run_files.event_line("outcome", status="config error", exit=EXIT_CONFIG, message=line) + "\n")
     except OSError:
         pass
 
