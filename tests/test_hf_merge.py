@@ -116,6 +116,10 @@ def test_merge_refuses_an_adapter_key_without_base_tensor(tmp_path):
     with pytest.raises(KeyError, match="layers.1.self_attn.q_proj maps to no tensor"):
         merge_adapter(other, tmp_path / "adapter", tmp_path / "merged")
     assert not (tmp_path / "merged").exists()  # nothing written
+    narrow = save_tiny("llama", tmp_path / "hf2", seed=1, num_key_value_heads=1)  # k_proj has 16 rows, not 32
+    peft_adapter(base, tmp_path / "adapter_k", ["k_proj"], seed=1)
+    with pytest.raises(ValueError, match="k_proj: its delta for model.layers.0.self_attn.k_proj.weight is"):
+        merge_adapter(narrow, tmp_path / "adapter_k", tmp_path / "merged")
     with pytest.raises(FileExistsError, match="already holds"):  # never mixed with an older checkpoint's shards
         merge_adapter(base, tmp_path / "adapter", other)
     with pytest.raises(ValueError, match="must not be the base"):

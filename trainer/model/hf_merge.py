@@ -16,7 +16,8 @@ Adapter key -> base tensor on disk (`delta_plan`; keys are PEFT's, base_model.mo
   B_e@A_e [out, in] is added per expert to the Hub's per-expert tensors: gate_up_proj's rows [:I] to
   <L>.mlp.experts.<e>.gate_proj.weight and [I:] to ….up_proj.weight, down_proj's to ….down_proj.weight
   (or to the 3-D <L>.mlp.experts.gate_up_proj / down_proj if the base stores them fused).
-An adapter key that reaches no base tensor is an error (nothing is written), never skipped.
+An adapter key that reaches no base tensor, or whose delta's shape is not that tensor's, is an error (nothing is
+written), never skipped.
 
 Memory: the base is memory-mapped and read one tensor at a time; each output shard is written by streaming
 (header first, sizes known from the base), so the peak is about one tensor plus its fp32 copy, not a shard.
@@ -116,23 +117,27 @@ def delta_plan(base: Stored, factors: _Factors, conf: dict) -> dict[str, list]:
     roles = fused_expert_keys(conf.get("target_parameters") or [])
     plan: dict[str, list] = {}
 
-    def add(name: str, fn) -> None:
+    def add(name: str, fn, shape: tuple, mod: str) -> None:  # shapes from the headers: nothing is read
+        if tuple(shape) != base.meta(name)[1]:
+            raise ValueError(f"adapter module {mod}: its delta for {name} is {tuple(shape)}, the base tensor "
+                             f"{base.meta(name)[1]}")
         plan.setdefault(name, []).append(fn)
 
     for mod in modules:
+        (r_in, n_in), (n_out, _) = (factors.hf.meta(f"{_PREFIX}{mod}.lora_{x}.weight")[1] for x in "AB")
         if f"{mod}.weight" in base:
-            add(f"{mod}.weight", lambda mod=mod: (lambda a, b: b @ a * scale)(*factors.pair(mod)))
+            add(f"{mod}.weight", lambda mod=mod: (lambda a, b: b @ a * scale)(*factors.pair(mod)), (n_out, n_in), mod)
             continue
         m = _FUSED.match(mod)
         role = roles.get(bool(m and m.group("inner"))) if m else None
         if role is None:
             raise KeyError(f"adapter module {mod} maps to no tensor of the base checkpoint")
         layer = m.group("layer")
-        experts = factors.hf.meta(f"{_PREFIX}{mod}.lora_A.weight")[1][0] // int(conf["r"])
+        experts = r_in // int(conf["r"])
         fused = f"{layer}.{role}"
         if fused in base:  # the base stores the 3-D fused tensor
             add(fused, lambda mod=mod, n=experts: torch.stack(
-                [_expert_delta(factors, mod, e, n, None, scale)() for e in range(n)]))
+                [_expert_delta(factors, mod, e, n, None, scale)() for e in range(n)]), (experts, n_out, n_in), mod)
             continue
         for e in range(experts):
             if role == "down_proj":
@@ -145,7 +150,8 @@ def delta_plan(base: Stored, factors: _Factors, conf: dict) -> dict[str, list]:
             for name, rows in targets:
                 if name not in base:
                     raise KeyError(f"adapter module {mod} (expert {e}, {role}) needs {name}, absent from the base")
-                add(name, _expert_delta(factors, mod, e, experts, rows, scale))
+                out_rows = n_out if rows is None else len(range(n_out)[rows])
+                add(name, _expert_delta(factors, mod, e, experts, rows, scale), (out_rows, n_in), mod)
     return plan
 
 
