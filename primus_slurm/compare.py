@@ -14,10 +14,11 @@ from typing import Optional
 
 import yaml
 
+from primus_contract import run_files
+
 from .errors import UserError
 
 _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
-_ATTEMPT = re.compile(r"^debug(?:\.attempt-(\d+))?\.log$")
 SAME_KEYS = (("experiment", "seed"), ("trainer", "data", "train"), ("trainer", "data", "seq_length"),
              ("trainer", "data", "packing"), ("trainer", "data", "format"),
              ("trainer", "schedule", "global_batch_size"), ("trainer", "schedule", "lr"),
@@ -87,7 +88,7 @@ def get(tree: dict, path: tuple):
 def resolve_run_dir(ref: str) -> Path:
     """A run directory path, or a run id / job id known to the run registry."""
     path = Path(os.path.expanduser(ref))
-    if (path / "recipe.resolved.yaml").is_file():
+    if (path / run_files.RESOLVED).is_file():
         return path.resolve()
     if path.exists():
         raise UserError(f"RUN '{ref}' has no recipe.resolved.yaml; give a run directory or run id")
@@ -100,25 +101,22 @@ def resolve_run_dir(ref: str) -> Path:
 
 
 def rank0_logs(run_dir: Path) -> list[Path]:
-    folder = run_dir / "logs" / "rank-0"
-    found = []
-    if folder.is_dir():
-        for p in folder.iterdir():
-            m = _ATTEMPT.match(p.name)
-            if m:
-                found.append((int(m.group(1) or 0), p))
-    return [p for _, p in sorted(found)]
+    return run_files.attempt_files(run_dir, "log")
 
 
 def load_run(ref: str) -> RunLog:
     run_dir = resolve_run_dir(ref)
-    with open(run_dir / "recipe.resolved.yaml", encoding="utf-8") as fh:
+    with open(run_dir / run_files.RESOLVED, encoding="utf-8") as fh:
         recipe = yaml.safe_load(fh) or {}
     run = RunLog(run_dir=run_dir, recipe=recipe)
     logs = rank0_logs(run_dir)
     if not logs:
         raise UserError(f"RUN '{ref}': no rank-0 trainer log under {run_dir}/logs/rank-0")
     for log in logs:  # attempts in order: a restart's values replace the earlier attempt's
+        events = log.parent / run_files.events_name(run_files.attempt_of(log))
+        if events.is_file():
+            _from_events(run, run_files.read_events(events))
+            continue
         for raw in log.read_text(encoding="utf-8", errors="replace").splitlines():
             m = _STAMP.match(raw)
             body = m.group(1) if m else ""
@@ -133,6 +131,20 @@ def load_run(ref: str) -> RunLog:
                 if it is not None:
                     run.iterations[int(it)] = {k: _num(v) for k, v in f.items() if k != "iteration"}
     return run
+
+
+# event fields (primus_contract/run_files.py) -> the names of the log line's fields, which the table and plot use
+METRIC_NAMES = {"lm_loss": "lm loss", "lr": "lr", "grad_norm": "grad norm", "tokens_per_s_gpu": "tokens/s/GPU",
+                "tflops_gpu": "TFLOP/s/GPU", "mem_alloc_gib": "mem alloc GiB", "mem_peak_gib": "mem peak GiB",
+                "ms_per_iter": "ms/iter"}
+
+
+def _from_events(run: RunLog, events: list[dict]) -> None:
+    for e in events:
+        if e["event"] == "precision" and isinstance(e.get("line"), str):
+            run.precision_line, run.precision = e["line"], _precision_fields(e["line"])
+        elif e["event"] == "metrics" and isinstance(e.get("iteration"), int):
+            run.iterations[e["iteration"]] = {name: run_files.number(e.get(key)) for key, name in METRIC_NAMES.items()}
 
 
 def _precision_fields(body: str) -> dict:

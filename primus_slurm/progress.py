@@ -1,6 +1,8 @@
-"""Training progress from the rank-0 trainer log (docs/contract.md §3), for `status`.
+"""Training progress of the newest attempt, for `status`: from the trainer's event stream
+(primus_contract/run_files.py), or, for an entrypoint that writes only the human rank-0 log (docs/contract.md §3;
+cluster.entrypoint, runs from before the stream), from that log's lines.
 
-Only the tail of the newest attempt's log is read, so status over hundreds of runs stays cheap.
+Only the tail of the newest attempt's file is read, so status over hundreds of runs stays cheap.
 """
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from primus_contract import run_files
+
 TAIL_BYTES = 256 * 1024
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (.*)$")
-_ATTEMPT_FILE = re.compile(r"^debug\.attempt-(\d+)\.log$")
 
 
 @dataclass
@@ -54,24 +57,12 @@ class Progress:
         return {**asdict(self), "eta_s": self.eta_s}
 
 
-def attempt_of(log: Path) -> int:
-    """The attempt a trainer log belongs to: 0 for debug.log, N for debug.attempt-N.log."""
-    m = _ATTEMPT_FILE.match(Path(log).name)
-    return int(m.group(1)) if m else 0
+attempt_of = run_files.attempt_of  # (the run directory's files are named in primus_contract/run_files.py)
 
 
 def rank_logs(run_dir: Path, rank: int = 0) -> list[Path]:
     """The trainer logs of `rank`, attempt 0 first."""
-    folder = Path(run_dir) / "logs" / f"rank-{rank}"
-    found = []
-    if (folder / "debug.log").exists():
-        found.append((0, folder / "debug.log"))
-    if folder.is_dir():
-        for p in folder.iterdir():
-            m = _ATTEMPT_FILE.match(p.name)
-            if m:
-                found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+    return run_files.attempt_files(run_dir, "log", rank)
 
 
 def _fields(body: str) -> dict[str, str]:
@@ -91,49 +82,98 @@ def _num(text: str | None) -> float | None:
         return None
 
 
+# Progress attribute = metrics event field -> the field's name in the `iteration ...` log line
+METRICS = {"lm_loss": "lm loss", "tokens_per_s_gpu": "tokens/s/GPU", "tflops_gpu": "TFLOP/s/GPU",
+           "mem_peak_gib": "mem peak GiB", "ms_per_iter": "ms/iter"}
+
+
+def _set_metrics(progress: Progress, values: dict) -> None:
+    for attr, value in values.items():
+        setattr(progress, attr, value)
+    if progress.lm_loss is not None and not math.isfinite(progress.lm_loss):
+        progress.diverged = True
+
+
 # the trainer's one-line failures (trainer/__main__.py) and their exit codes (docs/contract.md section 4)
 ERROR_HEADS = {"error": 1, "config error": 2, "resume refused": 2}
 
 
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.lstrip("-").isdigit() else None
+
+
+def line_event(body: str) -> dict | None:
+    """The event a human log line stands for (an entrypoint that writes only the log), or None."""
+    head = body.split(" | ", 1)[0]
+    f = _fields(body)
+    if head.startswith("iteration "):
+        it, _, total = head.split(" ", 1)[1].partition("/")
+        return {"event": "metrics", "iteration": _int(it), "train_iters": _int(total),
+                **{attr: f.get(name) for attr, name in METRICS.items()}}
+    if head.startswith("eval iteration"):
+        return {"event": "eval", "eval_loss": f.get("eval loss")}
+    if head == "checkpoint saved":
+        return {"event": "checkpoint", "path": f.get("path")}
+    if head == "diverged":
+        return {"event": "diverged"}
+    if head == "training finished":
+        return {"event": "outcome", "status": head, "exit": _int(f.get("exit"))}
+    if head.startswith("primus-trainer start"):
+        return {"event": "start", "attempt": _int(f.get("attempt"))}
+    if head == "training summary":
+        return {"event": "summary", "tokens_per_s_gpu": f.get("tokens/s/GPU")}
+    if head in ERROR_HEADS:
+        return {"event": "outcome", "status": head, "exit": None, "message": body.partition(" | ")[2]}
+    return None
+
+
 def parse_lines(lines: list[str], progress: Progress) -> Progress:
+    events = []
     for raw in lines:
         m = _STAMP.match(raw.rstrip("\n"))
-        if not m:
-            continue
-        stamp, body = m.groups()
-        progress.last_event = stamp
-        head = body.split(" | ", 1)[0]
-        f = _fields(body)
-        if head.startswith("iteration "):
-            it, _, total = head.split(" ", 1)[1].partition("/")
-            progress.iteration = int(it) if it.isdigit() else progress.iteration
-            progress.train_iters = int(total) if total.isdigit() else progress.train_iters
-            progress.lm_loss = _num(f.get("lm loss"))
-            progress.tokens_per_s_gpu = _num(f.get("tokens/s/GPU"))
-            progress.tflops_gpu = _num(f.get("TFLOP/s/GPU"))
-            progress.mem_peak_gib = _num(f.get("mem peak GiB"))
-            progress.ms_per_iter = _num(f.get("ms/iter"))
-            if progress.lm_loss is not None and not math.isfinite(progress.lm_loss):
-                progress.diverged = True
-        elif head.startswith("eval iteration"):
-            progress.eval_loss = _num(f.get("eval loss"))
-        elif head == "checkpoint saved":
-            progress.last_checkpoint = f.get("path")
-        elif head == "diverged":
+        if m:
+            stamp, body = m.groups()
+            events.append({**(line_event(body) or {"event": None}), "stamp": stamp})
+    return apply_events(events, progress)
+
+
+def apply_events(events: list[dict], progress: Progress) -> Progress:
+    """Progress from the event stream (run_files.EVENTS; `stamp`: the log line's time, as logged)."""
+    num = run_files.number
+    for e in events:
+        kind = e["event"]
+        if "stamp" in e:
+            progress.last_event = e["stamp"]
+        elif isinstance(e.get("t"), (int, float)):
+            progress.last_event = _dt.datetime.fromtimestamp(e["t"]).strftime("%Y-%m-%d %H:%M:%S")
+        if kind == "metrics":
+            for key in ("iteration", "train_iters"):
+                if isinstance(e.get(key), int):
+                    setattr(progress, key, e[key])
+            _set_metrics(progress, {attr: num(e.get(attr)) for attr in METRICS})
+        elif kind == "eval":
+            progress.eval_loss = num(e.get("eval_loss"))
+        elif kind == "checkpoint":
+            progress.last_checkpoint = e.get("path")
+        elif kind == "diverged":
             progress.diverged = True
-        elif head == "training finished":
-            progress.finished = True
-            code = f.get("exit")
-            progress.exit_code = int(code) if code and code.lstrip("-").isdigit() else None
-        elif head.startswith("primus-trainer start"):
-            progress.attempt = int(f.get("attempt", progress.attempt))
-        elif head == "training summary":
-            progress.avg_tokens_per_s_gpu = _num(f.get("tokens/s/GPU"))
-        elif head in ERROR_HEADS:
-            progress.error = body[:300]
-            if progress.exit_code is None:
-                progress.exit_code = ERROR_HEADS[head]
+        elif kind == "start" and isinstance(e.get("attempt"), int):
+            progress.attempt = e["attempt"]
+        elif kind == "summary":
+            progress.avg_tokens_per_s_gpu = num(e.get("tokens_per_s_gpu"))
+        elif kind == "outcome":
+            _outcome(progress, e)
     return progress
+
+
+def _outcome(progress: Progress, e: dict) -> None:
+    status, code = e.get("status"), e.get("exit")
+    if status == "training finished":
+        progress.finished, progress.exit_code = True, code if isinstance(code, int) else None
+        return
+    progress.error = f"{status} | {e.get('message', '')}"[:300]
+    if progress.exit_code is None:
+        progress.exit_code = code if isinstance(code, int) else ERROR_HEADS.get(status)
 
 
 def _tail(path: Path, size: int = TAIL_BYTES) -> list[str]:
@@ -152,12 +192,15 @@ def read_progress(run_dir: Path) -> Progress:
     logs = rank_logs(run_dir, 0)
     if logs:
         newest = logs[-1]
-        m = _ATTEMPT_FILE.match(newest.name)
-        progress.attempt = int(m.group(1)) if m else 0
+        progress.attempt = attempt_of(newest)
         progress.log = str(newest)
         progress.log_mtime = newest.stat().st_mtime
-        parse_lines(_tail(newest), progress)
-    latest = Path(run_dir) / "checkpoints" / "latest"
+        events = newest.parent / run_files.events_name(progress.attempt)
+        if events.is_file():
+            apply_events(run_files.read_events(events, TAIL_BYTES), progress)
+        else:
+            parse_lines(_tail(newest), progress)
+    latest = Path(run_dir) / run_files.LATEST
     if progress.last_checkpoint is None and latest.is_file():
         name = latest.read_text().strip()
         progress.last_checkpoint = f"checkpoints/{name}" if name else None

@@ -12,8 +12,9 @@ import subprocess
 from pathlib import Path
 
 import primus_contract
+from primus_contract import run_files
 
-RUN_JSON = "run.json"
+RUN_JSON = run_files.RUN_JSON
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -59,11 +60,11 @@ def create_run_dir(run_dir: Path, script: str, raw_yaml: str, resolved_yaml: str
     """Write job.sbatch, recipe.yaml, recipe.resolved.yaml, the trainer snapshot and logs/."""
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "logs").mkdir()
-    (run_dir / "job.sbatch").write_text(script)
-    (run_dir / "recipe.yaml").write_text(raw_yaml)
-    (run_dir / "recipe.resolved.yaml").write_text(resolved_yaml)
+    (run_dir / run_files.JOB_SCRIPT).write_text(script)
+    (run_dir / run_files.RECIPE).write_text(raw_yaml)
+    (run_dir / run_files.RESOLVED).write_text(resolved_yaml)
     for source in (trainer_source_dir(), Path(primus_contract.__file__).parent):  # the trainer imports the contract
-        shutil.copytree(source, run_dir / "code" / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(source, run_dir / run_files.CODE / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def provenance(resolved: dict, recipe_hash: str, run_id: str, executor: str) -> dict:

@@ -83,7 +83,7 @@ def test_nan_loss_stops_with_exit_3_without_overwriting_checkpoint(tmp_path):
     cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=20", "trainer.schedule.warmup_iters=0",
                        "trainer.schedule.lr_decay=constant", "trainer.schedule.clip_grad=0.0",
                        "trainer.checkpoint.save_interval=1", "trainer.logging.log_interval=4",
-                       raw={"trainer.schedule.lr": 1.0e30, "trainer.schedule.min_lr": 1.0e30})
+                       "trainer.schedule.lr=10", "trainer.schedule.min_lr=10")  # (the schema's largest LR)
     run = tmp_path / "run"
     res = run_trainer(cfg, run)
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]

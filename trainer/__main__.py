@@ -26,8 +26,9 @@ def _rank() -> int:
 
 
 def _say(msg: str, logger=None) -> None:
+    """A refusal (exit EXIT_CONFIG): the log's last line and the event stream's outcome."""
     if logger is not None and logger.enabled:
-        logger.line(msg)
+        logger.outcome(msg, EXIT_CONFIG)
     if _rank() == 0:
         print(msg, file=sys.stderr, flush=True)
 
@@ -126,7 +127,7 @@ def _train(cfg, run_dir: str, attempt: int) -> int:
         _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
         return EXIT_CONFIG
     except Exception as err:  # noqa: BLE001
-        logger.line(f"error | {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        logger.outcome(f"error | {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", EXIT_ERROR)
         traceback.print_exc()
         return EXIT_ERROR
     finally:
@@ -148,7 +149,8 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
                 f"{k} {v}" for k, v in st.items() if isinstance(v, (int, float, str)) and k != "cache_path"))
     model = build_model(cfg, info.device)
     precision.apply_emulation(model, cfg)
-    logger.line(precision.describe(cfg, model))
+    line = precision.describe(cfg, model)
+    logger.record("precision", line, line=line)
     if getattr(model, "_primus_weights_line", None):
         logger.line(model._primus_weights_line)
     wired = getattr(model, "_primus_adapter_inputs", None)

@@ -1,7 +1,8 @@
 """Rank-0 trainer log in the format of docs/contract.md section 3 (parsed by `primus-slurm status`).
 
 Lines go to <run_dir>/logs/rank-0/debug.log (attempt 0) or debug.attempt-<N>.log (attempt N =
-SLURM_RESTART_COUNT) and to stdout. Files are opened in append mode, so a re-run of the same attempt
+SLURM_RESTART_COUNT) and to stdout; `record` also writes the line's event to events.jsonl / events.attempt-<N>.jsonl
+beside it (primus_contract/run_files.py: the machine-readable stream status, compare, logs and the job read). Files are opened in append mode, so a re-run of the same attempt
 never truncates an earlier log. Other ranks log nothing (their errors reach Slurm's stderr).
 TensorBoard scalars are written only when logging.tensorboard is true and tensorboard is importable.
 """
@@ -15,10 +16,11 @@ from typing import Any, Optional
 
 import torch
 
+from primus_contract import run_files
+
 
 def log_path(run_dir: str, rank: int, attempt: int) -> str:
-    name = "debug.log" if attempt == 0 else f"debug.attempt-{attempt}.log"
-    return os.path.join(run_dir, "logs", f"rank-{rank}", name)
+    return str(run_files.rank_dir(run_dir, rank) / run_files.log_name(attempt))
 
 
 def fmt_sci(x: float, digits: int = 6) -> str:
@@ -52,12 +54,15 @@ class TrainLogger:
         self.enabled = rank == 0
         self.path = log_path(run_dir, 0, attempt)
         self._fh = None
+        self._events = None
         self._tb = None
         self._stream = stream if stream is not None else sys.stdout
         if not self.enabled:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
+        self._events = open(os.path.join(os.path.dirname(self.path), run_files.events_name(attempt)), "a",
+                            encoding="utf-8", buffering=1)
         if tensorboard:
             self._tb = _tensorboard_writer(os.path.join(run_dir, "tensorboard", f"attempt-{attempt}"))
             if self._tb is None:
@@ -72,9 +77,25 @@ class TrainLogger:
                 out.write(stamped + "\n")
                 out.flush()
 
+    def record(self, kind: str, text: str, **fields: Any) -> None:
+        """The human line and its event (run_files.EVENTS)."""
+        self.line(text)
+        if self.enabled and self._events is not None:
+            self._events.write(run_files.event_line(kind, **fields) + "\n")
+            self._events.flush()
+
+    def outcome(self, text: str, exit_code: int) -> None:
+        """The trainer's last word: `training finished | ...`, or an `error |` / `config error |` /
+        `resume refused |` line."""
+        head, _, rest = text.partition(" | ")
+        if head == "training finished":
+            rest = rest.rpartition(" | exit ")[0]
+        self.record("outcome", text, status=head, exit=exit_code, message=rest)
+
     def start(self, attempt: int, world_size: int, device: torch.device, resumed_from: Optional[str]) -> None:
-        self.line(f"primus-trainer start | attempt {attempt} | world_size {world_size} | "
-                  f"device {device.type} | resumed_from {resumed_from or 'none'}")
+        self.record("start", f"primus-trainer start | attempt {attempt} | world_size {world_size} | "
+                    f"device {device.type} | resumed_from {resumed_from or 'none'}", attempt=attempt,
+                    world_size=world_size, device=device.type, resumed_from=resumed_from)
 
     def args(self, cfg) -> None:
         """The resolved args dump: one `arg <dotted key minus 'trainer.'> = <value>` line each."""
@@ -93,9 +114,10 @@ class TrainLogger:
             self._tb.flush()
             self._tb.close()
             self._tb = None
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        for name in ("_fh", "_events"):
+            if getattr(self, name) is not None:
+                getattr(self, name).close()
+                setattr(self, name, None)
 
 
 def _tensorboard_writer(path: str):

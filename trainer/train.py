@@ -168,7 +168,8 @@ class Trainer:
             if not (math.isfinite(loss) and math.isfinite(g)):
                 extra = "" if math.isfinite(g) else f" | grad norm {g}"
                 shown = fmt_sci(loss) if math.isfinite(loss) else str(loss)
-                self.log.line(f"diverged | iteration {it} | lm loss {shown}{extra}")
+                self.log.record("diverged", f"diverged | iteration {it} | lm loss {shown}{extra}", iteration=it,
+                                lm_loss=loss, grad_norm=g)
                 self.pending.clear()
                 return EXIT_DIVERGED
         self.checked += [(it, s / max(n, 1.0), g, lr) for (it, _, n, _, lr), s, g in zip(self.pending, sums, norms)]
@@ -183,9 +184,11 @@ class Trainer:
         loss = sum(v[1] for v in values) / len(values)
         alloc, peak = memory_gib(self.device)
         it, _, grad_norm, lr = values[-1]
-        self.log.line(format_iteration(it, int(self.t.schedule.train_iters), loss, lr, grad_norm,
-                                       tokens / elapsed / world, flops / elapsed / world / 1e12, alloc, peak,
-                                       1000.0 * elapsed / max(iters, 1)))
+        metrics = dict(iteration=it, train_iters=int(self.t.schedule.train_iters), lm_loss=loss, lr=lr,
+                       grad_norm=grad_norm, tokens_per_s_gpu=tokens / elapsed / world,
+                       tflops_gpu=flops / elapsed / world / 1e12, mem_alloc_gib=alloc, mem_peak_gib=peak,
+                       ms_per_iter=1000.0 * elapsed / max(iters, 1))
+        self.log.record("metrics", format_iteration(*metrics.values()), **metrics)
         self.log.scalars(it, {"lm_loss": loss, "lr": lr, "grad_norm": grad_norm,
                               "tokens_per_s_per_gpu": tokens / elapsed / world})
 
@@ -213,7 +216,9 @@ class Trainer:
             self.log.line(f"checkpoint failed | iteration {self.iteration} | error {err}")
             return EXIT_SAVE_FAILED
         self.last_saved = self.iteration
-        self.log.line(f"checkpoint saved | iteration {self.iteration} | path {os.path.relpath(path, self.run_dir)}")
+        rel = os.path.relpath(path, self.run_dir)
+        self.log.record("checkpoint", f"checkpoint saved | iteration {self.iteration} | path {rel}",
+                        iteration=self.iteration, path=rel)
         meter.pause(time.perf_counter() - t0)
         return None
 
@@ -224,7 +229,8 @@ class Trainer:
         loss = evaluate(self.model, self.forward_losses, self.val_packs, global_batch_size=int(s.global_batch_size),
                         micro_batch_size=int(s.micro_batch_size), eval_iters=int(s.eval_iters), seed=self.seed,
                         dp_rank=self.dp_rank, dp_size=self.dp_size, device=self.device, dp_group=self.dp_group)
-        self.log.line(f"eval iteration {self.iteration} | eval loss {fmt_sci(loss)}")
+        self.log.record("eval", f"eval iteration {self.iteration} | eval loss {fmt_sci(loss)}",
+                        iteration=self.iteration, eval_loss=loss)
         self.log.scalars(self.iteration, {"eval_loss": loss})
         meter.pause(time.perf_counter() - t0)
         return loss
@@ -236,10 +242,12 @@ class Trainer:
             iters, tokens, flops, elapsed = avg
             w = self.info.world_size
             _, peak = memory_gib(self.device)
-            self.log.line(f"training summary | iterations averaged {iters} | tokens/s/GPU {tokens / elapsed / w:.1f} | "
-                          f"TFLOP/s/GPU {flops / elapsed / w / 1e12:.2f} | ms/iter {1000.0 * elapsed / iters:.1f} | "
-                          f"mem peak GiB {peak:.2f}")
-        self.log.line(f"training finished | iterations {self.iteration} | exit {code}")
+            self.log.record("summary", f"training summary | iterations averaged {iters} | tokens/s/GPU "
+                            f"{tokens / elapsed / w:.1f} | TFLOP/s/GPU {flops / elapsed / w / 1e12:.2f} | ms/iter "
+                            f"{1000.0 * elapsed / iters:.1f} | mem peak GiB {peak:.2f}", iterations=iters,
+                            tokens_per_s_gpu=tokens / elapsed / w, tflops_gpu=flops / elapsed / w / 1e12,
+                            ms_per_iter=1000.0 * elapsed / iters, mem_peak_gib=peak)
+        self.log.outcome(f"training finished | iterations {self.iteration} | exit {code}", code)
         return code
 
     # ------------------------------------------------------------------ loop

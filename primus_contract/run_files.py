@@ -1,0 +1,108 @@
+"""The run directory's files, named once, and the trainer's event stream (JSON lines) that the launcher reads.
+
+    <run_dir>/job.sbatch  recipe.yaml  recipe.resolved.yaml  run.json  code/{trainer,primus_contract}/
+    <run_dir>/logs/rank-0/debug.log | debug.attempt-N.log        the human log (attempt N = SLURM_RESTART_COUNT)
+    <run_dir>/logs/rank-0/events.jsonl | events.attempt-N.jsonl  one JSON object a line: the machine-readable API
+    <run_dir>/checkpoints/iter_NNNNNNN/  checkpoints/latest
+
+Events (`event` names the kind; `t` is the UTC time, seconds):
+    start       attempt, world_size, device, resumed_from
+    precision   line (the human `precision | ...` line) and its fields
+    metrics     iteration, train_iters, lm_loss, lr, grad_norm, tokens_per_s_gpu, tflops_gpu, mem_alloc_gib,
+                mem_peak_gib, ms_per_iter
+    eval        iteration, eval_loss
+    checkpoint  iteration, path (relative to the run directory)
+    diverged    iteration, lm_loss
+    summary     iterations, tokens_per_s_gpu, tflops_gpu
+    outcome     status (training finished | error | config error | resume refused), exit, message (the rest of
+                the human line: `iterations N`, or the reason)
+The trainer writes the stream; status, compare, logs and the job script's requeue decision read it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+JOB_SCRIPT = "job.sbatch"
+RECIPE = "recipe.yaml"
+RESOLVED = "recipe.resolved.yaml"
+RUN_JSON = "run.json"
+CODE = "code"
+CHECKPOINTS = "checkpoints"
+LATEST = "checkpoints/latest"
+EVENTS = ("start", "precision", "metrics", "eval", "checkpoint", "diverged", "summary", "outcome")
+_ATTEMPT_FILE = re.compile(r"^(debug|events)(?:\.attempt-(\d+))?\.(log|jsonl)$")
+
+
+def rank_dir(run_dir, rank: int = 0) -> Path:
+    return Path(run_dir) / "logs" / f"rank-{rank}"
+
+
+def log_name(attempt: int) -> str:
+    return "debug.log" if attempt == 0 else f"debug.attempt-{attempt}.log"
+
+
+def events_name(attempt: int) -> str:
+    return "events.jsonl" if attempt == 0 else f"events.attempt-{attempt}.jsonl"
+
+
+def attempt_of(path) -> int:
+    """The attempt a rank log or event file belongs to (0 for debug.log / events.jsonl)."""
+    m = _ATTEMPT_FILE.match(Path(path).name)
+    return int(m.group(2)) if m and m.group(2) else 0
+
+
+def attempt_files(run_dir, kind: str = "log", rank: int = 0) -> list[Path]:
+    """The rank's human logs (kind 'log') or event files (kind 'jsonl'), attempt 0 first."""
+    folder = rank_dir(run_dir, rank)
+    if not folder.is_dir():
+        return []
+    found = [(attempt_of(p), p) for p in folder.iterdir()
+             if (m := _ATTEMPT_FILE.match(p.name)) and m.group(3) == kind]
+    return [p for _, p in sorted(found)]
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf: "nan", "inf"
+    return value
+
+
+def event_line(kind: str, **fields) -> str:
+    if kind not in EVENTS:
+        raise ValueError(f"unknown event {kind!r}; one of {', '.join(EVENTS)}")
+    record = {"event": kind, "t": round(time.time(), 3), **{k: _clean(v) for k, v in fields.items()}}
+    return json.dumps(record, sort_keys=False, default=str)
+
+
+def number(value):
+    """A metric of an event as a float ("nan"/"inf" included); None when absent or not a number."""
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_events(text: str) -> list[dict]:
+    """The events of a stream's text; a torn last line (the writer was killed mid-line) is skipped."""
+    out = []
+    for raw in text.splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") in EVENTS:
+            out.append(record)
+    return out
+
+
+def read_events(path, tail_bytes: int | None = None) -> list[dict]:
+    with open(path, "rb") as fh:
+        if tail_bytes is not None:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - tail_bytes))
+        data = fh.read().decode("utf-8", "replace")
+    return parse_events(data)

@@ -1,0 +1,65 @@
+"""The trainer's event stream (primus_contract/run_files.py): a real quickstart run writes start, precision, one
+metrics event a log interval, eval, checkpoint and the outcome; `status`'s progress and `compare`'s curve read from
+it say what the human log says; a refusal before distributed init is an outcome event too."""
+from __future__ import annotations
+
+import math
+import shutil
+
+from primus_contract import run_files
+from primus_slurm.compare import load_run
+from primus_slurm.progress import Progress, parse_lines, read_progress
+from test_train_support import log_text, run_trainer, write_recipe
+
+
+def test_a_run_writes_its_events_and_the_readers_agree_with_the_log(tmp_path):
+    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=6", "trainer.logging.log_interval=2",
+                       "trainer.schedule.eval_interval=3", "trainer.schedule.eval_iters=1",
+                       "trainer.checkpoint.save_interval=3")
+    run = tmp_path / "run"
+    res = run_trainer(cfg, run)
+    assert res.returncode == 0, res.stderr[-3000:]
+    events = run_files.read_events(run / "logs" / "rank-0" / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "outcome", kinds
+    assert {"precision", "eval", "checkpoint", "summary"} <= set(kinds), kinds
+    metrics = [e for e in events if e["event"] == "metrics"]
+    assert [e["iteration"] for e in metrics] == [2, 4, 6]
+    assert [e["iteration"] for e in events if e["event"] == "checkpoint"] == [3, 6]
+    assert events[-1]["status"] == "training finished" and events[-1]["exit"] == 0
+
+    from_events = read_progress(run)  # the events file exists: read from it
+    from_log = parse_lines(log_text(run).splitlines(), Progress())
+    for key in ("iteration", "train_iters", "last_checkpoint", "finished", "exit_code", "error", "diverged"):
+        assert getattr(from_events, key) == getattr(from_log, key), key
+    for key in ("lm_loss", "eval_loss", "tokens_per_s_gpu", "ms_per_iter", "avg_tokens_per_s_gpu"):
+        a, b = getattr(from_events, key), getattr(from_log, key)
+        assert a is not None and math.isclose(a, b, rel_tol=1e-3, abs_tol=0.051), (key, a, b)  # the log rounds
+    assert from_events.final_state == "COMPLETED"
+
+    shutil.copy(cfg, run / run_files.RESOLVED)  # (what submit writes beside the logs)
+    curve = load_run(str(run)).series("lm loss")
+    logged = {int(ln.split("iteration ")[1].split("/")[0]): float(ln.split("lm loss ")[1].split(" ")[0])
+              for ln in log_text(run).splitlines() if "] iteration " in ln}
+    assert sorted(curve) == sorted(logged) == [2, 4, 6]
+    assert all(math.isclose(curve[i], logged[i], rel_tol=1e-6) for i in curve)  # 7 digits logged
+
+
+def test_a_refusal_is_the_outcome_event(tmp_path):
+    cfg = write_recipe(tmp_path, raw={"trainer.precision.fp8": "hybrid"})  # the trainer's start check refuses it
+    run = tmp_path / "run"
+    res = run_trainer(cfg, run)
+    assert res.returncode == 2, res.stderr[-2000:]
+    (outcome,) = run_files.read_events(run / "logs" / "rank-0" / "events.jsonl")
+    assert (outcome["event"], outcome["status"], outcome["exit"]) == ("outcome", "config error", 2)
+    assert outcome["message"].startswith("`trainer.precision.fp8` needs a GPU")
+    progress = read_progress(run)
+    assert progress.final_state == "FAILED" and progress.exit_code == 2
+    assert progress.error.startswith("config error | `trainer.precision.fp8`")
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text(run_files.event_line("metrics", iteration=1, lm_loss=float("nan")) + "\n" + '{"event": "outc')
+    (only,) = run_files.read_events(path)
+    assert only["iteration"] == 1 and math.isnan(run_files.number(only["lm_loss"]))
