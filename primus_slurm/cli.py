@@ -40,6 +40,10 @@ def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
     click.echo(f"ok: {r.path} — {t['model']['preset']} on {c['nodes']} node(s), world {world_size(c)}, "
                f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
+    from primus_contract.machine import at_start
+
+    for name, what in at_start(r.resolved):  # the contract's machine rules: the trainer checks them on the node
+        click.echo(f"checked at start on the node: {name}: {what}")
     if t["checkpoint"]["pretrained"]:
         click.echo(f"pretrained: {pretrained_line(t['checkpoint']['pretrained'])}")
 

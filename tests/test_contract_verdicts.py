@@ -217,3 +217,14 @@ def test_named_drifts(what, sets, expect):
                        "cluster.nproc_per_node": 1, **sets}.items():
         _set(raw, key, value)
     assert verdicts(raw) == (expect, expect)
+
+
+def test_validate_lists_the_machine_rules_checked_at_start(capsys):
+    from primus_slurm.cli import run
+    from primus_slurm.resources import recipes_dir
+
+    assert run(["validate", str(recipes_dir() / "llama2_70b_fp8.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "checked at start on the node: fp8_device: fp8 needs Transformer Engine" in out
+    assert run(["validate", str(recipes_dir() / "quickstart.yaml")]) == 0  # bf16 on CPU: nothing to check there
+    assert "checked at start" not in capsys.readouterr().out
