@@ -25,14 +25,14 @@ SCRIPT = textwrap.dedent("""
             assert torch.equal(c, r.data), (name, tile, "codes")
             nan_canon = lambda t: torch.where((t & 0x7F) == 0x7F, 0x7F, t)   # NaN's sign bit is platform-defined
             assert torch.equal(nan_canon(s), nan_canon(r.scale.view(torch.uint8))), (name, tile, "scales")
-            q = fp4_triton.nvfp4_qdq(x, tile)
+            q = fp4_rows.nvfp4_qdq(x, tile)
             assert torch.equal(q.nan_to_num(7.0), nvfp4.qdq_ref(x, tile).nan_to_num(7.0)), (name, tile, "qdq")
         o, c, s = fp4_triton.mxfp4_quantize(x, qdq=True)
         r = mxfp4.quantize_ref(x)
         assert torch.equal(c, r.data) and torch.equal(s, r.scale), (name, "mx")
         assert torch.equal(o.nan_to_num(7.0), r.dequantize(x.dtype).nan_to_num(7.0)), (name, "mx qdq")
         # rows kernel (1x16 / 1x32 blocks, one block per tile row) and payloads without the tensor scale
-        assert torch.equal(fp4_triton.mxfp4_qdq(x).nan_to_num(7.0), mxfp4.qdq_ref(x).nan_to_num(7.0)), (name, "mx rows")
+        assert torch.equal(fp4_rows.mxfp4_qdq(x).nan_to_num(7.0), mxfp4.qdq_ref(x).nan_to_num(7.0)), (name, "mx rows")
         if x.shape[0] % 32 == 0:
             assert torch.equal(fp4_rows.mxfp4_rows(x.t(), out_dtype=torch.bfloat16).nan_to_num(7.0),
                                mxfp4.qdq_ref(x.t().contiguous()).bfloat16().nan_to_num(7.0)), (name, "mx strided")
@@ -54,9 +54,9 @@ SCRIPT = textwrap.dedent("""
     assert torch.equal(fp4_rows.scale_output(y, alpha, torch.float32), y.float() * alpha)
     sr_in = torch.full((16, 64), 2.4)
     sr_in[:, ::16] = 6.0                       # block and tensor amax 6: scales are 1, 2.4 sits between 2 and 3
-    sr = fp4_triton.nvfp4_qdq(sr_in, stochastic=True)
+    sr = fp4_rows.nvfp4_qdq(sr_in, stochastic=True)
     assert [round(v, 4) for v in sorted(set(sr.flatten().tolist()))] == [2.0, 3.0, 6.0], "SR picks both neighbours"
-    mx_sr = fp4_triton.mxfp4_qdq(torch.full((16, 64), 2.4), stochastic=True)
+    mx_sr = fp4_rows.mxfp4_qdq(torch.full((16, 64), 2.4), stochastic=True)
     assert set(mx_sr.flatten().tolist()) == {2.0, 3.0}, "MX stochastic rounding"
     print("OK", sorted(set(sr.flatten().tolist()))[:4])
 """)

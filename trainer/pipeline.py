@@ -48,7 +48,7 @@ def run_schedule(model, micro_batches, device, on_losses, forward_only: bool) ->
     the objective to backpropagate for that micro-batch (ignored when forward_only)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from trainer.model.forward import model_inputs
+    from trainer.model.inputs import model_inputs
 
     config = model.config
     if not getattr(config, "calculate_per_token_loss", False):

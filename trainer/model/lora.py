@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.model.lora_grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
-from trainer.model.lora_inputs import adapter_a
+from trainer.model.adapter_grads import adapter_a
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")

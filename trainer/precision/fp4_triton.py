@@ -250,12 +250,6 @@ def nvfp4_qdq_2d(x2: torch.Tensor, amax: torch.Tensor, tile=(16, 16), stochastic
     return out
 
 
-def nvfp4_qdq(x: torch.Tensor, tile=(1, 16), rht: bool = False, stochastic: bool = False) -> torch.Tensor:
-    from .fp4_rows import nvfp4_qdq as fast
-
-    return fast(x, tile=tile, rht=rht, stochastic=stochastic)
-
-
 def mxfp4_quantize(x: torch.Tensor, qdq: bool = False, stochastic: bool = False):
     """(qdq output or None, packed codes [m, n/2], E8M0 codes uint8 [m, n/32]); n % 32 == 0."""
     x = x.contiguous()
@@ -268,9 +262,3 @@ def mxfp4_quantize(x: torch.Tensor, qdq: bool = False, stochastic: bool = False)
     _mxfp4_kernel[grid](x, out, codes, scales, m, n, x.stride(0), _seed(stochastic), TILE_M=16, BLOCKS=blocks,
                         WRITE_QDQ=qdq, WRITE_CODES=True, STOCHASTIC=stochastic)
     return (out if qdq else None), codes, scales
-
-
-def mxfp4_qdq(x: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
-    from .fp4_rows import mxfp4_qdq as fast
-
-    return fast(x, stochastic=stochastic)

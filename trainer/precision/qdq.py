@@ -24,16 +24,16 @@ def qdq(x: torch.Tensor, fmt: str, tile: Tuple[int, int] = (1, 16), rht: bool = 
     """Quantize-dequantize x along its last dim with `fmt` ('nvfp4' tiles 1x16/16x16, 'mxfp4' 1x32)."""
     if fmt == "nvfp4":
         if _use_triton(x):
-            from . import fp4_triton
+            from . import fp4_rows
 
-            return fp4_triton.nvfp4_qdq(x, tile=tile, rht=rht, stochastic=stochastic)
+            return fp4_rows.nvfp4_qdq(x, tile=tile, rht=rht, stochastic=stochastic)
         return nvfp4.qdq_ref(x, tile=tile, rht=rht, stochastic=stochastic)
     if fmt == "mxfp4":
         if rht:
             raise ValueError("the random Hadamard transform is only defined here for NVFP4")
         if _use_triton(x):
-            from . import fp4_triton
+            from . import fp4_rows
 
-            return fp4_triton.mxfp4_qdq(x, stochastic=stochastic)
+            return fp4_rows.mxfp4_qdq(x, stochastic=stochastic)
         return mxfp4.qdq_ref(x, stochastic=stochastic)
     raise ValueError(f"unknown FP4 format {fmt!r}")
