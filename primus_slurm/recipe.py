@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from primus_contract import hf_config
 from primus_slurm import schema
 from primus_slurm.errors import UserError
 from primus_slurm.resources import recipes_dir
@@ -256,6 +257,21 @@ def load_model_preset(name: str) -> dict:
     return read_yaml(path)
 
 
+def checkpoint_model(trainer: dict) -> dict:
+    """`trainer.model.preset: checkpoint`: the architecture is read from `trainer.checkpoint.pretrained`'s
+    config.json (the fields the recipe sets itself are then checked against it like any other)."""
+    path = ((trainer.get("checkpoint") or {}).get("pretrained")) or ""
+    if not isinstance(path, str) or not os.path.isdir(os.path.expanduser(path)):
+        raise UserError(f"`trainer.model.preset` checkpoint reads the architecture from trainer.checkpoint.pretrained's "
+                        f"config.json, which must be a directory readable here (got {path!r})")
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        hf = hf_config.read_config(path)
+        return {**hf_config.model_fields(hf), "max_position_embeddings": int(hf.get("max_position_embeddings", 4096))}
+    except hf_config.HFConfigError as e:
+        raise UserError(str(e)) from None
+
+
 def load_recipe(path: str | os.PathLike, overrides=(), env: Mapping[str, str] | None = None) -> Recipe:
     env = os.environ if env is None else env
     recipe_path = Path(path)
@@ -286,7 +302,8 @@ def resolve_raw(raw: dict, env: Mapping[str, str], check: bool = True) -> dict:
     preset = model.get("preset", schema.MODEL["preset"].default)
     if not isinstance(preset, str):
         raise UserError("`trainer.model.preset` must be a preset name")
-    with_preset = deep_merge(raw, {"trainer": {"model": {**load_model_preset(preset), **model}}})
+    base = checkpoint_model(trainer) if preset == "checkpoint" else load_model_preset(preset)
+    with_preset = deep_merge(raw, {"trainer": {"model": {**base, **model}}})
     resolved = schema.apply_schema(with_preset)
     resolved["experiment"]["workspace"] = os.path.abspath(os.path.expanduser(resolved["experiment"]["workspace"]))
     _anchor_relative_paths(resolved)

@@ -153,3 +153,23 @@ def test_missing_config_json_is_refused(tmp_path):
         check_pretrained(model_fields({"model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 2,
                                        "hidden_size": 64, "intermediate_size": 160, "vocab_size": 128,
                                        "head_dim": 16}), path)
+
+
+def test_model_preset_checkpoint_reads_the_architecture_from_config_json(tmp_path):
+    """`trainer.model.preset: checkpoint` takes every model field from config.json; a field the recipe still sets
+    is checked against it; an unreadable directory is refused at validate."""
+    path = save_tiny("deepseek_v2", tmp_path / "hf", seed=1, q_lora_rank=24)
+    env = {**os.environ, "PRIMUS_REGISTRY": str(tmp_path / "registry")}
+    base = ["validate", "recipes/quickstart.yaml", "--set", "trainer.model.preset=checkpoint",
+            "--set", f"trainer.checkpoint.pretrained={path}", "--set", "trainer.lora.target_modules=[linear_proj]",
+            "--set", "trainer.checkpoint.export_peft=false"]
+    out = cli(env, *base, "--json")
+    assert out.returncode == 0, out.stderr
+    model = json.loads(out.stdout)["trainer"]["model"]
+    assert (model["q_lora_rank"], model["kv_lora_rank"], model["num_moe_experts"], model["moe_first_k_dense"],
+            model["max_position_embeddings"]) == (24, 16, 4, 1, 256)
+    bad = cli(env, *base, "--set", "trainer.model.kv_lora_rank=8")
+    assert bad.returncode == 2 and bad.stderr == (f"error: `trainer.model.kv_lora_rank` is 8 but the checkpoint's "
+                                                  f"config.json says 16: {path}\n")
+    gone = cli(env, *[a.replace(str(path), str(tmp_path / "nowhere")) for a in base])
+    assert gone.returncode == 2 and "must be a directory readable here" in gone.stderr
