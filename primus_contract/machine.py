@@ -135,4 +135,7 @@ def at_start(resolved: dict) -> list:
     rules = [(name, what) for name, (what, applies) in MACHINE_RULES.items() if applies(t["precision"])]
     if t["parallelism"]["tp_comm_overlap"]:
         rules.append(("tp_comm_overlap", "TE userbuffers on a GPU (trainer.model.tp_overlap)"))
+    if t["checkpoint"]["pretrained"]:  # rules_data.checkpoint_rules, again on the node (the login node may not see it)
+        rules.append(("pretrained_config", "trainer.checkpoint.pretrained's config.json matches the recipe's model "
+                                           "(primus_contract.hf_config)"))
     return rules
