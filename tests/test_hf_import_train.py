@@ -1,0 +1,32 @@
+"""A MoE model fine-tunes from its own HF checkpoint through the real `python -m trainer`: the quickstart recipe
+with `trainer.model.preset: checkpoint` over a tiny Qwen3-MoE and a tiny DeepSeek-V2 (MLA, dense first layer,
+shared experts) saved in the Hub layout with the quickstart tokenizer's vocabulary. The import's log line names
+the family and the experts, and the LoRA loss falls on the bundled data."""
+from __future__ import annotations
+
+import pytest
+
+from tests.hf_tiny import save_tiny
+from tests.test_quickstart_learns import _quickstart
+from tests.test_train_support import train_curves
+
+CASES = {"qwen3_moe": ({}, "linear_qkv,linear_proj,linear_fc1,linear_fc2", "| 4 experts top-2 |"),
+         "deepseek_v2": ({"q_lora_rank": 32}, "linear_kv_up_proj,linear_proj,linear_fc1,linear_fc2",
+                         "| MLA q_lora 32 | 4 experts top-2 + shared 64 |")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_moe_fine_tunes_from_its_checkpoint(tmp_path, family):
+    overrides, targets, shown = CASES[family]
+    path = save_tiny(family, tmp_path / "hf", seed=11, vocab_size=512, hidden_size=128, max_position_embeddings=1024,
+                     **overrides)
+    cfg, data = _quickstart(tmp_path, "trainer.model.preset=checkpoint", f"trainer.checkpoint.pretrained={path}",
+                            f"trainer.lora.target_modules=[{targets}]", "trainer.schedule.train_iters=40",
+                            "trainer.schedule.eval_interval=null", "trainer.logging.log_interval=10",
+                            "trainer.checkpoint.save_interval=null", "trainer.checkpoint.export_peft=false")
+    assert data["trainer"]["model"]["num_moe_experts"] == 4
+    curve, _, text = train_curves(cfg, tmp_path / "run")
+    line = next(x for x in text.splitlines() if "pretrained | path" in x)
+    assert f"| {family} | 2 layers | hidden 128 " in line and shown in line, line
+    assert sorted(curve) == [10, 20, 30, 40] and curve[40] < curve[10] - 0.3, curve
