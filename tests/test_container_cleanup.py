@@ -1,0 +1,67 @@
+"""No container outlives its job, and two jobs on one node never share a container name.
+
+Two quickstart jobs run at once on node1, each in its own podman container (primus-<job>-<attempt>-<node>):
+  - job A is cancelled with `primus-slurm cancel`: the step gets SIGTERM, the container ends and `--rm` (or the
+    reaper) removes it;
+  - job B's container is frozen (`podman pause`: the cgroup freezer, so SIGTERM cannot end it) and B is
+    scancelled: Slurm waits KillWait (30 s) and SIGKILLs the step. `podman run` dies, the container does not
+    (conmon and the container are outside the job's process tree); the job script's reaper removes it.
+The old job script (`exec podman run --rm`, no reaper) left B's container behind, paused, for ever.
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from container_support import container_recipe, image, job_containers, remove_job_containers  # noqa: F401
+from reliability_support import job_info, submit, wait_for, wait_text
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _podman(*args: str) -> None:
+    out = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"podman {' '.join(args)}: {out.stderr}"
+
+
+def test_cancel_and_sigkill_after_killwait_leave_no_container(image, local_slurm, job_env, tmp_path):  # noqa: F811
+    recipe = container_recipe(tmp_path, "cleanup", image, extra_sbatch=["--nodelist=node1"])
+    jobs, runs = [], []
+    try:
+        for _ in range(2):
+            entry = submit(job_env, recipe, "trainer.schedule.train_iters=5000")
+            jobs.append(entry["job_id"])
+            runs.append(entry)
+        a, b = jobs
+        for job, entry in zip(jobs, runs):  # each trainer started (stop handlers installed), then frozen: no CPU
+            wait_text(Path(entry["run_dir"]) / "logs" / "rank-0" / "debug.log", "] iteration 1/", 400)
+            _podman("pause", f"primus-{job}-0-node1")
+        both = {job: job_containers(job) for job in jobs}
+        assert [[(c["name"], c["state"]) for c in both[j]] for j in jobs] == \
+            [[(f"primus-{j}-0-node1", "paused")] for j in jobs], both
+        assert both[a][0]["labels"].get("primus-slurm.job") == a and both[b][0]["labels"].get("primus-slurm.node") == "node1"
+
+        # B stays frozen and is cancelled: Slurm's SIGTERM cannot end it
+        subprocess.run(["scancel", str(b)], check=True)
+        cancelled_b = time.monotonic()
+        # A is thawed and cancelled through the CLI: the trainer gets SIGTERM inside its container and stops
+        _podman("unpause", f"primus-{a}-0-node1")
+        out = cli(job_env, "cancel", runs[0]["run_id"])
+        assert out.returncode == 0, out.stderr
+        wait_for(lambda: not job_info(a) or job_info(a).get("JobState") not in ("RUNNING", "COMPLETING"), 120,
+                 f"job {a} to end")
+        wait_for(lambda: not job_containers(a), 30, f"no container of job {a}")
+
+        time.sleep(max(0.0, cancelled_b + 15 - time.monotonic()))
+        assert [c["state"] for c in job_containers(b)] == ["paused"], "B's container should outlive the SIGTERM"
+        wait_for(lambda: not job_info(b) or job_info(b).get("JobState") not in ("RUNNING", "COMPLETING"), 120,
+                 f"job {b} to be killed")
+        assert time.monotonic() - cancelled_b > 25, "job B ended before KillWait: it was not SIGKILLed"
+        wait_for(lambda: not job_containers(b), 30, f"no container of job {b} after the SIGKILL")
+    finally:
+        subprocess.run(["scancel", *map(str, jobs)], capture_output=True)
+        remove_job_containers(*jobs)
