@@ -88,7 +88,8 @@ def test_fused_expert_factor_layout():
 
 
 LAYOUTS = {"qwen3_moe/ep2": {"expert": 2}, "qwen3/tp2": {"tensor": 2},
-           "deepseek_v2_q_lora/tp2_sp": {"tensor": 2, "sequence_parallel": True}}
+           "deepseek_v2_q_lora/tp2_sp": {"tensor": 2, "sequence_parallel": True},
+           "deepseek_v2/pp2": {"pipeline": 2}}  # dense layer 0 and MoE layer 1 on different stages
 
 
 def _layout_cfg(run: str, root):
@@ -109,12 +110,12 @@ def _export_on_ranks(run, par, root):
         model = build_model(cfg, info.device)
         load_full_global_state_dict(model, torch.load(f"{root}/{case}/adapters.pt"), only_lora=True)
         export_peft(model, cfg, f"{root}/{run}/adapter")
-        return {"tp": info.tp_size, "dp": info.dp_size}
+        return {"tp": info.tp_size, "dp": info.dp_size, "pp": info.pp_size}
 
 
 def test_sharded_runs_export_whole(tmp_path):
-    """EP=2 and TP=2 (gloo, 2 ranks) export the same adapter file as one process: no expert or TP shard
-    dropped; the EP=2 export also loads in peft with the single-process trainer's logits."""
+    """EP=2, TP=2 and PP=2 (gloo, 2 ranks) export the same adapter file as one process: no expert, TP shard or
+    stage dropped; the EP=2 export also loads in peft with the single-process trainer's logits."""
     import functools
 
     from tests.model_helpers import dist_session, perturb_adapters
@@ -136,7 +137,7 @@ def test_sharded_runs_export_whole(tmp_path):
                 mega[case] = model(input_ids=TOKENS, position_ids=None, attention_mask=None)
             export_peft(model, cfg, tmp_path / case / "adapter")
     sizes = run_on_ranks(2, LAYOUTS, functools.partial(_export_on_ranks, root=str(tmp_path)), tmp_path / "res")[0]
-    assert sizes["qwen3/tp2"]["tp"] == 2 and sizes["qwen3_moe/ep2"]["dp"] == 2
+    assert sizes["qwen3/tp2"]["tp"] == 2 and sizes["qwen3_moe/ep2"]["dp"] == 2 and sizes["deepseek_v2/pp2"]["pp"] == 2
     for run in LAYOUTS:
         case = run.split("/")[0]
         got, want = (load_file(str(tmp_path / d / "adapter" / "adapter_model.safetensors")) for d in (run, case))
