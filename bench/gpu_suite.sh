@@ -8,7 +8,8 @@
 #   bash bench/gpu_suite.sh 70bfast   fp8_param tensorwise vs delayed, with and without full recompute (RUNS=...)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
 #   bash bench/gpu_suite.sh 70bprofile   the fastest 70B configuration profiled: operator table + device timeline
-#   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s
+#   bash bench/gpu_suite.sh moe-realtext   MoE/MLA proxies on the real-text set: loss falls? tokens/s (HF=1: from HF checkpoints)
+#   bash bench/gpu_suite.sh hf-import   HF import on the TE spec vs transformers, fp32 and BF16, every family
 #   bash bench/gpu_suite.sh profile   torch.profiler summaries of two steps + saved-tensor census: 8B BF16 keep /
 #                                     adapter_inputs_scope fc2|norm|all, 8B FP8 keep / adapter_inputs, 70B
 #   bash bench/gpu_suite.sh moe       MoE proxies (Qwen3-30B-A3B, DeepSeek-V2-Lite reduced depth)
@@ -139,11 +140,19 @@ case "${1:-}" in
         $TP --recipe "$r" --nproc 1 --docs packed --label "$(basename "$r" .yaml)-$p" --timeout 300 "${set_p[@]}"
       done
     done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/moe-fp8.jsonl" ;;
-  moe-realtext)  # random-weight proxies, LoRA, on the real-text set (its 1536-token BPE fits any vocab)
+  hf-import)  # the HF import on the TE spec vs transformers (tiny checkpoints of every family, fp32 and BF16);
+              # then the MoE/MLA proxies from proxy-sized HF checkpoints made here: HF=1 bash bench/gpu_suite.sh moe-realtext
+    python3 bench/hf_import_gpu_check.py 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/hf-import.jsonl" ;;
+  moe-realtext)  # proxies, LoRA, on the real-text set (its 1536-token BPE fits any vocab); random weights, or with
+                 # HF=1 imported from a random HF checkpoint of the proxy written first (scripts/make_hf_checkpoint.py)
     i=0
     for r in recipes/proxies/*.yaml; do
-      n=$(basename "$r" .yaml); i=$((i + 1))
-      python3 -m primus_slurm submit "$r" --executor local --follow --run-id "20261130-000000-00000$i" \
+      n=$(basename "$r" .yaml); i=$((i + 1)); hf=()
+      if [ -n "${HF:-}" ]; then
+        python3 scripts/make_hf_checkpoint.py "$r" "/tmp/hf-proxy/$n" >> "$OUT/hf-proxy-checkpoints.jsonl" 2>&1
+        hf=(--set "trainer.checkpoint.pretrained=/tmp/hf-proxy/$n")
+      fi
+      python3 -m primus_slurm submit "$r" --executor local --follow --run-id "20261130-000000-00000$i" "${hf[@]}" \
         --set experiment.workspace=/tmp/moe-rt --set trainer.data.format=text --set trainer.data.packing=true \
         --set "trainer.data.train.path=$PWD/recipes/data/realtext/train.jsonl" \
         --set "trainer.tokenizer.path=$PWD/recipes/data/realtext/tokenizer" \
@@ -157,6 +166,7 @@ loss = [float(x) for x in re.findall(r"\] iteration \d+/\d+ \| lm loss ([0-9.eE+
 avg = re.findall(r"\] training summary \| iterations averaged \d+ \| tokens/s/GPU ([0-9.]+)", log)
 print(json.dumps({"bench": "moe-realtext", "proxy": name, "rc": rc, "first_loss": loss[:1], "last_loss": loss[-1:],
                   "n_logged": len(loss), "tokens_per_s_per_gpu_avg": [float(x) for x in avg[-1:]],
+                  "pretrained": re.findall(r"(pretrained \| path .*)", log)[:1],
                   "tail": log[-1500:] if rc else ""}))
 PY
     done | tee -a "$OUT/moe-realtext.jsonl" ;;

@@ -174,6 +174,43 @@ def model_fields(hf: dict) -> dict:
     return out
 
 
+def to_hf_config(m: dict) -> dict:
+    """The config.json of a checkpoint with the recipe model `m` (the inverse of model_fields), for writing random
+    or exported checkpoints: model_fields(to_hf_config(m)) has no mismatch with m."""
+    mla, moe = bool(m.get("multi_latent_attention")), bool(m.get("num_moe_experts"))
+    model_type = ("deepseek_v2" if m.get("family") == "deepseek" else
+                  ("qwen3_moe" if moe else "qwen3") if m.get("family") == "qwen3" else "llama")
+    if model_type not in ("deepseek_v2", "qwen3_moe") and moe:
+        raise HFConfigError("trainer.model.family", f"no Hugging Face model type has {m.get('family')} with experts")
+    hf = {"model_type": model_type, "num_hidden_layers": int(m["num_layers"]), "hidden_size": int(m["hidden_size"]),
+          "intermediate_size": int(m["ffn_hidden_size"]), "num_attention_heads": int(m["num_attention_heads"]),
+          "vocab_size": int(m["vocab_size"]), "rms_norm_eps": float(m["norm_epsilon"]),
+          "tie_word_embeddings": not bool(m["untie_embeddings"]), "hidden_act": "silu", "attention_bias": False,
+          "max_position_embeddings": int(m.get("max_position_embeddings") or 4096),
+          "rope_theta": float(m["rotary_base"])}
+    scaling = _effective(m, "rope_scaling")
+    if scaling:
+        hf["rope_scaling"] = {("rope_type" if k == "type" else k): v for k, v in scaling.items()}
+    if mla:
+        hf.update(q_lora_rank=m.get("q_lora_rank"), kv_lora_rank=int(m["kv_lora_rank"]),
+                  qk_nope_head_dim=int(m["qk_head_dim"]), qk_rope_head_dim=int(m["qk_pos_emb_head_dim"]),
+                  v_head_dim=int(m["v_head_dim"]), num_key_value_heads=int(m["num_attention_heads"]))
+    else:
+        hf.update(num_key_value_heads=_effective(m, "num_query_groups"), head_dim=_effective(m, "kv_channels"))
+    if moe:
+        shared = m.get("moe_shared_expert_intermediate_size")
+        hf.update(num_experts_per_tok=int(m["moe_router_topk"]), moe_intermediate_size=int(m["moe_ffn_hidden_size"]),
+                  norm_topk_prob=_effective(m, "moe_norm_topk_prob"))
+        if model_type == "qwen3_moe":
+            hf.update(num_experts=int(m["num_moe_experts"]), decoder_sparse_step=1, mlp_only_layers=[])
+        else:
+            hf.update(n_routed_experts=int(m["num_moe_experts"]), topk_method="greedy",
+                      n_shared_experts=int(shared) // int(m["moe_ffn_hidden_size"]) if shared else 0,
+                      first_k_dense_replace=int(m.get("moe_first_k_dense") or 0),
+                      routed_scaling_factor=_effective(m, "moe_router_topk_scaling_factor"))
+    return hf
+
+
 def _effective(m: dict, key: str):
     """A recipe model value as the trainer uses it (nulls resolved the way trainer.model.build does)."""
     v = m.get(key)
