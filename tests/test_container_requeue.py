@@ -1,0 +1,63 @@
+"""Time limit -> SIGUSR2 -> SIGTERM -> checkpoint -> requeue -> resume, all inside the podman container.
+
+Attempt 0 (container primus-<job>-0-<node>) is warned before its 2-minute limit: the batch shell's trap sends
+SIGTERM to the step, `podman run` proxies it into the container, the trainer checkpoints and exits 75, and the
+script requeues the job. Attempt 1 runs in a new container (primus-<job>-1-<node>), loads that checkpoint and
+finishes; no container is left. As in test_reliability_requeue, the trainer is frozen (SIGSTOP, from the host:
+the container shares its pid namespace) while the 45-75 s until the warning pass, so the wait costs no CPU.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from container_support import container_recipe, image, job_containers, remove_job_containers  # noqa: F401
+from reliability_support import (cancel, read, release, scontrol, submit, wait_for, wait_requeued, wait_text,
+                                 worker_pids)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ITERS = 30
+
+
+def test_time_limit_checkpoint_requeue_resume_in_the_container(image, local_slurm, job_env, tmp_path):  # noqa: F811
+    recipe = container_recipe(tmp_path, "ctr-requeue", image, time="00:02:00", signal_grace_s=45)
+    entry = submit(job_env, recipe, f"trainer.schedule.train_iters={ITERS}")
+    job, run_dir = entry["job_id"], Path(entry["run_dir"])
+    logs = run_dir / "logs"
+    out, first, second = logs / f"slurm-{job}.out", logs / "rank-0" / "debug.log", logs / "rank-0" / "debug.attempt-1.log"
+    frozen = None
+    try:
+        wait_text(first, "] iteration 3/", 300)
+        frozen = worker_pids(run_dir)[0]
+        os.kill(frozen, signal.SIGSTOP)
+        names0 = [c["name"] for c in job_containers(job)]
+        wait_text(out, "primus-slurm: caught SIGUSR2", 150)
+        os.kill(frozen, signal.SIGCONT)
+        frozen = None
+        wait_requeued(job, 1)
+        text0 = read(first)
+        assert "] stop signal | signal SIGTERM" in text0 and "| exit 75" in text0, text0[-2000:]
+        stopped = int(text0.split("] stop signal | signal SIGTERM | iteration ")[1].split()[0])
+        assert f"] checkpoint saved | iteration {stopped} |" in text0
+        wait_for(lambda: not job_containers(job), 30, "attempt 0's container removed")
+
+        scontrol("update", f"JobId={job}", "TimeLimit=10")
+        release(job)
+        wait_text(second, "] iteration", 300)
+        names1 = [c["name"] for c in job_containers(job)]
+        text1 = wait_text(second, "] training finished |", 300)
+        assert f"] checkpoint loaded | iteration {stopped} |" in text1, text1[-2000:]
+        assert f"] training finished | iterations {ITERS} | exit 0" in text1, text1[-2000:]
+        assert len(names0) == 1 and names0[0].startswith(f"primus-{job}-0-node"), names0
+        assert len(names1) == 1 and names1[0].startswith(f"primus-{job}-1-node"), names1
+        pre = [line for line in read(out).splitlines() if line.startswith("preflight | ")]
+        assert len(pre) == 2 and all("container podman (/run/.containerenv)" in line for line in pre), pre
+        wait_for(lambda: not job_containers(job), 60, "no container once the job ended")
+    finally:
+        if frozen:
+            os.kill(frozen, signal.SIGCONT)
+        cancel(job)
+        remove_job_containers(job)
