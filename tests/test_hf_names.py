@@ -63,3 +63,12 @@ def test_shipped_preset_agrees_with_its_hub_config(preset):
     assert mismatches(model, model_fields(hub)) == []
     wrong = {**model, "rotary_base": 1234.0}
     assert [k for k, _, _ in mismatches(wrong, model_fields(hub))] == ["rotary_base"]
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in MODELS.glob("*.yaml")))
+def test_to_hf_config_round_trips_every_preset(preset):
+    """scripts/make_hf_checkpoint.py writes config.json with to_hf_config: the import's check accepts it."""
+    from primus_contract.hf_config import to_hf_config
+
+    model = {**{k: f.default for k, f in MODEL.items()}, **yaml.safe_load((MODELS / f"{preset}.yaml").read_text())}
+    assert mismatches(model, model_fields(to_hf_config(model))) == []
