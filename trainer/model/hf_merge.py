@@ -19,8 +19,9 @@ Adapter key -> base tensor on disk (`delta_plan`; keys are PEFT's, base_model.mo
 An adapter key that reaches no base tensor, or whose delta's shape is not that tensor's, is an error (nothing is
 written), never skipped.
 
-Memory: the base is memory-mapped and read one tensor at a time; each output shard is written by streaming
-(header first, sizes known from the base), so the peak is about one tensor plus its fp32 copy, not a shard.
+Memory: the base is memory-mapped (two files at most) and read one tensor at a time; each output shard is written
+by streaming (header first, sizes known from the base), so the heap peak is about one tensor plus its fp32 copy,
+not a shard (bench/merge_export_bench.py measures it).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import re
 import shutil
 import struct
 import time
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,13 +50,12 @@ _FUSED = re.compile(r"^(?P<layer>.+\.mlp\.experts)(?P<inner>\.base_layer)?$")
 
 
 class Stored(dict):
-    """name -> safe_open handle of a directory's safetensors files (memory-mapped: the index's files, else
-    model.safetensors, else every *.safetensors); `read(name)` reads
-    one tensor, `meta(name)` gives (dtype, shape) from the header without reading it. Order: file, then key."""
+    """name -> file of a directory's safetensors tensors (the index's files, else model.safetensors, else every
+    *.safetensors; order: file, then key). `read(name)` reads one tensor, `meta(name)` gives (dtype, shape) from
+    the header. At most two files are open (memory-mapped) at a time, so a sequential pass over a checkpoint maps
+    about one file, not all of them."""
 
     def __init__(self, directory):
-        from safetensors import safe_open
-
         super().__init__()
         d = Path(directory)
         index = d / "model.safetensors.index.json"
@@ -64,15 +65,25 @@ class Stored(dict):
             files = [d / "model.safetensors"] if (d / "model.safetensors").exists() else sorted(d.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {directory}")
+        self._open: OrderedDict = OrderedDict()
         for f in files:
-            handle = safe_open(str(f), framework="pt")
-            self.update((key, handle) for key in sorted(handle.keys()))
+            self.update((key, str(f)) for key in sorted(self._handle(str(f)).keys()))
+
+    def _handle(self, file: str):
+        from safetensors import safe_open
+
+        if file not in self._open:
+            self._open[file] = safe_open(file, framework="pt")
+            while len(self._open) > 2:
+                self._open.popitem(last=False)  # unmapped once no tensor refers to it
+        self._open.move_to_end(file)
+        return self._open[file]
 
     def read(self, name: str) -> torch.Tensor:
-        return self[name].get_tensor(name)
+        return self._handle(self[name]).get_tensor(name)
 
     def meta(self, name: str) -> tuple[torch.dtype, tuple]:
-        sl = self[name].get_slice(name)
+        sl = self._handle(self[name]).get_slice(name)
         return _NAMES[sl.get_dtype()], tuple(sl.get_shape())
 
 
