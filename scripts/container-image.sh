@@ -45,18 +45,15 @@ tag() {
   echo "localhost/primus-cpu:$key"
 }
 
-install_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null || die "apt-get not found; install ${missing[*]} by hand"
-  say "installing ${missing[*]}"
+install_packages() {  # all of PACKAGES, in one apt-get call when any is missing
+  local have
+  have=$(dpkg-query -W -f='${Status}\n' "${PACKAGES[@]}" 2>/dev/null | grep -c "install ok installed" || true)
+  [ "$have" = "${#PACKAGES[@]}" ] && return 0
+  command -v apt-get >/dev/null || die "apt-get not found; install ${PACKAGES[*]} by hand"
+  say "installing ${PACKAGES[*]}"
   mkdir -p "$STATE"
-  apt-get update -q >"$STATE/apt.log" 2>&1 || true
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-    >>"$STATE/apt.log" 2>&1 || die "apt-get install failed, see $STATE/apt.log"
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"; } \
+    >"$STATE/apt.log" 2>&1 || die "apt-get failed, see $STATE/apt.log"
 }
 
 configure() {
