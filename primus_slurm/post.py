@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import yaml
 
 from . import executors, registry, runs
@@ -168,10 +169,10 @@ def _run_local(d: Path, out) -> int:
                 out.write(line)
                 out.flush()
             return proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # the job is this process's child: it ends with the command
             proc.terminate()
             proc.wait()
-            raise
+            raise click.Abort() from None
 
 
 def _follow_slurm(d: Path, job_id: str, out) -> int:
@@ -193,7 +194,12 @@ def _follow_slurm(d: Path, job_id: str, out) -> int:
                 continue
             code = state.get("exit_code")
             return code if code is not None else (0 if state["state"] == "COMPLETED" else 1)
-        time.sleep(POLL_S)
+        try:
+            time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            out.write(f"stopped following; Slurm job {job_id} keeps running (scancel {job_id} stops it), its "
+                      f"result lands in {d}\n")
+            raise click.Abort() from None
 
 
 def read_json(path: Path) -> dict:

@@ -54,7 +54,7 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_eval_reproduces_the_logged_eval_loss(run):
+def test_eval_reproduces_the_logged_eval_loss(run, tmp_path):
     env, run_id, _, evals = run
     for it in (EVERY, None):  # a named checkpoint, then the latest (the last iteration)
         result, text = post(env, "eval", run_id, *(["--checkpoint", str(it)] if it else []), "--executor", "local")
@@ -64,6 +64,10 @@ def test_eval_reproduces_the_logged_eval_loss(run):
         assert 0.3 < result["token_accuracy"] < 1.0 and result["loss_tokens"] > 500, result
         assert "eval | micro-batch 1 |" in text and result["summary"] in text  # progress, then one summary line
     assert evals[ITERS] < evals[EVERY]
+    other = tmp_path / "other.jsonl"  # --data: the same records from elsewhere go through the same pipeline
+    shutil.copyfile(QS / "validation.jsonl", other)
+    result, _ = post(env, "eval", run_id, "--data", str(other), "--executor", "local")
+    assert result["data"] == str(other) and abs(result["eval_loss"] - evals[ITERS]) <= 2e-6 * evals[ITERS]
 
 
 def test_merged_export_loads_and_matches_base_plus_peft(run, tmp_path):
