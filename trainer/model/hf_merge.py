@@ -19,7 +19,7 @@ Adapter key -> base tensor on disk (`delta_plan`; keys are PEFT's, base_model.mo
 An adapter key that reaches no base tensor, or whose delta's shape is not that tensor's, is an error (nothing is
 written), never skipped.
 
-Memory: the base is memory-mapped (two files at most) and read one tensor at a time; each output shard is written
+Memory: the base is memory-mapped (one file at a time) and read one tensor at a time; each output shard is written
 by streaming (header first, sizes known from the base), so the heap peak is about one tensor plus its fp32 copy,
 not a shard (bench/merge_export_bench.py measures it).
 """
@@ -52,7 +52,7 @@ _FUSED = re.compile(r"^(?P<layer>.+\.mlp\.experts)(?P<inner>\.base_layer)?$")
 class Stored(dict):
     """name -> file of a directory's safetensors tensors (the index's files, else model.safetensors, else every
     *.safetensors; order: file, then key). `read(name)` reads one tensor, `meta(name)` gives (dtype, shape) from
-    the header. At most two files are open (memory-mapped) at a time, so a sequential pass over a checkpoint maps
+    the header. One file is open (memory-mapped) at a time, so a sequential pass over a checkpoint maps
     about one file, not all of them."""
 
     def __init__(self, directory):
@@ -74,7 +74,7 @@ class Stored(dict):
 
         if file not in self._open:
             self._open[file] = safe_open(file, framework="pt")
-            while len(self._open) > 2:
+            while len(self._open) > 1:
                 self._open.popitem(last=False)  # unmapped once no tensor refers to it
         self._open.move_to_end(file)
         return self._open[file]
