@@ -53,7 +53,7 @@ def test_checks_versions_and_te_from_the_recipe(tmp_path):
     rep = _preflight(str(venv / "bin" / "python"), "--report")
     assert rep.returncode == 2 and "Traceback" not in rep.stderr
     lines = {line.split()[2]: line for line in rep.stdout.splitlines()}
-    assert lines["torch"].endswith(" ok") and "PROBLEM: has megatron-core 0.15.0 (needs megatron-core >=0.16,<0.17)" \
+    assert lines["torch"].endswith(" ok") and "PROBLEM: has megatron-core 0.15.0 (needs megatron-core >=0.16,<0.20)" \
         in lines["megatron-core"], rep.stdout
     assert rep.stderr.count("\n") == 1 and "has megatron-core 0.15.0" in rep.stderr  # one line
 
@@ -88,7 +88,7 @@ def test_job_in_an_image_without_megatron_core(nomcore_image, local_slurm, job_e
     out = read(Path(entry["run_dir"]) / "logs" / f"slurm-{entry['job_id']}.out")
     assert row["state"] == "FAILED", (row, out[-2000:])
     assert row["error"] == f"config error | image {nomcore_image} lacks megatron-core (needs megatron-core " \
-                           ">=0.16,<0.17)", row
+                           ">=0.16,<0.20)", row
     assert "Traceback" not in out, out[-3000:]
     shown = cli(job_env, "status", entry["run_id"]).stdout
     assert f"image {nomcore_image} lacks megatron-core" in shown, shown
@@ -113,4 +113,4 @@ def test_preflight_command_in_the_image_on_two_nodes_and_without_megatron_core(i
     bad = cli(env, "preflight", "quickstart", "--executor", "local", *PODMAN,
               "--set", f"cluster.container.image={nomcore_image}", timeout=300)
     assert bad.returncode == 2 and bad.stdout == "", bad.stdout + bad.stderr
-    assert bad.stderr == f"error: image {nomcore_image} lacks megatron-core (needs megatron-core >=0.16,<0.17)\n"
+    assert bad.stderr == f"error: image {nomcore_image} lacks megatron-core (needs megatron-core >=0.16,<0.20)\n"

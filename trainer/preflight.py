@@ -23,10 +23,10 @@ from trainer.precision.capabilities import parse_version
 from trainer.signals import EXIT_CONFIG
 
 # (distribution, import name, lowest supported, first unsupported): megatron-core 0.16.1 declares torch>=2.6 and
-# TE >=2.9 (its `dev` extra); the trainer is written against megatron-core 0.16 (0.17 needs Python 3.12 and moved
-# APIs the trainer uses). Versions outside a range are refused rather than left to fail mid-run.
+# TE >=2.9 (its `dev` extra); the trainer runs megatron-core 0.16.1 (the CPU pin) and 0.19.2 (with TE 2.20.2 on
+# H200), so 0.16 up to 0.19 is supported and anything else is refused rather than left to fail mid-run.
 PYTHON_MIN = (3, 10)
-CORE = (("torch", "torch", (2, 6), None), ("megatron-core", "megatron.core", (0, 16), (0, 17)))
+CORE = (("torch", "torch", (2, 6), None), ("megatron-core", "megatron.core", (0, 16), (0, 20)))
 TE = ("transformer-engine", "transformer_engine", (2, 9), None)
 TE_DISTS = ("transformer-engine", "transformer_engine", "transformer-engine-torch", "transformer_engine_torch")
 # imported by the trainer or (undeclared) by megatron-core 0.16.1; presence is enough
