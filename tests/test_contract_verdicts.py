@@ -226,5 +226,6 @@ def test_validate_lists_the_machine_rules_checked_at_start(capsys):
     assert run(["validate", str(recipes_dir() / "llama2_70b_fp8.yaml")]) == 0
     out = capsys.readouterr().out
     assert "checked at start on the node: fp8_device: fp8 needs Transformer Engine" in out
-    assert run(["validate", str(recipes_dir() / "quickstart.yaml")]) == 0  # bf16 on CPU: nothing to check there
-    assert "checked at start" not in capsys.readouterr().out
+    assert run(["validate", str(recipes_dir() / "quickstart.yaml")]) == 0  # bf16 on CPU: no precision rule there
+    out = capsys.readouterr().out
+    assert "checked at start" in out and "fp8_device" not in out and "nvfp4_native" not in out
