@@ -214,3 +214,23 @@ def test_lora_step_matches_transformers_peft(tmp_path, case):
     for key, g in sorted(mine.items()):
         assert g.abs().max() > 0, key
         torch.testing.assert_close(theirs[key], g, rtol=1e-4, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+def test_grouped_and_sequential_expert_names_export_alike():
+    """TE's grouped experts (…experts.linear_fc1.lora.<j>, the GPU spec) and SequentialMLP's
+    (…experts.local_experts.<j>.linear_fc1, the CPU spec) give the same PEFT tensors and targets."""
+    from types import SimpleNamespace
+
+    from trainer.model.peft_export import to_peft_tensors
+
+    config = SimpleNamespace(num_attention_heads=4, num_query_groups=2, num_moe_experts=2)
+    g = torch.Generator().manual_seed(1)
+    factors = {(j, fc): (torch.randn(4, 8, generator=g), torch.randn(6, 4, generator=g))
+               for j in range(2) for fc in ("linear_fc1", "linear_fc2")}
+    local = {f"layers.0.mlp.experts.local_experts.{j}.{fc}.lora_{x}": t
+             for (j, fc), ab in factors.items() for x, t in zip("ab", ab)}
+    grouped = {f"layers.0.mlp.experts.{fc}.lora.{j}.lora_{x}": t
+               for (j, fc), ab in factors.items() for x, t in zip("ab", ab)}
+    (t1, m1, p1), (t2, m2, p2) = to_peft_tensors(local, config), to_peft_tensors(grouped, config)
+    assert (m1, p1) == (m2, p2) == ([], ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
+    assert t1.keys() == t2.keys() and all(torch.equal(t1[k], t2[k]) for k in t1)
