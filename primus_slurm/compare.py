@@ -116,6 +116,7 @@ def load_run(ref: str) -> RunLog:
         events = log.parent / run_files.events_name(run_files.attempt_of(log))
         if events.is_file():
             _from_events(run, run_files.read_events(events))
+            run.args = run.args or _flat(recipe)  # (the log's args dump is the resolved recipe)
             continue
         for raw in log.read_text(encoding="utf-8", errors="replace").splitlines():
             m = _STAMP.match(raw)
@@ -137,6 +138,18 @@ def load_run(ref: str) -> RunLog:
 METRIC_NAMES = {"lm_loss": "lm loss", "lr": "lr", "grad_norm": "grad norm", "tokens_per_s_gpu": "tokens/s/GPU",
                 "tflops_gpu": "TFLOP/s/GPU", "mem_alloc_gib": "mem alloc GiB", "mem_peak_gib": "mem peak GiB",
                 "ms_per_iter": "ms/iter"}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{dotted key: str(value)} as trainer/logger.py's args dump writes them ('trainer.' dropped)."""
+    out = {}
+    for key, value in (tree or {}).items():
+        name = f"{prefix}.{key}" if prefix else ("" if key == "trainer" else key)
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, name))
+        elif name:
+            out[name] = str(value)
+    return out
 
 
 def _from_events(run: RunLog, events: list[dict]) -> None:

@@ -38,7 +38,10 @@ def test_a_run_writes_its_events_and_the_readers_agree_with_the_log(tmp_path):
     assert from_events.final_state == "COMPLETED"
 
     shutil.copy(cfg, run / run_files.RESOLVED)  # (what submit writes beside the logs)
-    curve = load_run(str(run)).series("lm loss")
+    loaded = load_run(str(run))
+    curve = loaded.series("lm loss")
+    logged_args = dict(ln.split("] arg ", 1)[1].split(" = ", 1) for ln in log_text(run).splitlines() if "] arg " in ln)
+    assert loaded.args == logged_args and loaded.precision_line.startswith("precision | ")
     logged = {int(ln.split("iteration ")[1].split("/")[0]): float(ln.split("lm loss ")[1].split(" ")[0])
               for ln in log_text(run).splitlines() if "] iteration " in ln}
     assert sorted(curve) == sorted(logged) == [2, 4, 6]
