@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.model.hf_import import split_qkv
+from trainer.model.hf_names import split_qkv
 from trainer.model.layout import namer
 from trainer.model.sharding import canonical, to_full
 
