@@ -95,7 +95,7 @@ def parallel_rules(t: dict, c: dict) -> None:
 
 
 def tp_comm_overlap_rules(par: dict, prec: dict, dist: dict) -> None:
-    """What TE userbuffers cannot carry (the trainer checks the same, plus the GPU and TE)."""
+    """What TE userbuffers cannot carry (trainer/model/tp_overlap.py runs it again, after checking GPU and TE)."""
     what = "`trainer.parallelism.tp_comm_overlap`"
     if not par["sequence_parallel"]:
         fail(f"{what} needs `trainer.parallelism.sequence_parallel: true` (and so tensor > 1): it overlaps the "

@@ -36,9 +36,9 @@ def test_flags_reach_a_real_transformer_config():
     ("cpu", False, {}, "needs a GPU with Transformer Engine"),
     ("cpu", True, {}, "needs a GPU with Transformer Engine"),
     ("cuda", False, {}, "needs a GPU with Transformer Engine"),
-    ("cuda", True, {"precision": {"fp4": "e2m1", "fp4_emulation": True}}, "with trainer.precision.fp4"),
+    ("cuda", True, {"precision": {"fp4": "e2m1", "fp4_emulation": True}}, "carries BF16 or FP8"),
     ("cuda", True, {"parallelism": {"tensor": 2, "sequence_parallel": False, "tp_comm_overlap": True}},
-     "needs sequence_parallel: true"),
+     "needs trainer.parallelism.sequence_parallel: true"),
 ])
 def test_refusals_name_the_field(device, use_te, extra, expect):
     cfg = tiny_cfg(trainer={**ON, **extra})

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import os
 
+from primus_contract.errors import ContractError
+from primus_contract.rules_model import tp_comm_overlap_rules
 from trainer.config import ConfigError
 
 # the column linears' dgrad reduce-scatter pipelined with their dgrad GEMM (no wgrad GEMM to hide behind)
@@ -56,17 +58,10 @@ def initialize(cfg, config, device, use_te: bool) -> int | None:
     if device.type != "cuda" or not use_te:
         raise ConfigError("trainer.parallelism.tp_comm_overlap needs a GPU with Transformer Engine (TE "
                           "userbuffers), which this process does not have: set it to false")
-    if t.precision.fp4:
-        raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.fp4 is not supported "
-                          "(userbuffers carry BF16 or FP8): set one of them off")
-    if t.precision.fp8 and t.precision.fp8_recipe == "blockwise":  # TE fills no buffer from block-scaled data
-        raise ConfigError("trainer.parallelism.tp_comm_overlap works with fp8_recipe delayed or tensorwise, "
-                          "not blockwise: change one of them")
-    if t.precision.fp8 and t.precision.first_last_layers_bf16:  # would need BF16 and FP8 buffer sets
-        raise ConfigError("trainer.parallelism.tp_comm_overlap with trainer.precision.first_last_layers_bf16 "
-                          "is not supported: set one of them off")
-    if not config.sequence_parallel:  # (context > 1 never gets here: make_transformer_config refuses it)
-        raise ConfigError("trainer.parallelism.tp_comm_overlap needs sequence_parallel: true")
+    try:  # what userbuffers cannot carry: the contract's rule (validate and the start check ran it already)
+        tp_comm_overlap_rules(t.parallelism, t.precision, {"device": device.type})
+    except ContractError as err:
+        raise ConfigError(str(err).replace("`", "")) from None
     os.environ.setdefault("UB_SKIPMC", "1")
     from transformer_engine.pytorch.module import base as te_base
 
