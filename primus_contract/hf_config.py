@@ -42,6 +42,9 @@ _LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_positi
 _YARN = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
 
+_FIELD = "trainer.checkpoint.pretrained"
+
+
 class HFConfigError(ValueError):
     """A checkpoint the trainer cannot import as the recipe describes; `field` names the culprit."""
 
@@ -55,10 +58,10 @@ def read_config(path) -> dict:
     try:
         return json.loads(f.read_text())
     except FileNotFoundError:
-        raise HFConfigError("trainer.checkpoint.pretrained", f"{path} has no config.json (an HF checkpoint "
-                            "directory holds config.json and *.safetensors)") from None
+        raise HFConfigError(_FIELD, f"`{_FIELD}` {path} has no config.json (an HF checkpoint directory holds "
+                                    "config.json and *.safetensors)") from None
     except (OSError, ValueError) as e:
-        raise HFConfigError("trainer.checkpoint.pretrained", f"{f} cannot be read as JSON: {e}") from None
+        raise HFConfigError(_FIELD, f"`{_FIELD}` {f} cannot be read as JSON: {e}") from None
 
 
 def _refuse(hf: dict, key: str, why: str):
@@ -102,6 +105,9 @@ def _check_unsupported(hf: dict) -> None:
         if hf.get(key) is not None:
             _refuse(hf, key, "not implemented by the trainer")
     if mt == "deepseek_v2":
+        if not math.isclose(float(hf.get("rms_norm_eps", 1e-6)), 1e-6):  # transformers builds them with 1e-6
+            _refuse(hf, "rms_norm_eps", "DeepSeek-V2's q/kv latent norms use 1e-6 whatever config.json says, "
+                                        "megatron-core uses norm_epsilon for every norm")
         if hf.get("topk_method", "greedy") != "greedy":
             _refuse(hf, "topk_method", "only greedy top-k routing is implemented (megatron-core's group-limited "
                                        "routing scores a group by the sum of its best experts, DeepSeek-V2 by the max)")

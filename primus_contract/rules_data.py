@@ -33,10 +33,6 @@ def data_and_schedule_rules(t: dict) -> None:
 def checkpoint_rules(t: dict) -> None:
     """What the checkpoint section asks of the model: HF import and PEFT export."""
     m = t["model"]
-    # what the trainer cannot do for this model: say so before a run, not at its end
-    if m["multi_latent_attention"] and t["lora"]["enabled"] and t["checkpoint"]["export_peft"]:
-        fail("`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention (DeepSeek) adapters; "
-             "set it to false (every checkpoint holds the adapters)")
     ckpt = t["checkpoint"]
     # the checkpoint's config.json is the truth: a recipe model that disagrees, or a config.json field the trainer
     # does not implement, is refused by name (where the directory is readable: the login node, then the job's node)

@@ -37,10 +37,8 @@ BAD = [
      "`trainer.precision.fp8_dot_product_attention` is not supported: TE's FP8 fused attention takes bshd/sbhd"),
     ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),
     ("trainer: {precision: {fp4: e3m2}}", "`trainer.precision.fp4`"),
-    ("trainer: {model: {preset: deepseek_v2_lite, num_layers: 2}}",  # export_peft defaults to true
-     "`trainer.checkpoint.export_peft` is not implemented for multi-latent-attention"),
     ("trainer: {model: {preset: qwen3_30b_a3b, num_layers: 2}, checkpoint: {pretrained: /tmp}}",
-     "`trainer.checkpoint.pretrained` imports dense Llama-layout HF checkpoints only"),
+     "`trainer.checkpoint.pretrained` /tmp has no config.json"),
     ("cluster: {executor: slurm, time: '5'}",  # the default 300 s warning would come at the start
      "`cluster.signal_grace_s` (300 s) is not shorter than `cluster.time` (5)"),
     ("cluster: {time: 1:30:00}", "`cluster.time` is the number 5400; quote it"),
