@@ -17,8 +17,9 @@ FP8_ATTENTION_WHY = ("TE's FP8 fused attention takes bshd/sbhd inputs only, and 
 
 def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device: str) -> None:
     """What holds on any machine. bf16: false with fp8/fp4 is allowed: the low-precision GEMMs then run inside an
-    fp32 model (megatron-core's TransformerConfig and TE's autocast take fp32 activations; FP4 emulation in fp32
-    is what tests/test_fp4_emulation.py runs)."""
+    fp32 model (megatron-core 0.16.1's TransformerConfig has no such rule; TE's own tests, tests/pytorch/
+    test_fusible_ops.py, cross float32 with its FP8 recipes; FP4 emulation in fp32 is what
+    tests/test_fp4_emulation.py runs)."""
     if p["fp4_param_gather"]:  # megatron's distributed-optimizer all-gather: nothing here would read it
         fail(f"`{P}.fp4_param_gather` has no effect in LoRA training: the frozen base is sharded by "
              "tensor/pipeline parallelism only and no parameters are all-gathered; remove it")
