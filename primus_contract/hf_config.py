@@ -228,8 +228,8 @@ def _effective(m: dict, key: str):
         return m.get("family") != "deepseek"  # the family's routing (trainer.model.arch)
     if key == "moe_router_topk_scaling_factor" and v is None:
         return 1.0
-    if key == "rope_scaling" and v:
-        return {("type" if k == "rope_type" else k): (x if k in ("type", "rope_type") else float(x))
+    if key == "rope_scaling" and v:  # (a value that is no number stays as written: the comparison names it)
+        return {("type" if k == "rope_type" else k): (float(x) if isinstance(x, (int, float)) else x)
                 for k, x in v.items()}
     if key == "rope_scaling":
         return None
