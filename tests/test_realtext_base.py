@@ -108,7 +108,7 @@ def test_lora_on_the_base_learns(tmp_path):
     curve, evals, text = train_curves(cfg, tmp_path / "run")
     assert sorted(evals) == [25, 50, 75, 100], text[-2000:]
     # every base tensor of the 2-layer TE-less model: embedding, 2 x (qkv, proj, fc1, fc2, 2 norms), norm, output
-    assert f"pretrained | path {BASE.resolve()} | tensors 15\n" in text, text[:3000]
+    assert f"pretrained | path {BASE.resolve()} | tensors 15 | read 21 " in text, text[:3000]
     assert curve[10] < 4.8, curve  # the base already knows this kind of text (uniform 7.34)
     assert max(curve[90], curve[100]) < min(curve[10], curve[20]) - 0.2, curve  # measured 4.48 -> 4.16, 4.09
     assert evals[100] < evals[25] - 0.05, evals  # measured 4.39 -> 4.29
