@@ -70,6 +70,24 @@ def cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProc
     return subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def local_training_run(tmp: Path, *sets: str, timeout: float = 1200) -> tuple[dict, dict, Path]:
+    """Submit the quickstart with the local executor (`--set` items `sets`) and wait until it ends with exit 0:
+    (env, the submit's JSON entry, run directory). State and workspace live under `tmp`."""
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    out = cli(env, "submit", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", "--json",
+              *[a for item in sets for a in ("--set", item)], "--set", f"trainer.data.cache_dir={tmp / 'cache'}")
+    assert out.returncode == 0, out.stderr
+    entry = json.loads(out.stdout)
+    run_dir = Path(entry["run_dir"])
+    end = time.monotonic() + timeout
+    while not (run_dir / "exit_code").exists():
+        assert time.monotonic() < end, (run_dir / "logs" / "local.out").read_text()[-3000:]
+        time.sleep(2)
+    assert (run_dir / "exit_code").read_text().strip() == "0", (run_dir / "logs" / "local.out").read_text()[-3000:]
+    return env, entry, run_dir
+
+
 def status_json(env: dict, run_id: str) -> dict:
     out = cli(env, "status", run_id, "--json")
     assert out.returncode == 0, out.stderr

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, local_training_run
 
 pytestmark = pytest.mark.slow
 QS = ROOT / "recipes" / "data" / "quickstart"
@@ -23,20 +21,10 @@ ITERS, EVERY = 80, 40
 def run(tmp_path_factory):
     """(env, run id, run dir, {iteration: logged eval loss}) of a finished quickstart run."""
     tmp = tmp_path_factory.mktemp("post")
-    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
-               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    out = cli(env, "submit", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", "--json",
-              "--set", f"trainer.schedule.train_iters={ITERS}", "--set", f"trainer.checkpoint.save_interval={EVERY}",
-              "--set", f"trainer.schedule.eval_interval={EVERY}", "--set", f"trainer.data.cache_dir={tmp / 'cache'}")
-    assert out.returncode == 0, out.stderr
-    entry = json.loads(out.stdout)
-    run_dir = Path(entry["run_dir"])
-    end = time.monotonic() + 1200
-    while not (run_dir / "exit_code").exists():
-        assert time.monotonic() < end, (run_dir / "logs" / "local.out").read_text()[-3000:]
-        time.sleep(2)
+    env, entry, run_dir = local_training_run(tmp, f"trainer.schedule.train_iters={ITERS}",
+                                             f"trainer.checkpoint.save_interval={EVERY}",
+                                             f"trainer.schedule.eval_interval={EVERY}")
     log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
-    assert (run_dir / "exit_code").read_text().strip() == "0", log[-3000:]
     evals = {int(line.split("eval iteration ")[1].split()[0]): float(line.rsplit(" ", 1)[1])
              for line in log.splitlines() if "] eval iteration " in line}
     assert sorted(evals) == [EVERY, ITERS], log[-2000:]

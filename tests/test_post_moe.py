@@ -5,13 +5,11 @@ included."""
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli
+from conftest import cli, local_training_run
 from tests.hf_tiny import save_tiny
 
 pytestmark = pytest.mark.slow
@@ -24,21 +22,11 @@ def test_merged_export_of_a_moe_run_matches_base_plus_peft(tmp_path):
 
     base_dir = save_tiny("qwen3_moe", tmp_path / "base", seed=11, vocab_size=512, hidden_size=128,
                          max_position_embeddings=1024)
-    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PRIMUS_WORKSPACE=str(tmp_path / "ws"),
-               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    out = cli(env, "submit", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", "--json",
-              "--set", "trainer.model.preset=checkpoint", "--set", f"trainer.checkpoint.pretrained={base_dir}",
-              "--set", "trainer.lora.target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]",
-              "--set", "trainer.schedule.train_iters=20", "--set", "trainer.schedule.eval_interval=null",
-              "--set", "trainer.checkpoint.save_interval=null", "--set", f"trainer.data.cache_dir={tmp_path / 'c'}")
-    assert out.returncode == 0, out.stderr
-    entry = json.loads(out.stdout)
-    run_dir = Path(entry["run_dir"])
-    end = time.monotonic() + 900
-    while not (run_dir / "exit_code").exists():
-        assert time.monotonic() < end, (run_dir / "logs" / "local.out").read_text()[-3000:]
-        time.sleep(2)
-    assert (run_dir / "exit_code").read_text().strip() == "0", (run_dir / "logs" / "local.out").read_text()[-3000:]
+    env, entry, _ = local_training_run(tmp_path, "trainer.model.preset=checkpoint",
+                                       f"trainer.checkpoint.pretrained={base_dir}",
+                                       "trainer.lora.target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]",
+                                       "trainer.schedule.train_iters=20", "trainer.schedule.eval_interval=null",
+                                       "trainer.checkpoint.save_interval=null", timeout=900)
     merged = tmp_path / "merged"
     res = cli(env, "export", entry["run_id"], "--merged", str(merged), "--adapter", "--executor", "local",
               timeout=600)
