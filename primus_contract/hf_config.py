@@ -21,9 +21,10 @@ from pathlib import Path
 
 FAMILY = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "deepseek_v2": "deepseek"}
 MOE_TYPES = ("qwen3_moe", "deepseek_v2")
-# config.json fields that do not change the forward pass the trainer computes (bookkeeping, generation, inference
-# caches, the auxiliary balancing losses of pre-training: LoRA keeps the router frozen and adds no aux loss).
-_HARMLESS = frozenset((
+# config.json fields this module knows: those it maps or refuses below, and those that do not change the forward
+# pass the trainer computes (bookkeeping, generation, inference caches, the auxiliary balancing losses of
+# pre-training: LoRA keeps the router frozen and adds no aux loss). Any other field is refused by name.
+_KNOWN = frozenset((
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
     "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
     "max_position_embeddings", "pretraining_tp", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha",
@@ -88,7 +89,7 @@ def rope(hf: dict) -> tuple[float, dict | None]:
 
 def _check_unsupported(hf: dict) -> None:
     mt = hf["model_type"]
-    unknown = sorted(k for k in hf if k not in _HARMLESS)
+    unknown = sorted(k for k in hf if k not in _KNOWN)
     if unknown:
         _refuse(hf, unknown[0], "a field primus-slurm does not know, so it cannot tell whether it changes the model")
     if hf.get("quantization_config"):

@@ -74,7 +74,7 @@ def _gather_names(names: set[str]) -> set[str]:
     return {n for part in every for n in part}
 
 
-def _problems(hf, full: LazyTensors, missing: list[str], hf_dir) -> list[str]:
+def _problems(full: LazyTensors, missing: list[str], hf_dir) -> list[str]:
     """This rank's reasons to refuse before copying anything."""
     out = []
     absent = full.absent_sources()
@@ -91,7 +91,7 @@ def load_hf(model, hf_dir, recipe_model: dict) -> str:
     check_pretrained(recipe_model, hf_dir)
     hf = SafetensorsDir(hf_dir)
     full, missing = hf_entries(model, hf)
-    problems = _problems(hf, full, missing, hf_dir)
+    problems = _problems(full, missing, hf_dir)
     used = _gather_names(full.sources() | ({"!" + p for p in problems}))
     errors = sorted(n[1:] for n in used if n.startswith("!"))
     if errors:  # every rank refuses alike, before any weight is copied: no half-loaded model
