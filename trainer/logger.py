@@ -72,10 +72,17 @@ class TrainLogger:
         if not self.enabled:
             return
         stamped = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
-        for out in (self._fh, self._stream):
-            if out is not None:
-                out.write(stamped + "\n")
-                out.flush()
+        if self._fh is not None:
+            self._fh.write(stamped + "\n")
+            self._fh.flush()
+        if self._stream is not None:
+            try:
+                self._stream.write(stamped + "\n")
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):  # stdout closed under us (a cancelled container's pipe): the
+                broken, self._stream = self._stream, None  # log file carries on, so the stop can still checkpoint
+                if broken is sys.stdout:  # later prints and the exit-time flush must not raise either
+                    sys.stdout = open(os.devnull, "w")
 
     def record(self, kind: str, text: str, **fields: Any) -> None:
         """The human line and its event (run_files.EVENTS)."""
