@@ -56,6 +56,10 @@ def test_cancel_and_sigkill_after_killwait_leave_no_container(image, local_slurm
         wait_for(lambda: not job_info(a) or job_info(a).get("JobState") not in ("RUNNING", "COMPLETING"), 120,
                  f"job {a} to end")
         wait_for(lambda: not job_containers(a), 30, f"no container of job {a}")
+        # ...after the trainer checkpointed inside it (a stdout closed under it no longer stops that either:
+        # tests/test_logger_closed_stdout.py; this run passes with the old logger too)
+        log_a = (Path(runs[0]["run_dir"]) / "logs" / "rank-0" / "debug.log").read_text()
+        assert "stop signal | signal SIGTERM" in log_a and "] checkpoint saved | iteration " in log_a, log_a[-2000:]
 
         wait_for(lambda: not job_info(b) or job_info(b).get("JobState") not in ("RUNNING", "COMPLETING"), 120,
                  f"job {b} to be killed")
