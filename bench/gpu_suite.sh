@@ -145,12 +145,13 @@ case "${1:-}" in
     python3 bench/hf_import_gpu_check.py 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/hf-import.jsonl" ;;
   moe-realtext)  # proxies, LoRA, on the real-text set (its 1536-token BPE fits any vocab); random weights, or with
                  # HF=1 imported from a random HF checkpoint of the proxy written first (scripts/make_hf_checkpoint.py)
-    i=0
-    for r in recipes/proxies/*.yaml; do
+    i=0  # PROXIES="a.yaml b.yaml" picks some
+    for r in ${PROXIES:-recipes/proxies/*.yaml}; do
       n=$(basename "$r" .yaml); i=$((i + 1)); hf=()
+      [ "${NPROC:-1}" = 1 ] && hf=(--set trainer.parallelism.expert=1)  # the 235B proxy's EP=2 needs two GPUs
       if [ -n "${HF:-}" ]; then
         python3 scripts/make_hf_checkpoint.py "$r" "/tmp/hf-proxy/$n" >> "$OUT/hf-proxy-checkpoints.jsonl" 2>&1
-        hf=(--set "trainer.checkpoint.pretrained=/tmp/hf-proxy/$n")
+        hf+=(--set "trainer.checkpoint.pretrained=/tmp/hf-proxy/$n")
       fi
       python3 -m primus_slurm submit "$r" --executor local --follow --run-id "20261130-000000-00000$i" "${hf[@]}" \
         --set experiment.workspace=/tmp/moe-rt --set trainer.data.format=text --set trainer.data.packing=true \

@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-shard-size", default="2GB")
+    ap.add_argument("--device", default=None, help="where the random weights are drawn (default: cuda if present)")
     args = ap.parse_args()
 
     import torch
@@ -38,7 +39,9 @@ def main() -> None:
     hf = to_hf_config(model)
     config = AutoConfig.for_model(hf.pop("model_type"), **hf)
     torch.manual_seed(args.seed)
-    net = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    with torch.device(device):  # a 10B-parameter proxy draws in seconds on a GPU, minutes on CPU cores
+        net = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype))
     net.save_pretrained(args.out, max_shard_size=args.max_shard_size)
     size = sum(p.stat().st_size for p in Path(args.out).glob("*.safetensors"))
     print(json.dumps({"checkpoint": args.out, "model_type": config.model_type, "layers": config.num_hidden_layers,

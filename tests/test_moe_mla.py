@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, dist_session, packed_batch, tiny_cfg
 from trainer.model import build_model, forward_losses
 from trainer.model.lora import LoRALinear, lora_modules
@@ -29,7 +30,7 @@ def test_lora_trains_experts_and_attention_router_frozen(arch):
                    for e in moe.experts.local_experts)
         if arch == "deepseek_mla":
             assert type(layers[0].mlp).__name__ == "MLP"  # moe_first_k_dense: 1
-            assert type(layers[0].self_attention).__name__ == "MLASelfAttention"
+            assert isinstance(layers[0].self_attention, MLASelfAttention)
             assert isinstance(moe.shared_experts.linear_fc1, LoRALinear)
             assert isinstance(layers[0].self_attention.linear_kv_up_proj, LoRALinear)
             assert len(lora_modules(model)) == 4 + 2 + (4 + 2 * 4 + 2)  # attn x2, dense mlp, routed + shared

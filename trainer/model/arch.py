@@ -112,10 +112,15 @@ def mla_kwargs(mcfg) -> dict:
     missing = [k for k in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim") if not mcfg[k]]
     if missing:
         raise ValueError(f"multi_latent_attention needs model.{', model.'.join(missing)}")
+    rope = rope_kwargs(mcfg)
+    # MLA has no key/value groups: TE's attention takes its head count from num_query_groups (seen on the H200,
+    # 2026-12-02: a recipe's GQA value reached it and the forward refused). megatron's fused MLA RoPE is YaRN only.
+    fused_rope = {} if rope["rope_type"] == "yarn" else {"apply_rope_fusion": False}
     return {"q_lora_rank": int(mcfg.q_lora_rank) if mcfg.q_lora_rank else None,
             "kv_lora_rank": int(mcfg.kv_lora_rank), "qk_head_dim": int(mcfg.qk_head_dim),
             "qk_pos_emb_head_dim": int(mcfg.qk_pos_emb_head_dim), "v_head_dim": int(mcfg.v_head_dim),
-            "qk_layernorm": True, "rotary_base": float(mcfg.rotary_base), **rope_kwargs(mcfg)}
+            "num_query_groups": int(mcfg.num_attention_heads), **fused_rope,
+            "qk_layernorm": True, "rotary_base": float(mcfg.rotary_base), **rope}
 
 
 def config_class(mcfg):

@@ -86,7 +86,8 @@ def grouped_lora_delta(x: torch.Tensor, m_splits, adapters, scale: float) -> tor
     splits = [int(m) for m in m_splits]
     a = torch.stack([ad.lora_a for ad in adapters]).to(x.dtype)  # [E, r, in]
     b = torch.stack([ad.lora_b for ad in adapters]).to(x.dtype)  # [E, out, r]
-    if x.dtype == torch.bfloat16 and _grouped_mm_usable(x.device):
+    # torch._grouped_mm needs 16-byte strides: a rank of 8, 16, ... in BF16 (rank 4 failed on the H200, 2026-12-02)
+    if x.dtype == torch.bfloat16 and a.shape[1] % 8 == 0 and _grouped_mm_usable(x.device):
         offs = torch.tensor(splits, device=x.device).cumsum(0).to(torch.int32)
         h = torch._grouped_mm(x.contiguous(), a.transpose(1, 2).contiguous(), offs=offs)
         return torch._grouped_mm((h * scale).contiguous(), b.transpose(1, 2).contiguous(), offs=offs)

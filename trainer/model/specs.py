@@ -11,6 +11,7 @@ import copy
 
 import torch
 
+from trainer.model.mla_q import plain_query
 from trainer.model.seeding import seeded
 
 
@@ -59,7 +60,7 @@ def _local(spec):
             setattr(attn, name, HeadRMSNorm)
     spec.submodules.input_layernorm = LocalRMSNorm
     spec.submodules.pre_mlp_layernorm = LocalRMSNorm
-    return seeded(spec)
+    return seeded(plain_query(spec))
 
 
 def layer_spec(mcfg, device: torch.device):
@@ -67,9 +68,9 @@ def layer_spec(mcfg, device: torch.device):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if te_available(device):
-        return seeded(specs.get_gpt_layer_with_transformer_engine_spec(
+        return seeded(plain_query(specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
-            multi_latent_attention=bool(mcfg.multi_latent_attention)))
+            multi_latent_attention=bool(mcfg.multi_latent_attention))))
     return _local(specs.get_gpt_layer_local_spec(
         num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
         multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm"))
@@ -99,7 +100,7 @@ def block_spec(config, mcfg, device: torch.device):
                                           layer_norm=LocalRMSNorm)
     if te:
         block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm")
-        block.layer_specs = [seeded(spec) for spec in block.layer_specs]
+        block.layer_specs = [seeded(plain_query(spec)) for spec in block.layer_specs]
         return block
     every = [_local(spec) for spec in specs.get_gpt_decoder_layer_specs(config, False, normalization="RMSNorm")]
     offset = get_transformer_layer_offset(config)
