@@ -1,0 +1,53 @@
+"""FP8 GEMM shapes: what Transformer Engine refuses in the first forward, refused at validate/submit instead.
+
+TE's FP8 linears need every GEMM's dims (per tensor-parallel shard) divisible by 16. Seen on the H200 (TE 2.20.2,
+2026-12-02): "FP8 execution requires the product of all dimensions except the last to be divisible by 8 and the last
+dimension to be divisible by 16", raised by a q_lora_rank of 24. The backward's dgrad quantizes the output gradient
+the same way, so output dims are held to 16 too. Only the linears inside the transformer layers run in FP8
+(embedding, router and output layer stay BF16), so only their shapes are listed.
+"""
+from __future__ import annotations
+
+from primus_contract.errors import fail
+
+MULTIPLE = 16
+
+
+def linear_dims(m: dict, tp: int) -> list:
+    """(name, out features, in features) per tensor-parallel shard of every FP8 linear of one model."""
+    h, heads = m["hidden_size"], m["num_attention_heads"]
+    dims = []
+    if m["multi_latent_attention"]:
+        qk = m["qk_head_dim"] + m["qk_pos_emb_head_dim"]
+        if m["q_lora_rank"]:
+            dims += [("linear_q_down_proj", m["q_lora_rank"], h), ("linear_q_up_proj", heads * qk // tp, m["q_lora_rank"])]
+        else:
+            dims.append(("linear_q_proj", heads * qk // tp, h))
+        dims += [("linear_kv_down_proj", m["kv_lora_rank"] + m["qk_pos_emb_head_dim"], h),
+                 ("linear_kv_up_proj", heads * (m["qk_head_dim"] + m["v_head_dim"]) // tp, m["kv_lora_rank"]),
+                 ("linear_proj", h, heads * m["v_head_dim"] // tp)]
+    else:
+        kv = m["kv_channels"] or h // heads
+        groups = m["num_query_groups"] or heads
+        dims += [("linear_qkv", (heads + 2 * groups) * kv // tp, h), ("linear_proj", h, heads * kv // tp)]
+    ffns = [("", m["ffn_hidden_size"])]
+    if m["num_moe_experts"]:
+        ffns.append(("experts ", m["moe_ffn_hidden_size"] or m["ffn_hidden_size"]))
+        if m["moe_shared_expert_intermediate_size"]:
+            ffns.append(("shared_experts ", m["moe_shared_expert_intermediate_size"]))
+    for what, ffn in ffns:
+        dims += [(f"{what}linear_fc1", 2 * ffn // tp, h), (f"{what}linear_fc2", h, ffn // tp)]
+    return dims
+
+
+def fp8_shape_rules(t: dict) -> None:
+    """With fp8 set, every FP8 linear's shard dims are multiples of 16 (TE refuses the first forward otherwise)."""
+    if not t["precision"]["fp8"]:
+        return
+    tp = t["parallelism"]["tensor"]
+    for name, out_f, in_f in linear_dims(t["model"], tp):
+        bad = [d for d in (out_f, in_f) if d % MULTIPLE]
+        if bad:
+            shard = f" per tensor-parallel shard (tensor {tp})" if tp > 1 else ""
+            fail(f"`trainer.precision.fp8` needs every FP8 GEMM dimension to be a multiple of {MULTIPLE}; {name} is "
+                 f"{out_f}×{in_f}{shard} (from trainer.model); change the model widths or set fp8 to null")
