@@ -137,17 +137,18 @@ def mcore_gpt_te(quick: bool):
 
     from trainer.model.build import build_model
     from trainer.model.forward import forward_losses
-    from trainer.precision import transformer_config_kwargs
+    from trainer.model.specs import uses_te
+    from trainer.precision import resolve, transformer_config_kwargs
 
     cfg = tiny_cfg(trainer={"model": {"hidden_size": 128, "ffn_hidden_size": 352},
                             "precision": {"bf16": True, "fp4": "e2m1", "fp4_emulation": True},
                             "distributed": {"device": "cuda", "backend": "nccl"}})
     res = {}
     with dist_session(cfg):
-        kw = transformer_config_kwargs(cfg)
+        kw = transformer_config_kwargs(resolve(cfg))
         res["config"] = {k: str(v) for k, v in kw.items() if k.startswith("fp4")}
         model = build_model(cfg, torch.device("cuda"))
-        res["uses_te"] = bool(getattr(model, "_primus_uses_te", False))
+        res["uses_te"] = uses_te(model)
         perturb_adapters(model)
         batch = {k: v.cuda() for k, v in packed_batch(2, 64, [50, 60, 14], vocab=128).items()}
         losses = []

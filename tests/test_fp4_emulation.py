@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from trainer.precision import apply_emulation, describe
+from trainer.precision import apply_emulation, describe, resolve
 from trainer.precision.emulation import EmulationSpec, FP4EmulatedMatmul
 
 from model_helpers import dist_session, packed_batch, perturb_adapters, tiny_cfg
@@ -69,30 +69,34 @@ def _loss(model, batch):
     ({}, 8), ({"fp4_recipe": "mxfp4"}, 8), ({"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 1,
                                             "num_layers_at_end_in_bf16": 0}, 4)])
 def test_apply_emulation_on_tiny_gpt(precision, expect):
-    from trainer.model.build import build_model
+    from trainer.model.build import build, build_model
+    from trainer.precision.emulation import emulated_layer_count
 
     cfg = _cfg(**precision)
     with dist_session(cfg):
         torch.manual_seed(0)
-        model = build_model(cfg, torch.device("cpu"))
+        model = build_model(tiny_cfg(trainer={"precision": {"bf16": False}}), torch.device("cpu"))  # not emulated
         perturb_adapters(model)
         batch = packed_batch(2, 32, [20, 30, 14], vocab=128)
         base_loss = _loss(model, batch).item()
-        n = apply_emulation(model, cfg)
+        prec = resolve(cfg)
+        n = apply_emulation(model, prec)
         assert n == expect                      # qkv, proj, fc1, fc2 per emulated layer
-        assert apply_emulation(model, cfg) == 0  # idempotent
+        assert apply_emulation(model, prec) == 0  # idempotent
         loss = _loss(model, batch)
         assert loss.item() != base_loss and abs(loss.item() - base_loss) < 0.05 * base_loss
         loss.backward()
         lora_grads = [p.grad for n_, p in model.named_parameters() if "lora" in n_]
         assert lora_grads and all(g is not None and torch.isfinite(g).all() for g in lora_grads)
-        line = describe(cfg, model)
+        line = describe(prec, model)
         fmt = precision.get("fp4_recipe", "nvfp4").upper()
         assert line.startswith(f"precision | fp4 e2m1 | fp8 None | recipe {fmt}-emulated | tensor_class {fmt}EmulatedQDQ")
         assert f"emulated_linears {expect}" in line
+        built = build(cfg, torch.device("cpu"), prec)  # the build applies it as its last transform
+        assert built.lines[-1][0] == "fp4 emulation" and emulated_layer_count(built.model) == expect
 
 
 def test_apply_emulation_inert_when_off():
     cfg = tiny_cfg()
-    assert apply_emulation(torch.nn.Linear(2, 2), cfg) == 0
-    assert describe(cfg).startswith("precision | fp4 None | fp8 None | recipe none | tensor_class torch.Tensor")
+    assert apply_emulation(torch.nn.Linear(2, 2), resolve(cfg)) == 0
+    assert describe(resolve(cfg)).startswith("precision | fp4 None | fp8 None | recipe none | tensor_class torch.Tensor")

@@ -160,7 +160,7 @@ def test_init_seed_of_names_weights_by_global_layer_and_tp_rank():
     """build_model's per-weight seeds for redraw_delayed, on a real (CPU) megatron model."""
     from tests.model_helpers import dist_session, tiny_cfg
     from trainer.model import build_model
-    from trainer.model.build import _init_seed_of
+    from trainer.model.transforms import _init_seed_of
 
     cfg = tiny_cfg()
     with dist_session(cfg) as info:

@@ -16,7 +16,7 @@ from primus_contract.hf_config import HFConfigError, check_pretrained, model_fie
 from tests.conftest import cli
 from tests.hf_tiny import load_tiny, save_tiny
 from tests.model_helpers import dist_session, tiny_cfg
-from trainer.model import build_model
+from trainer.model import build
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
@@ -45,10 +45,10 @@ def recipe_for(path, **trainer) -> object:
 
 def megatron_logits(cfg, tokens, pretrained=True):
     with dist_session(cfg) as info:
-        model = build_model(cfg, info.device).eval()
+        built = build(cfg, info.device)
+        model = built.model.eval()
         with torch.no_grad():
-            return model(input_ids=tokens, position_ids=None, attention_mask=None), \
-                getattr(model, "_primus_weights_line", "")
+            return model(input_ids=tokens, position_ids=None, attention_mask=None), built.line("hf import") or ""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

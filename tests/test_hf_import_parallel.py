@@ -31,14 +31,15 @@ def _import(run: str, par: dict, root: str) -> dict:
     from megatron.core import parallel_state as ps
 
     from tests.model_helpers import dist_session
-    from trainer.model import build_model
+    from trainer.model import build
     from trainer.model.layout import full_global_state_dict
 
     family = run.split("/")[0]
     cfg = _cfg(f"{root}/{family}", par)
     with dist_session(cfg) as info:
-        model = build_model(cfg, info.device).eval()
-        out = {"state": full_global_state_dict(model), "line": model._primus_weights_line}
+        built = build(cfg, info.device)
+        model = built.model.eval()
+        out = {"state": full_global_state_dict(model), "line": built.line("hf import")}
         if not par.get("pipeline"):
             with torch.no_grad():
                 logits = model(input_ids=TOKENS, position_ids=None, attention_mask=None)

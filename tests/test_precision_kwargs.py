@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainer.precision import PrecisionError, transformer_config_kwargs
+from trainer.precision import PrecisionError, resolve, transformer_config_kwargs
 from trainer.precision.capabilities import Environment
 from trainer.precision.config_kwargs import te_environment
 
@@ -17,30 +17,34 @@ def cfg(**precision):
     return {"trainer": {"model": {"num_layers": 4}, "precision": precision}}
 
 
+def kwargs(recipe, env):
+    return transformer_config_kwargs(resolve(recipe, env))
+
+
 def test_bf16_and_fp32():
-    assert transformer_config_kwargs(cfg(bf16=True), CPU) == {"bf16": True, "params_dtype": torch.bfloat16}
-    assert transformer_config_kwargs(cfg(bf16=False), CPU) == {"bf16": False, "params_dtype": torch.float32}
+    assert kwargs(cfg(bf16=True), CPU) == {"bf16": True, "params_dtype": torch.bfloat16}
+    assert kwargs(cfg(bf16=False), CPU) == {"bf16": False, "params_dtype": torch.float32}
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise"])
 def test_fp8(recipe):
-    kw = transformer_config_kwargs(cfg(fp8="hybrid", fp8_recipe=recipe), H200)
+    kw = kwargs(cfg(fp8="hybrid", fp8_recipe=recipe), H200)
     assert kw["fp8"] == "hybrid" and kw["fp8_recipe"] == recipe and "fp4" not in kw
 
 
 def test_fp8_param_reaches_megatron_only_when_asked():
-    assert transformer_config_kwargs(cfg(fp8="hybrid", fp8_param=True, fp8_recipe="tensorwise"), H200)["fp8_param"] is True
-    assert transformer_config_kwargs(cfg(fp8="hybrid"), H200)["fp8_param"] is False
+    assert kwargs(cfg(fp8="hybrid", fp8_param=True, fp8_recipe="tensorwise"), H200)["fp8_param"] is True
+    assert kwargs(cfg(fp8="hybrid"), H200)["fp8_param"] is False
 
 
 def test_native_nvfp4():
-    kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_param=True), B200)
+    kw = kwargs(cfg(fp4="e2m1", fp4_param=True), B200)
     assert (kw["fp4"], kw["fp4_recipe"], kw["fp4_param"]) == ("e2m1", "nvfp4", True)
     assert "fp8" not in kw
 
 
 def test_native_mxfp4_routes_through_custom_hook():
-    kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_recipe="mxfp4"), MI355)
+    kw = kwargs(cfg(fp4="e2m1", fp4_recipe="mxfp4"), MI355)
     assert kw["fp4_recipe"] == "custom" and kw["fp4_quantizer_factory"].endswith("te_factory.rocm_mxfp4_factory")
 
 
@@ -50,18 +54,18 @@ def test_native_mxfp4_routes_through_custom_hook():
                                          "nvfp4_rht_sr_factory"),
                                         ({"fp4_recipe": "mxfp4"}, "mxfp4_factory")])
 def test_emulated_under_te_uses_custom_factory(flags, name):
-    kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_emulation=True, **flags), H200)
+    kw = kwargs(cfg(fp4="e2m1", fp4_emulation=True, **flags), H200)
     assert kw["fp4_recipe"] == "custom"
     assert kw["fp4_quantizer_factory"] == f"trainer.precision.te_factory.{name}"
 
 
 def test_emulated_without_te_leaves_megatron_plain():
-    kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_emulation=True, bf16=False), CPU)
+    kw = kwargs(cfg(fp4="e2m1", fp4_emulation=True, bf16=False), CPU)
     assert kw == {"bf16": False, "params_dtype": torch.float32}
 
 
 def test_first_last_layers():
-    kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_emulation=True, first_last_layers_bf16=True,
+    kw = kwargs(cfg(fp4="e2m1", fp4_emulation=True, first_last_layers_bf16=True,
                                        num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=2), H200)
     assert kw["first_last_layers_bf16"] is True
     assert (kw["num_layers_at_start_in_bf16"], kw["num_layers_at_end_in_bf16"]) == (1, 2)
@@ -70,7 +74,7 @@ def test_first_last_layers():
 def test_kwargs_build_a_real_transformer_config():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    kw = transformer_config_kwargs(cfg(fp4="e2m1", fp4_emulation=True, first_last_layers_bf16=True), H200)
+    kw = kwargs(cfg(fp4="e2m1", fp4_emulation=True, first_last_layers_bf16=True), H200)
     tc = TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, **kw)
     assert tc.fp4 == "e2m1" and tc.fp4_recipe == "custom" and tc.fp4_quantizer_factory.endswith("nvfp4_factory")
     assert tc.fp8 is None and tc.params_dtype == torch.bfloat16
@@ -81,7 +85,7 @@ def test_missing_megatron_field_is_an_error(monkeypatch):
 
     monkeypatch.setattr(ck, "_transformer_config_fields", lambda: {"bf16", "params_dtype", "fp8", "fp8_recipe"})
     with pytest.raises(PrecisionError, match="fp4, fp4_quantizer_factory, fp4_recipe"):
-        transformer_config_kwargs(cfg(fp4="e2m1", fp4_emulation=True), H200)
+        kwargs(cfg(fp4="e2m1", fp4_emulation=True), H200)
 
 
 def test_te_environment_for_native_nvfp4():

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.model_helpers import dist_session, free_port, packed_batch, perturb_adapters, tiny_cfg
-from trainer.model import allreduce_sequence_parallel_grads, build_model, chunked_loss, forward_losses
+from trainer.model import allreduce_sequence_parallel_grads, build, build_model, chunked_loss, forward_losses
 from trainer.model.sharding import full_state_dict, load_full_state_dict, to_full
 
 DOCS = [13, 22, 8, 21]
@@ -47,8 +47,9 @@ def _tp_run(rank, world, port, sp, full, batch):
     with dist_session(cfg) as info:
         from megatron.core import parallel_state as ps
 
-        model = build_model(cfg, info.device)
-        assert model._primus_chunked_loss
+        built = build(cfg, info.device)
+        model = built.model
+        assert built.line("chunked loss")  # installed (not megatron's output layer + loss)
         assert (model.decoder.layers[0].mlp.linear_fc2.input_act is not None) == sp
         load_full_state_dict(model, full)
         losses = _run(model, batch)

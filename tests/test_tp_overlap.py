@@ -7,7 +7,6 @@ from tests.model_helpers import tiny_cfg
 from trainer.config import ConfigError
 from trainer.model import tp_overlap
 from trainer.model.build import make_transformer_config
-from trainer.model.forward import model_inputs
 
 ON = {"parallelism": {"tensor": 2, "sequence_parallel": True, "tp_comm_overlap": True}}
 
@@ -18,9 +17,9 @@ def test_off_by_default_sets_nothing():
     assert tp_overlap.config_kwargs(cfg) == {}
     config = make_transformer_config(cfg, torch.device("cpu"), use_te=False)
     assert config.tp_comm_overlap is False
-    tp_overlap._tokens = 4096  # as left by an earlier model with the overlap in this process
-    assert tp_overlap.initialize(cfg, config, torch.device("cpu"), use_te=False) is None
-    tp_overlap.check_tokens(16)  # no stale buffer size refuses this model's micro-batches
+    tokens = tp_overlap.initialize(cfg, config, torch.device("cpu"), use_te=False)
+    assert tokens is None
+    tp_overlap.check_tokens(16, tokens)  # no buffer size refuses this model's micro-batches
 
 
 def test_flags_reach_a_real_transformer_config():
@@ -61,14 +60,24 @@ def test_fp8_variants_userbuffers_cannot_carry(precision, expect):
         tp_overlap.initialize(cfg, config, torch.device("cuda"), use_te=True)
 
 
-def test_micro_batch_must_match_the_buffers(monkeypatch):
-    monkeypatch.setattr(tp_overlap, "_tokens", 2 * 16)
-    model = torch.nn.Linear(2, 2)
-    batch = {"tokens": torch.zeros(2, 16, dtype=torch.long), "labels": torch.zeros(2, 16, dtype=torch.long)}
-    assert model_inputs(model, batch)["input_ids"].shape == (1, 32)
-    short = {k: v[:1] for k, v in batch.items()}
+def test_micro_batch_must_match_the_buffers():
+    tp_overlap.check_tokens(2 * 16, 2 * 16)
     with pytest.raises(ValueError, match="micro-batch of 16 tokens.*= 32"):
-        model_inputs(model, short)
+        tp_overlap.check_tokens(16, 2 * 16)
+
+
+def test_evaluation_checks_every_micro_batch():
+    """The buffers' size travels with the built model (BuiltModel.ub_tokens) to evaluation's micro-batches (and
+    the loop's: Trainer.micro_batches); a 16-token pack against 32-token buffers is refused before any forward."""
+    import numpy as np
+
+    from trainer.evaluate import evaluate
+
+    pack = {"input_ids": np.zeros(16, np.int64), "labels": np.zeros(16, np.int64), "loss_mask": np.ones(16),
+            "position_ids": np.arange(16), "cu_seqlens": [0, 16], "num_tokens": 16}
+    with pytest.raises(ValueError, match="micro-batch of 16 tokens.*= 32"):
+        evaluate(torch.nn.Linear(2, 2), None, [pack], global_batch_size=1, micro_batch_size=1, eval_iters=1, seed=0,
+                 dp_rank=0, dp_size=1, device=torch.device("cpu"), ub_tokens=32)
 
 
 def test_log_line_counts_norm_linears_that_cannot_overlap(monkeypatch):

@@ -33,14 +33,15 @@ def _say(msg: str, logger=None) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _check_at_start(cfg) -> None:
+def _check_at_start(cfg) -> "precision.Precision":
     """Refuse (one line, exit 2) a recipe the contract refuses or this machine cannot run; never fall back
-    silently (trainer/start_check.py: the same rules `submit` ran, then the machine's)."""
+    silently (trainer/start_check.py: the same rules `submit` ran, then the machine's). The run's precision,
+    resolved here once and passed down."""
     os.environ.update(precision.te_environment(cfg))  # read by TE at import: set before anything imports it
     from trainer.start_check import StartRefused, pre_start
 
     try:
-        pre_start(cfg)
+        return pre_start(cfg)
     except StartRefused as err:
         raise SetupError(f"config error | {err}") from None
 
@@ -84,10 +85,10 @@ def main(argv=None) -> int:
     try:
         try:
             cfg = load_config(args.config)
-            _check_at_start(cfg)
+            prec = _check_at_start(cfg)
         except (ConfigError, OSError) as err:
             raise SetupError(f"config error | {err}") from None
-        return _train(cfg, run_dir, attempt)
+        return _train(cfg, prec, run_dir, attempt)
     except SetupError as err:  # before the run's logger exists: rank 0 still writes its log, which status reads
         _say(str(err), _early_logger(run_dir, attempt))
         return EXIT_CONFIG
@@ -105,7 +106,7 @@ def _early_logger(run_dir: str, attempt: int):
         return None
 
 
-def _train(cfg, run_dir: str, attempt: int) -> int:
+def _train(cfg, prec, run_dir: str, attempt: int) -> int:
     from trainer.data.errors import DataError
     from trainer.distributed import destroy_distributed, init_distributed
     from trainer.logger import TrainLogger
@@ -121,7 +122,7 @@ def _train(cfg, run_dir: str, attempt: int) -> int:
         logger.args(cfg)
         if schedule_note:
             logger.line(schedule_note)
-        trainer = _build(cfg, run_dir, info, logger, stop, rhash, resume_path)
+        trainer = _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path)
         return trainer.run()
     except (SetupError, DataError, ConfigError) as err:
         _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
@@ -136,9 +137,9 @@ def _train(cfg, run_dir: str, attempt: int) -> int:
         destroy_distributed()
 
 
-def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
+def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
     from trainer.data import build_datasets
-    from trainer.model import adapter_state_dict, build_model, export_peft, forward_losses
+    from trainer.model import adapter_state_dict, build, export_peft, forward_losses
     from trainer.optim import build_optimizer, trainable_parameters
     from trainer.train import Trainer
 
@@ -147,23 +148,12 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
         if isinstance(st, dict):
             logger.line(f"data | split {split} | " + " | ".join(
                 f"{k} {v}" for k, v in st.items() if isinstance(v, (int, float, str)) and k != "cache_path"))
-    model = build_model(cfg, info.device)
-    precision.apply_emulation(model, cfg)
-    line = precision.describe(cfg, model)
+    built = build(cfg, info.device, prec)  # the model transforms, in order (trainer.model.transforms)
+    model = built.model
+    line = precision.describe(prec, model)
     logger.record("precision", line, line=line)
-    if getattr(model, "_primus_weights_line", None):
-        logger.line(model._primus_weights_line)
-    wired = getattr(model, "_primus_adapter_inputs", None)
-    if wired is not None:  # trainer.recompute.adapter_inputs: what it rewired (zero: nothing eligible)
-        logger.line(f"adapter inputs | scope {cfg.trainer.recompute.adapter_inputs_scope} | fc2 {wired['fc2']} | "
-                    f"norm {wired['norm']}")
-    ub_tokens = getattr(model, "_primus_tp_overlap", None)
-    if ub_tokens:
-        from trainer.model.tp_overlap import describe
-
-        logger.line(describe(model, ub_tokens))
-    if getattr(model, "_primus_chunked_loss", False):
-        logger.line("chunked loss | output layer + cross-entropy in token chunks, logits not kept")
+    for line in built.log_lines:
+        logger.line(line)
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, cfg.trainer.schedule)
     start = 0
@@ -179,7 +169,7 @@ def _build(cfg, run_dir, info, logger, stop, rhash, resume_path):
                     + (f" | {note}" if note else ""))
     return Trainer(cfg, run_dir, info, model, optimizer, params, train_packs, val_packs, forward_losses, logger, stop,
                    adapter_state_dict, start_iteration=start, last_saved=start if resume_path else 0,
-                   export_peft=export_peft, recipe_hash=rhash)
+                   export_peft=export_peft, recipe_hash=rhash, ub_tokens=built.ub_tokens)
 
 
 if __name__ == "__main__":

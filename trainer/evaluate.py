@@ -7,9 +7,12 @@ number of whole global batches in the split (at least 1; a split smaller than on
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from trainer.loss import all_reduce_sum, masked_sum
+from trainer.model.tp_overlap import check_tokens
 
 
 def move_batch(batch: dict, device: torch.device) -> dict:
@@ -23,7 +26,9 @@ def num_eval_batches(num_val_packs: int, global_batch_size: int, eval_iters: int
 
 @torch.no_grad()
 def evaluate(model, forward_losses, val_packs, *, global_batch_size: int, micro_batch_size: int, eval_iters: int,
-             seed: int, dp_rank: int, dp_size: int, device: torch.device, dp_group=None) -> float:
+             seed: int, dp_rank: int, dp_size: int, device: torch.device, dp_group=None,
+             ub_tokens: Optional[int] = None) -> float:
+    """`ub_tokens`: the TE userbuffers' token count, which every micro-batch must have (None: no check)."""
     from trainer.data.batching import rank_micro_batches
 
     was_training = model.training
@@ -33,6 +38,7 @@ def evaluate(model, forward_losses, val_packs, *, global_batch_size: int, micro_
         for k in range(num_eval_batches(len(val_packs), global_batch_size, eval_iters)):
             for mb in rank_micro_batches(val_packs, global_batch_size, micro_batch_size, k, seed,
                                          dp_rank=dp_rank, dp_size=dp_size, shuffle=False):
+                check_tokens(int(mb["tokens"].numel()), ub_tokens)
                 batch = move_batch(mb, device)
                 per_token = forward_losses(model, batch)
                 total[0] += masked_sum(per_token, batch["loss_mask"]).double()

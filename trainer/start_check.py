@@ -30,33 +30,33 @@ def _field_of(message: str) -> Optional[str]:
     return primus_contract.ContractError(message).field or (message.split(":")[0].split()[0] if message else None)
 
 
-def pre_start(cfg, env: Optional[Environment] = None, megatron: bool = True) -> "precision.gating.Mode":
-    """Raise StartRefused unless the recipe runs on `env` (None: probe this process's machine); the Mode."""
+def pre_start(cfg, env: Optional[Environment] = None, megatron: bool = True) -> precision.Precision:
+    """Raise StartRefused unless the recipe runs on `env` (None: probe this process's machine); the run's
+    precision, resolved (the one probe and Mode of a training run)."""
     try:
         primus_contract.check_resolved(cfg.to_dict())
     except primus_contract.ContractError as err:
         raise StartRefused(str(err), err.field) from None
-    env = env or precision.probe_environment(cfg.trainer.distributed.device)
     try:
-        mode = precision.check_capabilities(cfg, env)
+        prec = precision.resolve(cfg, env)
         DataOptions.from_config(cfg)
     except (precision.PrecisionError, DataError, ConfigError) as err:
         raise StartRefused(str(err), _field_of(str(err))) from None
     if megatron:
-        _megatron_config(cfg, env)
-    return mode
+        _megatron_config(cfg, prec)
+    return prec
 
 
-def _megatron_config(cfg, env: Environment) -> None:
+def _megatron_config(cfg, prec: precision.Precision) -> None:
     """megatron-core's own TransformerConfig checks, on the kwargs the model build will pass."""
     import torch
 
     from trainer.model.build import make_transformer_config
     from trainer.model.specs import te_available
 
-    device = torch.device("cuda" if env.device == "cuda" else "cpu")
+    device = torch.device("cuda" if prec.env.device == "cuda" else "cpu")
     try:
-        make_transformer_config(cfg, device, te_available(device), env)
+        make_transformer_config(cfg, device, te_available(device), prec)
     except (ValueError, AssertionError, ConfigError, precision.PrecisionError) as err:
         line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise StartRefused(f"megatron-core refuses the recipe: {line}", _field_of(line)) from None

@@ -28,6 +28,7 @@ from trainer.evaluate import evaluate
 from trainer.flops import doc_length_stats, step_flops
 from trainer.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
 from trainer.loss import all_reduce_sum, local_token_count, step_header
+from trainer.model.tp_overlap import check_tokens
 from trainer.optim import clip_gradients, reduce_gradients
 from trainer.pipeline import accumulate_gradients
 from trainer.precision import fp8_params
@@ -100,7 +101,8 @@ class Trainer:
     def __init__(self, cfg, run_dir: str, info, model, optimizer, params, train_packs, val_packs,
                  forward_losses: Callable, logger: TrainLogger, stop: StopSignal,
                  adapter_state_dict: Callable, start_iteration: int = 0, last_saved: Optional[int] = None,
-                 export_peft: Optional[Callable] = None, recipe_hash: str = "") -> None:
+                 export_peft: Optional[Callable] = None, recipe_hash: str = "",
+                 ub_tokens: Optional[int] = None) -> None:
         from megatron.core import parallel_state as ps
 
         t = cfg.trainer
@@ -110,6 +112,7 @@ class Trainer:
         self.forward_losses, self.adapter_state_dict, self.export_peft = forward_losses, adapter_state_dict, export_peft
         self.log, self.stop = logger, stop
         self.iteration, self.last_saved, self.recipe_hash = int(start_iteration), last_saved, recipe_hash
+        self.ub_tokens = ub_tokens  # TE userbuffers' token count: every micro-batch's (None: no tp_comm_overlap)
         self.schedule = LRSchedule.from_config(t.schedule)
         self.device = info.device
         self.dp_group = ps.get_data_parallel_group(with_context_parallel=True)
@@ -129,8 +132,12 @@ class Trainer:
         from trainer.data.batching import rank_micro_batches
 
         s = self.t.schedule
-        return rank_micro_batches(self.train_packs, int(s.global_batch_size), int(s.micro_batch_size), iteration,
-                                  self.seed, dp_rank=self.dp_rank, dp_size=self.dp_size, shuffle=bool(self.t.data.shuffle))
+        batches = rank_micro_batches(self.train_packs, int(s.global_batch_size), int(s.micro_batch_size), iteration,
+                                     self.seed, dp_rank=self.dp_rank, dp_size=self.dp_size,
+                                     shuffle=bool(self.t.data.shuffle))
+        for mb in batches:
+            check_tokens(int(mb["tokens"].numel()), self.ub_tokens)
+        return batches
 
     def step(self, micro_batches: list[dict], lr: float) -> Optional[StepResult]:
         """One optimizer step; None (nothing done) when any rank received a stop signal."""
@@ -228,7 +235,8 @@ class Trainer:
         s = self.t.schedule
         loss = evaluate(self.model, self.forward_losses, self.val_packs, global_batch_size=int(s.global_batch_size),
                         micro_batch_size=int(s.micro_batch_size), eval_iters=int(s.eval_iters), seed=self.seed,
-                        dp_rank=self.dp_rank, dp_size=self.dp_size, device=self.device, dp_group=self.dp_group)
+                        dp_rank=self.dp_rank, dp_size=self.dp_size, device=self.device, dp_group=self.dp_group,
+                        ub_tokens=self.ub_tokens)
         self.log.record("eval", f"eval iteration {self.iteration} | eval loss {fmt_sci(loss)}",
                         iteration=self.iteration, eval_loss=loss)
         self.log.scalars(self.iteration, {"eval_loss": loss})

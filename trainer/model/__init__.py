@@ -1,8 +1,8 @@
 """Model half of the trainer: GPTModel construction, LoRA, HF import and PEFT export.
 
-    from trainer.model import build_model, forward_losses, adapter_state_dict, ...
+    from trainer.model import build, build_model, forward_losses, adapter_state_dict, ...
 """
-from trainer.model.build import build_model
+from trainer.model.build import BuiltModel, build, build_model
 from trainer.model.forward import forward_losses
 from trainer.model.lora import (adapter_state_dict, allreduce_sequence_parallel_grads,
                                 load_adapter_state_dict)
@@ -14,5 +14,5 @@ def export_peft(model, cfg, out_dir):
     return _export(model, cfg, out_dir)
 
 
-__all__ = ["build_model", "forward_losses", "adapter_state_dict", "load_adapter_state_dict",
+__all__ = ["BuiltModel", "build", "build_model", "forward_losses", "adapter_state_dict", "load_adapter_state_dict",
            "allreduce_sequence_parallel_grads", "export_peft"]

@@ -1,32 +1,26 @@
 """Build the megatron-core GPTModel from the resolved recipe, with LoRA applied.
 
-    model = build_model(cfg, device)
+    built = build(cfg, device, prec)   # BuiltModel: the model, the transforms' log lines, the userbuffers' size
+    model = build_model(cfg, device)   # the model alone
 
 TransformerConfig comes from cfg.trainer.model (Llama family: GQA, RoPE, RMSNorm, SwiGLU, no biases,
 untied embeddings; MoE / MLA / RoPE scaling keywords from trainer.model.arch), cfg.trainer.parallelism, cfg.trainer.recompute and cfg.trainer.precision (merged
-with trainer.precision.transformer_config_kwargs(cfg) when that module exists). The layer spec is TE's
+with trainer.precision.transformer_config_kwargs of the resolved precision). The layer spec is TE's
 on a GPU with Transformer Engine, megatron's local spec + SDPACoreAttention otherwise.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
+from trainer import precision
 from trainer.config import ConfigError
 from trainer.model import arch, seeding, specs, tp_overlap
-from trainer.model.chunked_loss import install_chunked_loss
-from trainer.model.hf_import import load_hf
-from trainer.model.lora import apply_lora
-from trainer.model.lora_inputs import wire_adapter_input_recompute
-from trainer.precision import fp8_params
-
-
-def _precision_kwargs(cfg, env=None) -> dict:
-    try:
-        from trainer.precision import transformer_config_kwargs
-    except ImportError:
-        return {}
-    return dict(transformer_config_kwargs(cfg, env))
+from trainer.model.transforms import BuildContext, apply_transforms
+from trainer.precision import Precision, fp8_params
 
 
 def _recompute_kwargs(rcfg) -> dict:
@@ -41,14 +35,14 @@ def _recompute_kwargs(rcfg) -> dict:
     raise ValueError(f"trainer.recompute.granularity must be null|full|selective, got {gran!r}")
 
 
-def make_transformer_config(cfg, device: torch.device, use_te: bool, env=None):
-    """TransformerConfig for the recipe; fusions only where their kernels exist (GPU). `env`: the machine's
-    precision Environment (None: probed)."""
-    m, par, prec = cfg.trainer.model, cfg.trainer.parallelism, cfg.trainer.precision
+def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optional[Precision] = None):
+    """TransformerConfig for the recipe; fusions only where their kernels exist (GPU). `prec`: the run's
+    resolved precision (None: resolved here)."""
+    m, par, pcfg = cfg.trainer.model, cfg.trainer.parallelism, cfg.trainer.precision
     if int(par.context) > 1:  # (validate refuses it too; a hand-edited resolved recipe ends here)
         raise ConfigError("trainer.parallelism.context > 1 is not supported yet: packed (THD) batches are not "
                           "split across context-parallel ranks; use 1")
-    bf16 = bool(prec.bf16)
+    bf16 = bool(pcfg.bf16)
     dtype = torch.bfloat16 if bf16 else torch.float32
     on_gpu = device.type == "cuda"
     kwargs = dict(
@@ -74,12 +68,12 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, env=None):
         calculate_per_token_loss=True,
         batch_p2p_comm=on_gpu,  # batched isend/irecv needs torch.cuda.synchronize
         # TE keeps FP8/FP4 copies of the frozen base weights between steps unless told not to
-        disable_parameter_transpose_cache=not bool(prec.fp8_weight_cache),
+        disable_parameter_transpose_cache=not bool(pcfg.fp8_weight_cache),
     )
     kwargs.update(arch.moe_kwargs(m, use_te, on_gpu, par))
     kwargs.update(arch.mla_kwargs(m))
     kwargs.update(_recompute_kwargs(cfg.trainer.recompute))
-    kwargs.update(_precision_kwargs(cfg, env))
+    kwargs.update(precision.transformer_config_kwargs(prec or precision.resolve(cfg)))
     kwargs.update(tp_overlap.config_kwargs(cfg))
     return arch.config_class(m)(**kwargs)
 
@@ -99,54 +93,51 @@ def _require_input_grads(model) -> None:
     emb.register_forward_hook(hook)
 
 
-def build_model(cfg, device: torch.device):
-    """GPTModel on `device` with the base frozen and LoRA adapters trainable."""
-    from megatron.core import parallel_state as ps
+@dataclass(frozen=True)
+class BuiltModel:
+    """The built model and what its transforms decided: `lines` is ((transform name, log line or None), ...) of
+    the transforms that applied, in order; `ub_tokens` the TE userbuffers' token count (None: no
+    tp_comm_overlap), which every micro-batch must have (trainer.model.tp_overlap.check_tokens)."""
+    model: torch.nn.Module
+    precision: Precision
+    lines: tuple = ()
+    ub_tokens: Optional[int] = None
 
+    def line(self, name: str) -> Optional[str]:
+        """The log line of transform `name` (None: it did not apply, or had nothing to say)."""
+        return dict(self.lines).get(name)
+
+    @property
+    def log_lines(self) -> list[str]:
+        return [line for _, line in self.lines if line]
+
+
+def build(cfg, device: torch.device, prec: Optional[Precision] = None) -> BuiltModel:
+    """GPTModel on `device`, the base frozen and LoRA adapters trainable, with every transform of
+    trainer.model.transforms applied. `prec`: the run's resolved precision (None: resolved here)."""
     device = torch.device(device)
+    prec = prec or precision.resolve(cfg)
     use_te = specs.te_available(device)
     if device.type == "cpu":
         from trainer.model import cpu_compat
 
         cpu_compat.install()
-    m = cfg.trainer.model
-    config = make_transformer_config(cfg, device, use_te)
+    config = make_transformer_config(cfg, device, use_te, prec)
     setattr(config, seeding.SEED_ATTR, int(cfg.experiment.seed))  # per-layer init seeds (trainer.model.seeding)
     ub_tokens = tp_overlap.initialize(cfg, config, device, use_te)  # before TE's linears are built
     with fp8_params.init_context(config):
-        model = _gpt_model(config, m, device)
-    model._primus_uses_te = use_te
-    model._primus_tp_overlap = ub_tokens
+        model = _gpt_model(config, cfg.trainer.model, device)
     model.to(device)
-    if cfg.trainer.checkpoint.pretrained:
-        model._primus_weights_line = load_hf(model, cfg.trainer.checkpoint.pretrained, m.to_dict())
-    elif getattr(config, "fp8_param", False):  # delayed scaling: initial FP8 weights drawn again, own scales
-        checks = fp8_params.redraw_delayed(model, _init_seed_of(model, int(cfg.experiment.seed)))
-        if checks:
-            model._primus_weights_line = "fp8_param | initial weights drawn in BF16 and quantized with their " \
-                "own scales" + fp8_params.checks_summary(checks)
-    apply_lora(model, cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
-               tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=config.sequence_parallel,
-               seed=int(cfg.experiment.seed))
-    if cfg.trainer.recompute.adapter_inputs:
-        model._primus_adapter_inputs = wire_adapter_input_recompute(model, cfg.trainer.recompute.adapter_inputs_scope)
-    if cfg.trainer.recompute.chunked_loss:
-        model._primus_chunked_loss = install_chunked_loss(model)
+    lines = apply_transforms(model, BuildContext(cfg, config, device, prec, ub_tokens))
     model.to(device)
     if config.recompute_granularity is not None:
         _require_input_grads(model)
-    return model
+    return BuiltModel(model, prec, lines, ub_tokens)
 
 
-def _init_seed_of(model, seed: int):
-    """Per-weight init seed: (experiment seed, global layer name, TP rank), so any PP layout draws alike."""
-    from megatron.core import parallel_state as ps
-
-    from trainer.model.layout import namer
-    from trainer.model.lora import _seed
-
-    global_name, tp_rank = namer(model), ps.get_tensor_model_parallel_rank()
-    return lambda name: _seed(seed, f"{global_name(name)}@tp{tp_rank}") % 2**63
+def build_model(cfg, device: torch.device, prec: Optional[Precision] = None):
+    """build(...)'s model alone."""
+    return build(cfg, device, prec).model
 
 
 def _gpt_model(config, m, device):

@@ -77,8 +77,8 @@ def layer_spec(mcfg, device: torch.device):
 
 
 def uses_te(model) -> bool:
-    """Whether a built model runs TE modules (decides the THD batch layout and qkv_format)."""
-    return getattr(model, "_primus_uses_te", False)
+    """Whether a built model runs Transformer Engine modules (a class of TE's among its modules' bases)."""
+    return any(c.__module__.startswith("transformer_engine") for m in model.modules() for c in type(m).__mro__)
 
 
 def block_spec(config, mcfg, device: torch.device):

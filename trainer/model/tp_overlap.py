@@ -1,8 +1,8 @@
 """Tensor-parallel communication overlap: TE userbuffers for sequence-parallel TP.
 
     kwargs = config_kwargs(cfg)                  # TransformerConfig flags ({} when off)
-    initialize(cfg, config, device, use_te)      # the userbuffers, once, before the model is built
-    check_tokens(n)                              # a micro-batch must have the buffers' token count
+    tokens = initialize(cfg, config, device, use_te)   # the userbuffers, once, before the model is built
+    check_tokens(n, tokens)                      # a micro-batch must have the buffers' token count
 
 With sequence parallelism every TP linear all-gathers its input (column-parallel) or reduce-scatters its
 output (row-parallel), in forward and again in backward; with NCCL these run between the GEMMs. TE's
@@ -36,7 +36,6 @@ from trainer.config import ConfigError
 
 # the column linears' dgrad reduce-scatter pipelined with their dgrad GEMM (no wgrad GEMM to hide behind)
 UB_CONFIG = {"qkv_dgrad": {"method": "pipeline"}, "fc1_dgrad": {"method": "pipeline"}}
-_tokens: int | None = None
 
 
 def config_kwargs(cfg) -> dict:
@@ -49,9 +48,8 @@ def config_kwargs(cfg) -> dict:
 
 
 def initialize(cfg, config, device, use_te: bool) -> int | None:
-    """Create TE's userbuffers for this recipe; returns their token count (None when off)."""
-    global _tokens
-    _tokens = None  # (a model built earlier in this process may have set it)
+    """Create TE's userbuffers for this recipe; returns their token count (None when off), which the caller
+    keeps (trainer.model.build.BuiltModel.ub_tokens) and checks every micro-batch against."""
     if not getattr(config, "tp_comm_overlap", False):
         return None
     t = cfg.trainer
@@ -76,15 +74,15 @@ def initialize(cfg, config, device, use_te: bool) -> int | None:
     else:  # TE before quantization_modes
         kwargs["use_fp8"] = bool(config.fp8)
     te_base.initialize_ub(**kwargs)
-    _tokens = tokens
     return tokens
 
 
-def check_tokens(n: int) -> None:
-    """Refuse a micro-batch whose token count differs from the userbuffers' (TE would fail obscurely)."""
-    if _tokens is not None and n != _tokens:
+def check_tokens(n: int, tokens: int | None) -> None:
+    """Refuse a micro-batch of `n` tokens when the userbuffers hold `tokens` (None: no userbuffers; TE would
+    fail obscurely)."""
+    if tokens is not None and n != tokens:
         raise ValueError(f"trainer.parallelism.tp_comm_overlap: a micro-batch of {n} tokens, but the userbuffers "
-                         f"hold sample length x micro_batch_size = {_tokens}; every micro-batch must be that size")
+                         f"hold sample length x micro_batch_size = {tokens}; every micro-batch must be that size")
 
 
 def describe(model, tokens: int) -> str:

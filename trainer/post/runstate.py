@@ -65,7 +65,6 @@ def check_precision(cfg) -> None:
 
 def load_model(cfg, path: str):
     """(model in eval mode, DistInfo, iteration): built as in training, adapters of checkpoint `path`."""
-    from trainer import precision
     from trainer.distributed import init_distributed
     from trainer.model import build_model
     from trainer.optim import build_optimizer, trainable_parameters
@@ -75,8 +74,7 @@ def load_model(cfg, path: str):
     if "RANK" not in os.environ:  # one process: a free port, not the job script's (a training job may hold it)
         os.environ.pop("MASTER_PORT", None)
     info = init_distributed(cfg)
-    model = build_model(cfg, info.device)
-    precision.apply_emulation(model, cfg)
+    model = build_model(cfg, info.device)  # (FP4 emulation included: trainer.model.transforms)
     optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)  # restore() fills it too
     iteration, note = restore(path, model, optimizer, info)
     say(f"checkpoint loaded | iteration {iteration} | path {path}" + (f" | {note}" if note else ""))

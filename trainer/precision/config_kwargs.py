@@ -6,11 +6,10 @@ GPU); a key the chosen mode *needs* but megatron lacks is a PrecisionError, neve
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
-from .capabilities import Environment, probe_environment
 from .errors import PrecisionError
-from .gating import Mode, resolve_mode
+from .gating import Mode, Precision
 from .settings import PrecisionSettings
 
 FACTORY_MODULE = "trainer.precision.te_factory"
@@ -78,11 +77,9 @@ def _filter(kw: dict, required: set, available: set, what: str) -> dict:
     return {k: v for k, v in kw.items() if k in available}
 
 
-def transformer_config_kwargs(cfg: Any, env: Optional[Environment] = None) -> dict:
+def transformer_config_kwargs(p: Precision) -> dict:
     """kwargs for megatron.core TransformerConfig (bf16/params_dtype, fp8*, fp4*, first/last bf16)."""
-    s = PrecisionSettings.from_cfg(cfg)
-    mode = resolve_mode(s, env or probe_environment(s.device))
-    kw, required = build_kwargs(s, mode)
+    kw, required = build_kwargs(p.settings, p.mode)
     return _filter(kw, required, _transformer_config_fields(), "TransformerConfig")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .errors import PrecisionError
+from .gating import Precision
 from .qdq import qdq
 from .settings import FIELD, PrecisionSettings
 from .weight_cache import cached
@@ -125,18 +126,15 @@ def _targets(model: torch.nn.Module, s: PrecisionSettings):
     return found
 
 
-def apply_emulation(model: Any, cfg: Any) -> int:
+def apply_emulation(model: Any, p: Precision) -> int:
     """Wrap the model's megatron local linears for FP4 emulation; returns how many were wrapped.
 
-    0 when fp4_emulation is off, or when TE is present on this GPU (TE's CustomRecipe path emulates then,
-    via transformer_config_kwargs). Raises PrecisionError if emulation is on but nothing could be wrapped.
+    0 unless the resolved mode is fp4-local-emulated (fp4_emulation off, or TE on this GPU: TE's
+    CustomRecipe path emulates then, via transformer_config_kwargs), or when they are wrapped already.
+    Raises PrecisionError if emulation is on but nothing could be wrapped.
     """
-    s = PrecisionSettings.from_cfg(cfg)
-    if not (s.fp4 and s.fp4_emulation):
-        return 0
-    from .gating import check_capabilities
-
-    if check_capabilities(cfg).kind != "fp4-local-emulated":
+    s = p.settings
+    if p.mode.kind != "fp4-local-emulated":
         return 0
     spec = spec_from_settings(s)
     chunks = model if isinstance(model, (list, tuple)) else [model]

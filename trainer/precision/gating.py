@@ -69,9 +69,24 @@ def resolve_mode(s: PrecisionSettings, env: Environment) -> Mode:
     return Mode("bf16" if s.bf16 else "fp32", None)
 
 
-def check_capabilities(cfg: Any, env: Optional[Environment] = None) -> Mode:
-    """Raise PrecisionError (one line) unless this machine can run cfg's precision; returns the Mode."""
+@dataclass(frozen=True)
+class Precision:
+    """The run's precision, resolved once at start and passed down (model build, megatron kwargs, FP4
+    emulation, the log line): the recipe's settings, the machine they were checked on, the mode."""
+    settings: PrecisionSettings
+    env: Environment
+    mode: Mode
+
+
+def resolve(cfg: Any, env: Optional[Environment] = None) -> Precision:
+    """Raise PrecisionError (one line) unless this machine can run cfg's precision; `env` None: probe this
+    process's machine (the one probe of a run)."""
     settings = PrecisionSettings.from_cfg(cfg)
     if env is None:
         env = probe_environment(settings.device)
-    return resolve_mode(settings, env)
+    return Precision(settings, env, resolve_mode(settings, env))
+
+
+def check_capabilities(cfg: Any, env: Optional[Environment] = None) -> Mode:
+    """The Mode of resolve(cfg, env)."""
+    return resolve(cfg, env).mode

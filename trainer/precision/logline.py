@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .gating import FP4_RECIPE_CLASS, FP8_RECIPE_CLASS, Mode, check_capabilities
+from .gating import FP4_RECIPE_CLASS, FP8_RECIPE_CLASS, Mode, Precision
 from .settings import PrecisionSettings
 
 
@@ -60,9 +60,9 @@ def tensor_class(s: PrecisionSettings, mode: Mode, weight: Optional[tuple[str, s
     return "torch.Tensor"
 
 
-def describe(cfg: Any, model: Any = None, mode: Optional[Mode] = None) -> str:
-    s = PrecisionSettings.from_cfg(cfg)
-    mode = mode or check_capabilities(cfg)
+def describe(p: Precision, model: Any = None) -> str:
+    """The line for the run's resolved precision (and the built model's weights, when given)."""
+    s, mode = p.settings, p.mode
     weight = _weight_class(model)
     fields = [
         "precision",

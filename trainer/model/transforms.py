@@ -1,0 +1,109 @@
+"""What happens to the GPTModel after megatron-core built it: one ordered list of transforms, one interface.
+
+    for t in TRANSFORMS:
+        if t.applies(ctx):
+            line = t.apply(model, ctx)   # its log line, or None when it has nothing to say
+
+In order: HF import (checkpoint.pretrained) | FP8 params (random-init FP8 weights drawn again with their own
+scales) | LoRA (base frozen, adapters wrapped) | adapter-input recompute | the TE userbuffers' report (set up
+before the model was built) | chunked loss | FP4 emulation (its count is in the precision line). The train loop
+logs the lines in this order, after the precision line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from trainer.model import tp_overlap
+from trainer.model.chunked_loss import install_chunked_loss
+from trainer.model.hf_import import load_hf
+from trainer.model.lora import apply_lora
+from trainer.model.lora_inputs import wire_adapter_input_recompute
+from trainer.precision import Precision, apply_emulation, fp8_params
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What the transforms read: the recipe, megatron's TransformerConfig, the device, the resolved precision
+    and the TE userbuffers' token count (None: no tp_comm_overlap)."""
+    cfg: Any
+    config: Any
+    device: torch.device
+    precision: Precision
+    ub_tokens: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Transform:
+    name: str
+    applies: Callable[[BuildContext], bool]
+    apply: Callable[[torch.nn.Module, BuildContext], Optional[str]]
+
+
+def _hf_import(model, ctx: BuildContext) -> str:
+    return load_hf(model, ctx.cfg.trainer.checkpoint.pretrained, ctx.cfg.trainer.model.to_dict())
+
+
+def _fp8_redraw(model, ctx: BuildContext) -> Optional[str]:
+    """Delayed scaling: the initial FP8 weights drawn again, each with its own scale."""
+    checks = fp8_params.redraw_delayed(model, _init_seed_of(model, int(ctx.cfg.experiment.seed)))
+    if not checks:
+        return None
+    return "fp8_param | initial weights drawn in BF16 and quantized with their own scales" + \
+        fp8_params.checks_summary(checks)
+
+
+def _init_seed_of(model, seed: int):
+    """Per-weight init seed: (experiment seed, global layer name, TP rank), so any PP layout draws alike."""
+    from megatron.core import parallel_state as ps
+
+    from trainer.model.layout import namer
+    from trainer.model.lora import _seed
+
+    global_name, tp_rank = namer(model), ps.get_tensor_model_parallel_rank()
+    return lambda name: _seed(seed, f"{global_name(name)}@tp{tp_rank}") % 2**63
+
+
+def _lora(model, ctx: BuildContext) -> None:
+    from megatron.core import parallel_state as ps
+
+    apply_lora(model, ctx.cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
+               tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=ctx.config.sequence_parallel,
+               seed=int(ctx.cfg.experiment.seed))
+
+
+def _adapter_inputs(model, ctx: BuildContext) -> str:
+    """What trainer.recompute.adapter_inputs rewired (zero: nothing eligible)."""
+    scope = ctx.cfg.trainer.recompute.adapter_inputs_scope
+    wired = wire_adapter_input_recompute(model, scope)
+    return f"adapter inputs | scope {scope} | fc2 {wired['fc2']} | norm {wired['norm']}"
+
+
+def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
+    if not install_chunked_loss(model):
+        return None  # megatron's own output layer + loss stays (trainer.model.chunked_loss says when)
+    return "chunked loss | output layer + cross-entropy in token chunks, logits not kept"
+
+
+def _emulation(model, ctx: BuildContext) -> None:
+    apply_emulation(model, ctx.precision)
+
+
+TRANSFORMS = (
+    Transform("hf import", lambda ctx: bool(ctx.cfg.trainer.checkpoint.pretrained), _hf_import),
+    Transform("fp8 params", lambda ctx: not ctx.cfg.trainer.checkpoint.pretrained
+              and bool(getattr(ctx.config, "fp8_param", False)), _fp8_redraw),
+    Transform("lora", lambda ctx: True, _lora),
+    Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
+    Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
+              lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),
+    Transform("chunked loss", lambda ctx: bool(ctx.cfg.trainer.recompute.chunked_loss), _chunked_loss),
+    Transform("fp4 emulation", lambda ctx: ctx.precision.mode.kind == "fp4-local-emulated", _emulation),
+)
+
+
+def apply_transforms(model, ctx: BuildContext) -> tuple:
+    """Apply every transform that applies, in order; ((name, log line or None), ...) of those applied."""
+    return tuple((t.name, t.apply(model, ctx)) for t in TRANSFORMS if t.applies(ctx))
