@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from trainer import precision
 from trainer.config import ConfigError
-from trainer.model import arch, seeding, specs, tp_overlap
+from trainer.model import arch, specs, tp_overlap
 from trainer.model.transforms import BuildContext, apply_transforms
 from trainer.precision import Precision, fp8_params
 
@@ -123,10 +123,9 @@ def build(cfg, device: torch.device, prec: Optional[Precision] = None) -> BuiltM
 
         cpu_compat.install()
     config = make_transformer_config(cfg, device, use_te, prec)
-    setattr(config, seeding.SEED_ATTR, int(cfg.experiment.seed))  # per-layer init seeds (trainer.model.seeding)
     ub_tokens = tp_overlap.initialize(cfg, config, device, use_te)  # before TE's linears are built
     with fp8_params.init_context(config):
-        model = _gpt_model(config, cfg.trainer.model, device)
+        model = _gpt_model(config, cfg.trainer.model, device, int(cfg.experiment.seed))
     model.to(device)
     lines = apply_transforms(model, BuildContext(cfg, config, device, prec, ub_tokens))
     model.to(device)
@@ -140,12 +139,13 @@ def build_model(cfg, device: torch.device, prec: Optional[Precision] = None):
     return build(cfg, device, prec).model
 
 
-def _gpt_model(config, m, device):
+def _gpt_model(config, m, device, seed: int):
+    """GPTModel for this pipeline stage; every layer's init seeded from `seed` (trainer.model.seeding)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     return GPTModel(
-        config=config, transformer_layer_spec=specs.block_spec(config, m, device),
+        config=config, transformer_layer_spec=specs.block_spec(config, m, device, seed),
         vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),

@@ -15,13 +15,12 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
 
-SEED_ATTR = "_primus_init_seed"
 
 
-def reseed(config, global_layer_number: int) -> None:
+def reseed(base: int | None, global_layer_number: int) -> None:
+    """Reseed torch and megatron's model-parallel RNG tracker for the layer (base None: leave them)."""
     from megatron.core import tensor_parallel
 
-    base = getattr(config, SEED_ATTR, None)
     if base is None:
         return
     seed = (int(base) * 1_000_003 + 7_919 * int(global_layer_number)) % (2**31)
@@ -30,22 +29,24 @@ def reseed(config, global_layer_number: int) -> None:
 
 
 class SeededTransformerLayer(TransformerLayer):
-    """TransformerLayer whose random init depends only on (seed, global layer number)."""
+    """TransformerLayer whose random init depends only on (seed, global layer number); `init_seed` comes
+    from the layer spec's params (seeded())."""
 
-    def __init__(self, config, submodules, layer_number: int = 1, *args, **kwargs):
+    def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int | None = None, **kwargs):
         offset = 0
         if kwargs.get("add_layer_offset", True) and not kwargs.get("is_mtp_layer", False):
             offset = get_transformer_layer_offset(config, kwargs.get("vp_stage"))
-        reseed(config, layer_number + offset)
+        reseed(init_seed, layer_number + offset)
         super().__init__(config, submodules, layer_number, *args, **kwargs)
 
 
-def seeded(spec):
-    """A copy of a TransformerLayer ModuleSpec that builds SeededTransformerLayer."""
+def seeded(spec, seed: int):
+    """A copy of a TransformerLayer ModuleSpec that builds SeededTransformerLayer from experiment seed `seed`."""
     import copy
 
     if spec.module is not TransformerLayer:
         return spec
     spec = copy.copy(spec)
     spec.module = SeededTransformerLayer
+    spec.params = {**(spec.params or {}), "init_seed": int(seed)}
     return spec

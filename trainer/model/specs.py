@@ -46,7 +46,7 @@ def te_available(device: torch.device) -> bool:
     return True
 
 
-def _local(spec):
+def _local(spec, seed: int):
     """Local-spec layer with packed-sequence attention (SDPACoreAttention) and LocalRMSNorm norms."""
     from trainer.model.sdpa_attention import SDPACoreAttention
 
@@ -60,20 +60,20 @@ def _local(spec):
             setattr(attn, name, HeadRMSNorm)
     spec.submodules.input_layernorm = LocalRMSNorm
     spec.submodules.pre_mlp_layernorm = LocalRMSNorm
-    return seeded(plain_query(spec))
+    return seeded(plain_query(spec), seed)
 
 
-def layer_spec(mcfg, device: torch.device):
+def layer_spec(mcfg, device: torch.device, seed: int):
     """ModuleSpec for one GPT layer of a dense (GQA or MLA, RMSNorm, SwiGLU) model."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if te_available(device):
         return seeded(plain_query(specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
-            multi_latent_attention=bool(mcfg.multi_latent_attention))))
+            multi_latent_attention=bool(mcfg.multi_latent_attention))), seed)
     return _local(specs.get_gpt_layer_local_spec(
         num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
-        multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm"))
+        multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm"), seed)
 
 
 def uses_te(model) -> bool:
@@ -81,11 +81,12 @@ def uses_te(model) -> bool:
     return any(c.__module__.startswith("transformer_engine") for m in model.modules() for c in type(m).__mro__)
 
 
-def block_spec(config, mcfg, device: torch.device):
+def block_spec(config, mcfg, device: torch.device, seed: int):
     """What GPTModel gets as `transformer_layer_spec`. Dense: TE's layer spec as is, or on the local
     path a block spec whose final norm is LocalRMSNorm too (so sequence parallelism works there).
     MoE: megatron's per-layer specs (dense or MoE layer by config.moe_layer_freq) for this pipeline
-    stage's layers, patched the same way on the local path."""
+    stage's layers, patched the same way on the local path. Every layer is seeded from `seed`
+    (trainer.model.seeding)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
                                                              get_num_layers_to_build)
@@ -93,16 +94,16 @@ def block_spec(config, mcfg, device: torch.device):
 
     te = te_available(device)
     if not config.num_moe_experts:
-        spec = layer_spec(mcfg, device)
+        spec = layer_spec(mcfg, device, seed)
         if te:
             return spec
         return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
                                           layer_norm=LocalRMSNorm)
     if te:
         block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm")
-        block.layer_specs = [seeded(plain_query(spec)) for spec in block.layer_specs]
+        block.layer_specs = [seeded(plain_query(spec), seed) for spec in block.layer_specs]
         return block
-    every = [_local(spec) for spec in specs.get_gpt_decoder_layer_specs(config, False, normalization="RMSNorm")]
+    every = [_local(spec, seed) for spec in specs.get_gpt_decoder_layer_specs(config, False, normalization="RMSNorm")]
     offset = get_transformer_layer_offset(config)
     return TransformerBlockSubmodules(layer_specs=every[offset:offset + get_num_layers_to_build(config)],
                                       layer_norm=LocalRMSNorm)
