@@ -19,9 +19,9 @@ Adapter key -> base tensor on disk (`delta_plan`; keys are PEFT's, base_model.mo
 An adapter key that reaches no base tensor, or whose delta's shape is not that tensor's, is an error (nothing is
 written), never skipped.
 
-Memory: the base is memory-mapped (one file at a time) and read one tensor at a time; each output shard is written
-by streaming (header first, sizes known from the base), so the heap peak is about one tensor plus its fp32 copy,
-not a shard (bench/merge_export_bench.py measures it).
+Memory: the base is memory-mapped (one file at a time: trainer.model.hf_read) and read one tensor at a time; each
+output shard is written by streaming (header first, sizes known from the base), so the heap peak is about one tensor
+plus its fp32 copy, not a shard (bench/merge_export_bench.py measures it).
 """
 from __future__ import annotations
 
@@ -31,60 +31,18 @@ import re
 import shutil
 import struct
 import time
-from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from trainer.model.hf_read import DTYPES, SafetensorsDir
 from trainer.model.peft_export import fused_expert_keys
 
 _PREFIX = "base_model.model."
-_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-           torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
-_NAMES = {v: k for k, v in _DTYPES.items()}
 _COPIED = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
            "vocab.*", "merges.txt", "*.tiktoken", "chat_template.*", "preprocessor_config.json", "LICENSE*", "NOTICE*")
 _FUSED = re.compile(r"^(?P<layer>.+\.mlp\.experts)(?P<inner>\.base_layer)?$")
-
-
-class Stored(dict):
-    """name -> file of a directory's safetensors tensors (the index's files, else model.safetensors, else every
-    *.safetensors; order: file, then key). `read(name)` reads one tensor, `meta(name)` gives (dtype, shape) from
-    the header. One file is open (memory-mapped) at a time, so a sequential pass over a checkpoint maps
-    about one file, not all of them."""
-
-    def __init__(self, directory):
-        super().__init__()
-        d = Path(directory)
-        index = d / "model.safetensors.index.json"
-        if index.exists():  # only the files the index names (a repo may also hold e.g. consolidated.safetensors)
-            files = [d / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        else:
-            files = [d / "model.safetensors"] if (d / "model.safetensors").exists() else sorted(d.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors in {directory}")
-        self._open: OrderedDict = OrderedDict()
-        for f in files:
-            self.update((key, str(f)) for key in sorted(self._handle(str(f)).keys()))
-
-    def _handle(self, file: str):
-        from safetensors import safe_open
-
-        if file not in self._open:
-            self._open[file] = safe_open(file, framework="pt")
-            while len(self._open) > 1:
-                self._open.popitem(last=False)  # unmapped once no tensor refers to it
-        self._open.move_to_end(file)
-        return self._open[file]
-
-    def read(self, name: str) -> torch.Tensor:
-        return self._handle(self[name]).get_tensor(name)
-
-    def meta(self, name: str) -> tuple[torch.dtype, tuple]:
-        sl = self._handle(self[name]).get_slice(name)
-        return _NAMES[sl.get_dtype()], tuple(sl.get_shape())
 
 
 def _scale(conf: dict) -> float:
@@ -101,8 +59,8 @@ class _Factors:
     """The adapter's A/B tensors, memory-mapped and cached a few modules at a time."""
 
     def __init__(self, adapter_dir):
-        self.hf = Stored(adapter_dir)
-        self.get = lru_cache(maxsize=8)(self.hf.read)
+        self.hf = SafetensorsDir(adapter_dir)
+        self.get = lru_cache(maxsize=8)(self.hf.__getitem__)
 
     def pair(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.get(f"{_PREFIX}{module}.lora_A.weight").float(),
@@ -118,7 +76,7 @@ def _expert_delta(factors: _Factors, module: str, e: int, experts: int, rows: sl
     return delta
 
 
-def delta_plan(base: Stored, factors: _Factors, conf: dict) -> dict[str, list]:
+def delta_plan(base: SafetensorsDir, factors: _Factors, conf: dict) -> dict[str, list]:
     """base tensor name -> callables giving the fp32 deltas to add (read when called)."""
     scale = _scale(conf)
     modules = sorted({k[len(_PREFIX):].rsplit(".", 2)[0] for k in factors.hf if k.startswith(_PREFIX)
@@ -170,10 +128,10 @@ def _header(entries: list[tuple[str, torch.dtype, tuple]], metadata: dict) -> tu
     """A safetensors header for tensors written back to back in `entries` order; returns (bytes, sizes)."""
     head, offset, sizes = {"__metadata__": metadata}, 0, []
     for name, dtype, shape in entries:
-        if dtype not in _DTYPES:
+        if dtype not in DTYPES:
             raise ValueError(f"{name}: dtype {dtype} cannot be written")
         size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        head[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        head[name] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
         sizes.append(size)
     raw = json.dumps(head, separators=(",", ":")).encode()
@@ -181,7 +139,7 @@ def _header(entries: list[tuple[str, torch.dtype, tuple]], metadata: dict) -> tu
     return struct.pack("<Q", len(raw)) + raw, sizes
 
 
-def _shards(base: Stored, shard_bytes: int) -> list[list[tuple[str, torch.dtype, tuple]]]:
+def _shards(base: SafetensorsDir, shard_bytes: int) -> list[list[tuple[str, torch.dtype, tuple]]]:
     shards, size = [[]], 0
     for name in base:
         dtype, shape = base.meta(name)
@@ -194,8 +152,8 @@ def _shards(base: Stored, shard_bytes: int) -> list[list[tuple[str, torch.dtype,
     return shards
 
 
-def _merged(base: Stored, name: str, deltas: list) -> torch.Tensor:
-    w = base.read(name)
+def _merged(base: SafetensorsDir, name: str, deltas: list) -> torch.Tensor:
+    w = base[name]
     if not deltas:
         return w
     if not w.dtype.is_floating_point or w.element_size() < 2:
@@ -217,7 +175,7 @@ def merge_adapter(base_dir, adapter_dir, out_dir, *, note: str = "", shard_bytes
         raise ValueError(f"merge output {out} must not be the base or the adapter directory")
     if out.is_dir() and any(out.glob("*.safetensors")):
         raise FileExistsError(f"{out} already holds *.safetensors; merge into an empty directory")
-    base, factors = Stored(base_dir), _Factors(adapter_dir)
+    base, factors = SafetensorsDir(base_dir), _Factors(adapter_dir)
     plan = delta_plan(base, factors, conf)  # every adapter key is placed before anything is written
     out.mkdir(parents=True, exist_ok=True)
     shards = _shards(base, shard_bytes)

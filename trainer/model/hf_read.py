@@ -1,13 +1,19 @@
-"""Read a Hugging Face safetensors checkpoint one tensor at a time.
+"""Read a Hugging Face safetensors checkpoint one tensor at a time (the HF import, the merged export, the adapter).
 
-    hf = SafetensorsDir("/models/Qwen3-30B-A3B")     # single file, or sharded with model.safetensors.index.json
+    hf = SafetensorsDir("/models/Qwen3-30B-A3B")     # sharded with model.safetensors.index.json, or single file
     t = hf["model.layers.0.self_attn.q_proj.weight"]  # read now (memory-mapped file), not kept by hf
+    dtype, shape = hf.meta("model.norm.weight")       # from the file's header, nothing read
     lazy = LazyTensors(hf, {"megatron.name": (("hf.a", "hf.b"), fuse_fn)})   # converted when accessed
 
-Nothing is read up front: the index (or each file's header) says where every tensor lives, a file is opened
-the first time one of its tensors is asked for, and a tensor is read only when it is indexed. A rank that
-builds only its own tensors therefore holds them plus the one being converted (`reads` and `peak_bytes`
-count what was read, for the memory-bound test and the import benchmark).
+Which files: the ones model.safetensors.index.json names (a repo may also hold e.g. consolidated.safetensors),
+else model.safetensors, else every *.safetensors. Names iterate file by file, then by name (the merged export
+writes its shards in that order).
+
+Nothing is read up front: the index (or each file's header) says where every tensor lives, and a tensor is read
+only when it is indexed. One file is open (memory-mapped) at a time, so neither a rank's import nor a sequential
+pass over a 470 GB checkpoint ever maps all of its shards. A rank that builds only its own tensors therefore
+holds them plus the one being converted (`reads`, `read_bytes` and `largest` count what was read, for the
+memory-bound test and the import benchmark).
 """
 from __future__ import annotations
 
@@ -18,33 +24,44 @@ from typing import Callable
 
 import torch
 
+# torch dtype <-> safetensors header dtype (the merged export writes headers with it)
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+_TORCH = {v: k for k, v in DTYPES.items()}
+
 
 class SafetensorsDir(Mapping):
-    """The tensors of an HF checkpoint directory, each read on access."""
+    """The tensors of a safetensors checkpoint directory, each read on access (module docstring)."""
 
-    def __init__(self, hf_dir):
-        from safetensors import safe_open
-
-        self._dir, self._open, self._handles = Path(hf_dir), safe_open, {}
+    def __init__(self, directory):
+        self._dir, self._file, self._handle_of = Path(directory), None, None
         index = self._dir / "model.safetensors.index.json"
         if index.exists():
-            self._where = dict(json.loads(index.read_text())["weight_map"])
-            missing = sorted({f for f in self._where.values() if not (self._dir / f).exists()})
+            where = dict(json.loads(index.read_text())["weight_map"])
+            missing = sorted({f for f in where.values() if not (self._dir / f).exists()})
+            if not where:
+                raise FileNotFoundError(f"{index} names no tensors")
             if missing:
                 raise FileNotFoundError(f"{index} names {len(missing)} missing shard(s), e.g. {missing[0]}")
         else:
-            files = sorted(self._dir.glob("*.safetensors"))
+            single = self._dir / "model.safetensors"
+            files = [single] if single.exists() else sorted(self._dir.glob("*.safetensors"))
             if not files:
-                raise FileNotFoundError(f"no *.safetensors in {hf_dir}")
-            self._where = {}
-            for f in files:
-                self._where.update((key, f.name) for key in self._handle(f.name).keys())
+                raise FileNotFoundError(f"no *.safetensors in {directory}")
+            where = {key: f.name for f in files for key in self._handle(f.name).keys()}
+        self._where = dict(sorted(where.items(), key=lambda kv: (kv[1], kv[0])))
         self.reads, self.read_bytes, self.largest = 0, 0, 0
 
     def _handle(self, file: str):
-        if file not in self._handles:
-            self._handles[file] = self._open(str(self._dir / file), framework="pt")
-        return self._handles[file]
+        """The open file; the previous one is dropped (unmapped once no tensor read from it is alive)."""
+        if file != self._file:
+            from safetensors import safe_open
+
+            self._file = self._handle_of = None  # the previous file goes before the next one is mapped
+            self._handle_of = safe_open(str(self._dir / file), framework="pt")
+            self._file = file
+        return self._handle_of
 
     def __getitem__(self, key: str) -> torch.Tensor:
         tensor = self._handle(self._where[key]).get_tensor(key)
@@ -53,6 +70,11 @@ class SafetensorsDir(Mapping):
         self.read_bytes += nbytes
         self.largest = max(self.largest, nbytes)
         return tensor
+
+    def meta(self, key: str) -> tuple[torch.dtype, tuple]:
+        """(dtype, shape) of one tensor, from its file's header (nothing is read)."""
+        sl = self._handle(self._where[key]).get_slice(key)
+        return _TORCH[sl.get_dtype()], tuple(sl.get_shape())
 
     def __contains__(self, key) -> bool:  # (Mapping's default would read the tensor)
         return key in self._where
