@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from . import executors, registry, runs
+from . import registry, runs
 from . import logs as logs_mod
 from . import status as status_mod
 from . import resume as resume_mod
 from . import submit as submit_mod
 from .errors import UserError
-from .render import container_unused
+from .executors import executor_for
 
 
 @click.command("submit")
@@ -41,7 +41,7 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
             sys.stdout.write(submit_mod.dry_run_text(prepared))
         return
     entry = submit_mod.submit(prepared)
-    if container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"], prepared.executor):
+    if executor_for(prepared.executor).container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"]):
         click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)
     if as_json:
@@ -95,14 +95,12 @@ def cancel_cmd(run):
     entry = registry.find(run)
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
-    ended = logs_mod.scheduler_state(run_dir, info).get("state")
+    executor = executor_for(info.get("executor"))
+    ended = executor.state(run_dir, info).get("state")
     if ended in status_mod.TERMINAL:
         click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) already ended ({ended}); nothing to cancel")
         return
-    if info.get("executor") == "local":
-        executors.cancel_local(run_dir, info)
-    else:
-        executors.cancel_slurm(str(info["job_id"]))
+    executor.cancel(run_dir, info)
     click.echo(f"cancelled run {entry['run_id']} (job {entry['job_id']})")
 
 

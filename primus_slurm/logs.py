@@ -7,31 +7,20 @@ import sys
 import time
 from pathlib import Path
 
-from . import executors, runs
+from . import runs
 from .errors import UserError
+from .executor_base import TERMINAL
+from .executors import executor_for
 from .progress import attempt_of, rank_logs, read_progress
-from .status import TERMINAL
 
 POLL_S = 0.5
-
-
-def job_stdout(run_dir: Path, info: dict) -> Path:
-    if info.get("executor") == "local":
-        return run_dir / executors.LOCAL_OUT
-    return run_dir / "logs" / f"slurm-{info.get('job_id')}.out"
-
-
-def scheduler_state(run_dir: Path, info: dict) -> dict:
-    if info.get("executor") == "local":
-        return executors.local_state(run_dir, info)
-    return executors.slurm_states([str(info["job_id"])]).get(str(info["job_id"]), {"state": "UNKNOWN"})
 
 
 def pick_log(run_dir: Path, info: dict, rank: int | None, stdout: bool, min_attempt: int = 0) -> Path | None:
     """--stdout: the job's stdout; else the newest attempt (>= min_attempt) of rank N's trainer log (None until
     it exists)."""
     if stdout:
-        return job_stdout(run_dir, info)
+        return executor_for(info.get("executor")).stdout_path(run_dir, info)
     found = [p for p in rank_logs(run_dir, rank or 0) if attempt_of(p) >= min_attempt]
     return found[-1] if found else None
 
@@ -45,7 +34,7 @@ def show(entry: dict, rank: int | None, stdout: bool, out=sys.stdout) -> None:
         what = "job stdout" if stdout else f"rank {rank or 0} trainer log"
         if not run_dir.is_dir():
             raise UserError(f"run {run_id}'s run directory {run_dir} no longer exists")
-        state = scheduler_state(run_dir, info).get("state")
+        state = executor_for(info.get("executor")).state(run_dir, info).get("state")
         if state in TERMINAL:
             hint = "" if stdout else f"; its job stdout: `primus-slurm logs {run_id} --stdout`"
             raise UserError(f"run {run_id} ended ({state}) without a {what}{hint}")
@@ -111,6 +100,7 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
     Returns the job's exit code (1 when it ended badly without one); Ctrl-C stops following, not the job (130)."""
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
+    executor = executor_for(info.get("executor"))
     current, offset, state = None, 0, {"state": "PENDING"}
     printer = _Printer(out, fold_args=not stdout)
     start = int(info.get("stdout_offset") or 0) if stdout else 0  # a resumed local job appends to its stdout
@@ -131,7 +121,7 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
             if ended:
                 break
             time.sleep(POLL_S)
-            state = scheduler_state(run_dir, info)
+            state = executor.state(run_dir, info)
             if state.get("state") == "UNKNOWN":  # scheduler forgot the job (no accounting): ask the trainer log
                 progress = read_progress(run_dir)
                 if progress.final_state:
@@ -144,7 +134,7 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
         return 130
     printer.close()
     if current is None and not stdout:  # the trainer never started: show why
-        tail = job_stdout(run_dir, info)
+        tail = executor.stdout_path(run_dir, info)
         if tail.exists():
             err.write("".join(tail.read_text(errors="replace").splitlines(True)[-40:]))
     code = state.get("exit_code")

@@ -13,6 +13,7 @@ import os
 from pathlib import PurePosixPath
 
 from .errors import UserError
+from .executors import executor_for
 
 FIELDS = ("trainer.data.train.path", "trainer.data.validation.path", "trainer.tokenizer.path",
           "trainer.checkpoint.pretrained")
@@ -51,7 +52,7 @@ def _host_path(path: str, cluster: dict) -> str | None:
 
 def check_paths(resolved: dict, executor: str) -> None:
     """UserError naming the first field whose path is visible from here and missing."""
-    cluster = resolved["cluster"]
+    cluster, runs_here = resolved["cluster"], executor_for(executor).runs_here
     for field in FIELDS:
         value = _get(resolved, field)
         if not isinstance(value, str) or not value.startswith(("/", "~")):
@@ -63,7 +64,7 @@ def check_paths(resolved: dict, executor: str) -> None:
         if host is None or os.path.exists(host):
             continue
         top = PurePosixPath(host).parts[:2]
-        if executor != "local" and not os.path.isdir(os.path.join(*top)):
+        if not runs_here and not os.path.isdir(os.path.join(*top)):
             continue  # that filesystem is not mounted on this machine
         where = "" if host == value else f" (on this machine: {host})"
         raise UserError(f"`{field}` is {value!r:.200}, which does not exist{where}")

@@ -13,13 +13,10 @@ import datetime as _dt
 import json
 import secrets
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 import yaml
 
 from . import executors, registry, runs
@@ -27,7 +24,6 @@ from .errors import UserError
 from .render import render_script, sbatch_lines
 
 KINDS = {"export": "exports", "generate": "generations", "eval": "evals"}
-POLL_S = 1.0
 
 
 @dataclass
@@ -44,6 +40,10 @@ class PostJob:
     @property
     def post_dir(self) -> Path:
         return self.run_dir / KINDS[self.kind] / self.post_id
+
+    @property
+    def runner(self) -> executors.Executor:
+        return executors.executor_for(self.executor)
 
 
 def open_run(ref: str) -> tuple[dict, Path, dict]:
@@ -114,7 +114,7 @@ def script(job: PostJob) -> str:
              for line in sbatch_lines(resolved, str(job.run_dir))]
     extra = {"post_dir": str(job.post_dir), "post_kind": job.kind, "post_args": [str(a) for a in job.args],
              "requeue": False, "nproc_per_node": 1}
-    if job.executor == "slurm":
+    if job.runner.sbatch:
         extra["sbatch"] = lines
     return render_script(resolved, str(job.run_dir), job.entry["run_id"], job.executor, template="post.sh.j2",
                          extra=extra)
@@ -143,63 +143,17 @@ def launch(job: PostJob, out=sys.stdout) -> tuple[int, dict]:
     record = {"kind": job.kind, "id": job.post_id, "run_id": job.entry["run_id"], "executor": job.executor,
               "args": job.args, "submit_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     _write_json(d / "post.json", record)
-    if job.executor == "local":
-        record["job_id"] = "local"
-        rc = _run_local(d, out)
-    else:
-        job_id, _ = executors.submit_slurm(text, d)
+
+    def submitted(job_id: str) -> None:  # a queued job: its id is on record while it waits and runs
         record["job_id"] = job_id
         _write_json(d / "post.json", record)
         out.write(f"submitted {job.kind} job {job_id} for run {job.entry['run_id']} ({d})\n")
         out.flush()
-        rc = _follow_slurm(d, job_id, out)
+
+    record["job_id"], rc = job.runner.run_post(d, out, submitted)
     record["exit_code"] = rc
     _write_json(d / "post.json", record)
     return rc, read_json(d / "result.json")
-
-
-def _run_local(d: Path, out) -> int:
-    with open(d / "job.out", "w") as log:
-        proc = subprocess.Popen(["bash", str(d / "job.sh")], cwd=d, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                out.write(line)
-                out.flush()
-            return proc.wait()
-        except KeyboardInterrupt:  # the job is this process's child: it ends with the command
-            proc.terminate()
-            proc.wait()
-            raise click.Abort() from None
-
-
-def _follow_slurm(d: Path, job_id: str, out) -> int:
-    """Stream the job's output until Slurm says it ended; its exit code (1 when accounting has none)."""
-    path, pos, grace = d / f"slurm-{job_id}.out", 0, 10
-    while True:
-        state = executors.slurm_states([job_id]).get(job_id, {})
-        if path.exists():
-            with open(path, errors="replace") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
-                pos = fh.tell()
-            out.write(chunk)
-            out.flush()
-        if state.get("state") in executors.TERMINAL:
-            if grace > 0 and (not path.exists() or path.stat().st_size > pos):
-                grace -= 1
-                time.sleep(POLL_S)  # the file system may lag the scheduler
-                continue
-            code = state.get("exit_code")
-            return code if code is not None else (0 if state["state"] == "COMPLETED" else 1)
-        try:
-            time.sleep(POLL_S)
-        except KeyboardInterrupt:
-            out.write(f"stopped following; Slurm job {job_id} keeps running (scancel {job_id} stops it), its "
-                      f"result lands in {d}\n")
-            raise click.Abort() from None
 
 
 def read_json(path: Path) -> dict:

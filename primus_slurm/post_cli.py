@@ -25,7 +25,7 @@ def _finish(job: post.PostJob) -> None:
     rc, result = post.launch(job)
     if rc != 0 or not result:
         raise UserError(f"{job.kind} job failed (exit {rc}); its output: {job.post_dir}/"
-                        f"{'job.out' if job.executor == 'local' else 'slurm-*.out'}")
+                        f"{job.runner.post_output}")
     click.echo(f"{job.kind} result: {job.post_dir / 'result.json'}")
 
 

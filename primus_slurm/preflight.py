@@ -7,17 +7,12 @@ The run directory is `<workspace>/<experiment.name>/preflight-<run-id>` and is n
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import click
 
 from primus_slurm import executors, runs
 from primus_slurm.errors import UserError
-from primus_slurm.executors import TERMINAL
 from primus_slurm.recipe import dump, load_recipe
 from primus_slurm.render import render_script
 
@@ -42,43 +37,6 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None) -> tupl
         raise UserError(f"cannot create the preflight directory {run_dir} (`experiment.workspace`): "
                         f"{exc.strerror or exc}") from None
     return concrete, run_dir
-
-
-def run_local(run_dir: Path, timeout: float) -> tuple[int, str]:
-    out = run_dir / "logs" / "preflight.out"
-    with open(out, "wb") as fh:
-        proc = subprocess.Popen(["bash", str(run_dir / "job.sbatch")], cwd=run_dir, stdin=subprocess.DEVNULL,
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)  # the job script passes it on; containers are reaped
-            proc.wait()
-            raise UserError(f"the preflight did not finish within {timeout:.0f} s; see {out}") from None
-    return rc, out.read_text(errors="replace")
-
-
-def run_slurm(run_dir: Path, timeout: float) -> tuple[int, str]:
-    job_id, _ = executors.submit_slurm((run_dir / "job.sbatch").read_text(), run_dir)
-    click.echo(f"preflight: Slurm job {job_id} ({run_dir})", err=True)
-    end = time.monotonic() + timeout
-    state = {}
-    while time.monotonic() < end:
-        state = executors.slurm_states([job_id]).get(str(job_id), {})
-        if state.get("state") in TERMINAL:
-            break
-        time.sleep(1)
-    else:
-        subprocess.run(["scancel", str(job_id)], capture_output=True)
-        raise UserError(f"Slurm job {job_id} did not finish within {timeout:.0f} s (last state "
-                        f"{state.get('state', 'unknown')}); it was cancelled")
-    out = run_dir / "logs" / f"slurm-{job_id}.out"
-    for _ in range(50):  # the output file can trail the accounting record
-        if out.exists():
-            break
-        time.sleep(0.1)
-    text = out.read_text(errors="replace") if out.exists() else ""
-    return (0 if state.get("state") == "COMPLETED" else 1), text
 
 
 def report(rc: int, text: str, run_dir: Path) -> None:
@@ -108,5 +66,6 @@ def register(group: click.Group) -> None:
         """Check that RECIPE's image (or interpreter) holds python, torch, megatron-core and TE if its precision
         needs it, at supported versions, then time an all-reduce across the job's ranks (gloo or NCCL)."""
         concrete, run_dir = prepare(recipe, overrides, executor)
-        rc, text = (run_slurm if concrete == "slurm" else run_local)(run_dir, timeout)
+        rc, text = executors.executor_for(concrete).run_check(
+            run_dir, timeout, lambda job_id: click.echo(f"preflight: Slurm job {job_id} ({run_dir})", err=True))
         report(rc, text, run_dir)

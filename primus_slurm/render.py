@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shlex
-import shutil
 import sys
 from functools import lru_cache
 
@@ -10,6 +9,7 @@ import jinja2
 import yaml
 
 from primus_slurm.errors import UserError
+from primus_slurm.executors import concrete_executor, executor_for
 from primus_slurm.resources import templates_dir
 from primus_slurm.validate import WORKSPACE_RE, nproc_per_node
 
@@ -41,13 +41,6 @@ def profiles() -> dict:
     return yaml.safe_load((templates_dir() / "profiles.yaml").read_text())
 
 
-def concrete_executor(name: str | None) -> str:
-    """`auto` (or unset) means Slurm when sbatch is on PATH, else local; other names pass through."""
-    if name in (None, "", "auto"):
-        return "slurm" if shutil.which("sbatch") else "local"
-    return name
-
-
 def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
     c, name = resolved["cluster"], resolved["experiment"]["name"]
     lines = [f"--job-name={name}", f"--nodes={c['nodes']}", "--ntasks-per-node=1"]
@@ -71,11 +64,6 @@ def job_env(resolved: dict) -> dict:
     return {**profiles()[c["env_profile"]]["env"], **c["env"]}
 
 
-def container_unused(runtime: str, executor: str) -> bool:
-    """A pyxis image with the local executor: pyxis is srun's plugin, so the local job runs on the host."""
-    return executor == "local" and runtime == "pyxis"
-
-
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None, template: str = TEMPLATE,
                   extra: dict | None = None) -> str:
     """The job script; `template` may extend job.sh.j2 (post-training jobs), `extra` adds/overrides context."""
@@ -84,11 +72,12 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
                         "./_-+@= (check `experiment.workspace` and the symlinks on its way)")
     c = resolved["cluster"]
     executor = executor or concrete_executor(resolved["cluster"]["executor"])
+    runner = executor_for(executor)
     profile = profiles()[c["env_profile"]]
     env = job_env(resolved)
     python = c["python"]
     runtime = c["container"]["runtime"]
-    if python == "python3" and (runtime == "none" or container_unused(runtime, executor)):
+    if python == "python3" and (runtime == "none" or runner.container_unused(runtime)):
         # no container (or one that is not used): the job runs the launcher's interpreter, the
         # environment primus-slurm (and torch) were installed into (on Slurm that assumes a filesystem the nodes
         # share; set cluster.python otherwise)
@@ -97,10 +86,10 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
         "run_id": run_id,
         "run_dir": run_dir,
         "executor": executor,
-        "slurm": executor == "slurm",
-        "sbatch": sbatch_lines(resolved, run_dir) if executor == "slurm" else [],
+        "slurm": runner.sbatch,
+        "sbatch": sbatch_lines(resolved, run_dir) if runner.sbatch else [],
         "runtime": runtime,
-        "container_unused": container_unused(runtime, executor),
+        "container_unused": runner.container_unused(runtime),
         "container": c["container"],
         "vendor": profile["vendor"],
         "profile_name": c["env_profile"],

@@ -12,11 +12,10 @@ import fcntl
 import time
 from pathlib import Path
 
-from . import executors, registry, runs
+from . import registry, runs
 from .errors import UserError
-from .logs import scheduler_state
+from .executors import executor_for
 from .progress import attempt_of, rank_logs, read_progress
-from .status import TERMINAL
 
 ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
 LOCK = ".resume.lock"
@@ -44,11 +43,9 @@ def resume(ref: str) -> dict:
 
 def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     info = {**entry, **runs.read_run_json(run_dir)}
-    old = scheduler_state(run_dir, info)
-    if info.get("executor") == "local":
-        busy = old.get("state") if old.get("state") not in TERMINAL else None
-    else:  # ended for Slurm only once the controller stops listing it (COMPLETING: its processes still run)
-        busy = executors.slurm_listed(str(info.get("job_id")))
+    executor = executor_for(info.get("executor"))
+    old = executor.state(run_dir, info)
+    busy = executor.busy(run_dir, info, old)
     if busy:
         raise UserError(f"run {run_id} is {busy} (job {info.get('job_id')}); resume it once it has ended, "
                         f"`primus-slurm cancel {run_id}` to end it, or follow it with `primus-slurm logs {run_id} -f`")
@@ -60,15 +57,7 @@ def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     (run_dir / ATTEMPT_BASE).write_text(f"{attempt}\n")
     history = [*info.get("jobs", []), {"job_id": info.get("job_id"), "state": old.get("state"),
                                        "exit_code": old.get("exit_code")}]
-    if info.get("executor") == "local":
-        for name in (executors.LOCAL_EXIT, executors.LOCAL_CANCELLED):  # the previous job's end markers
-            (run_dir / name).unlink(missing_ok=True)
-        out = run_dir / executors.LOCAL_OUT  # the new job appends to it: `logs --stdout -f` starts here
-        info["stdout_offset"] = out.stat().st_size if out.exists() else 0
-        info.update(executors.submit_local(run_dir))
-    else:
-        job_id, submitted = executors.submit_slurm((run_dir / "job.sbatch").read_text(), run_dir)
-        info.update(job_id=job_id, submitted_file=str(submitted))
+    info.update(executor.resubmit(run_dir))
     info.update(jobs=history, resume_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     runs.write_run_json(run_dir, info)
     new = {**entry, "job_id": info["job_id"], "jobs": [j["job_id"] for j in history]}  # `find` knows the old ids

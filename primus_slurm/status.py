@@ -5,8 +5,9 @@ import json
 import time
 from pathlib import Path
 
-from . import executors, registry, runs
-from .executors import TERMINAL
+from . import registry, runs
+from .executor_base import TERMINAL
+from .executors import executor_for
 from .progress import read_progress
 
 DEFAULT_STALL_MINUTES = 30.0
@@ -49,19 +50,14 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
     """One row per run: scheduler state (one sacct/squeue call for all Slurm runs) + log progress."""
     entries = registry.entries() if entries is None else entries
     now = time.time() if now is None else now
-    slurm_ids = [str(e["job_id"]) for e in entries if e.get("executor") == "slurm" and e.get("job_id")]
-    slurm = executors.slurm_states(slurm_ids) if slurm_ids else {}
+    found = [(Path(e["run_dir"]), {**e, **runs.read_run_json(Path(e["run_dir"]))}) for e in entries]
+    bases = [None] * len(found)
+    for name in dict.fromkeys(info.get("executor") for _, info in found):  # one query per executor
+        picked = [i for i, (_, info) in enumerate(found) if info.get("executor") == name]
+        for i, base in zip(picked, executor_for(name).states([found[i] for i in picked])):
+            bases[i] = base
     rows = []
-    for entry in entries:
-        run_dir = Path(entry["run_dir"])
-        info = {**entry, **runs.read_run_json(run_dir)}
-        if info.get("executor") == "local" and not run_dir.is_dir():  # its state lived there
-            base = {"state": "UNKNOWN", "exit_code": None, "source": "local",
-                    "reason": f"run directory {run_dir} no longer exists"}
-        elif info.get("executor") == "local":
-            base = executors.local_state(run_dir, info)
-        else:
-            base = slurm.get(str(info.get("job_id")))
+    for (run_dir, info), base in zip(found, bases):
         progress = read_progress(run_dir)
         stall_minutes = _stall_minutes(info, run_dir)
         activity = _last_activity(run_dir, progress, info)

@@ -72,11 +72,7 @@ def submit(p: Prepared) -> dict:
     info["run_dir"] = str(p.run_dir)
     runs.write_run_json(p.run_dir, info)
     try:
-        if p.executor == "slurm":
-            job_id, submitted = executors.submit_slurm(p.script, p.run_dir)
-            info.update(job_id=job_id, submitted_file=str(submitted))
-        else:
-            info.update(executors.submit_local(p.run_dir))
+        info.update(executors.executor_for(p.executor).submit(p.run_dir))
     except Exception:
         shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing was queued: leave no half run behind
         raise

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, status_json, wait_state
-from primus_slurm import executors
+from primus_slurm.slurm_executor import slurm_listed
 from reliability_support import trainer_recipe, wait_for, wait_text, worker_pids
 from test_train_support import SMALL
 
@@ -47,7 +47,7 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     stopped = int(re.search(r"training finished \| iterations (\d+) \| exit 75", wait_text(first, "exit 75", 60))[1])
 
     if executor == "slurm":  # ended for the controller too (no longer COMPLETING) before a resume is taken
-        wait_for(lambda: executors.slurm_listed(entry["job_id"]) is None, 60, "the old job to leave squeue")
+        wait_for(lambda: slurm_listed(entry["job_id"]) is None, 60, "the old job to leave squeue")
     out = cli(job_env, "resume", run_id, "--follow", timeout=300)
     assert out.returncode == 0, out.stderr
     assert re.search(rf"resumed run {run_id} as {executor} job \S+ \(attempt 1, from iter_{stopped:07d}\)",

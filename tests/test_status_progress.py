@@ -63,11 +63,11 @@ def test_stall_uses_log_mtime_for_a_live_local_job(tmp_path):
     import subprocess
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        from primus_slurm.executors import _proc_start_ticks
+        from primus_slurm.local_executor import proc_start_ticks
         run_dir = tmp_path / "run"
         log = _write(run_dir, "debug.log", CONTRACT_LOG)
         entry = {"run_id": "r", "run_dir": str(run_dir), "executor": "local", "job_id": f"local-{proc.pid}",
-                 "pid": proc.pid, "pid_start": _proc_start_ticks(proc.pid), "stall_minutes": 1}
+                 "pid": proc.pid, "pid_start": proc_start_ticks(proc.pid), "stall_minutes": 1}
         row = collect([entry])[0]
         assert row["state"] == "RUNNING" and row["eta_s"] > 0
         old = time.time() - 120
@@ -117,13 +117,13 @@ def test_logs_says_why_there_is_no_log(tmp_path):
     """`logs RUN` on a run that ended before its trainer logged, and on a run whose directory is gone."""
     import pytest
 
-    from primus_slurm import executors
+    from primus_slurm import local_executor
     from primus_slurm.errors import UserError
     from primus_slurm.logs import show
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / executors.LOCAL_EXIT).write_text("1\n")  # the local wrapper's record of the script's exit
+    (run_dir / local_executor.LOCAL_EXIT).write_text("1\n")  # the local wrapper's record of the script's exit
     entry = {"run_id": "20261130-000000-abcdef", "run_dir": str(run_dir), "executor": "local"}
     with pytest.raises(UserError, match=r"ended \(FAILED\) without a rank 0 trainer log; its job stdout: "
                                         r"`primus-slurm logs 20261130-000000-abcdef --stdout`"):

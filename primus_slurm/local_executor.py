@@ -1,0 +1,179 @@
+"""The local executor: the script runs with bash in a session of its own on this machine; its state is read from
+the run directory (an exit-code file the wrapper writes, a cancel marker) and the live process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import click
+
+from .errors import UserError
+from .executor_base import TERMINAL, Executor
+
+LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
+LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
+LOCAL_CANCELLED = "cancelled"       # written by `cancel` before it signals the process group
+
+_WRAPPER = 'bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'  # >>: a resumed run appends
+
+
+def _stat(pid) -> list | None:
+    """/proc/<pid>/stat fields after the command name (state, ppid, pgrp, ...), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of a live (non-zombie) process, to tell it apart from a later process with the same pid."""
+    fields = _stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _process_tree(root: int) -> dict:
+    """{pid: start ticks} of `root` and all its live descendants (one pass over /proc)."""
+    children, starts = {}, {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            starts[int(entry)] = int(fields[19])
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in starts and pid not in tree:
+            tree[pid] = starts[pid]
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _alive(tree: dict) -> list:
+    """The processes of `tree` still running (same pid and start time: not a later process reusing the pid)."""
+    return [pid for pid, start in tree.items() if proc_start_ticks(pid) == start]
+
+
+def _signal_all(tree: dict, sig) -> None:
+    for pid in _alive(tree):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class LocalExecutor(Executor):
+    name = "local"
+    runs_here = True
+    sbatch = False
+    post_output = "job.out"
+    cancel_grace_s = 30.0  # TERM, then KILL what is left after this long
+
+    def container_unused(self, runtime: str) -> bool:
+        """A pyxis image: pyxis is srun's plugin, so the local job runs on the host."""
+        return runtime == "pyxis"
+
+    def submit(self, run_dir: Path) -> dict:
+        """{'job_id', 'pid', 'pid_start'} of the detached wrapper around `<run_dir>/job.sbatch`."""
+        proc = subprocess.Popen(
+            ["bash", "-c", _WRAPPER, "primus-local", str(run_dir / "job.sbatch"),
+             str(run_dir / LOCAL_OUT), str(run_dir / LOCAL_EXIT)],
+            cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)
+        return {"job_id": f"local-{proc.pid}", "pid": proc.pid, "pid_start": proc_start_ticks(proc.pid)}
+
+    def resubmit(self, run_dir: Path) -> dict:
+        for name in (LOCAL_EXIT, LOCAL_CANCELLED):  # the previous job's end markers
+            (run_dir / name).unlink(missing_ok=True)
+        out = run_dir / LOCAL_OUT  # the new job appends to it: `logs --stdout -f` starts here
+        return {"stdout_offset": out.stat().st_size if out.exists() else 0, **self.submit(run_dir)}
+
+    def state(self, run_dir: Path, info: dict) -> dict:
+        """From the run dir: exit_code file, cancel marker, or the live process group."""
+        run_dir = Path(run_dir)
+        exit_file = run_dir / LOCAL_EXIT
+        if (run_dir / LOCAL_CANCELLED).exists():
+            code = _read_int(exit_file)
+            return {"state": "CANCELLED", "exit_code": code, "nodes": "localhost", "source": "local"}
+        if exit_file.exists():
+            code = _read_int(exit_file)
+            return {"state": "COMPLETED" if code == 0 else "FAILED", "exit_code": code,
+                    "nodes": "localhost", "source": "local"}
+        pid = info.get("pid")
+        if pid and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == info.get("pid_start"):
+            return {"state": "RUNNING", "exit_code": None, "nodes": "localhost", "source": "local"}
+        return {"state": "FAILED", "exit_code": None, "nodes": "localhost", "source": "local",
+                "reason": "process gone without an exit code (killed?)"}
+
+    def states(self, runs: list[tuple[Path, dict]]) -> list[dict | None]:
+        return [self.state(run_dir, info) if run_dir.is_dir() else  # its state lived there
+                {"state": "UNKNOWN", "exit_code": None, "source": "local",
+                 "reason": f"run directory {run_dir} no longer exists"} for run_dir, info in runs]
+
+    def busy(self, run_dir: Path, info: dict, state: dict) -> str | None:
+        return state.get("state") if state.get("state") not in TERMINAL else None
+
+    def cancel(self, run_dir: Path, info: dict) -> None:
+        """Mark the run cancelled, TERM its processes, KILL what is left after `cancel_grace_s`.
+
+        "Its processes" is the launcher's process tree, taken before anything is signalled: torchrun starts each
+        worker in a session of its own, so a worker is not in the launcher's process group, and one that cannot
+        act on TERM in time (stopped, or in a long save) would outlive a group kill and keep writing into the
+        run."""
+        run_dir = Path(run_dir)
+        if self.state(run_dir, info)["state"] != "RUNNING":
+            return
+        tree = _process_tree(info.get("pid"))
+        (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+        _signal_all(tree, signal.SIGTERM)
+        deadline = time.monotonic() + self.cancel_grace_s
+        while time.monotonic() < deadline:
+            if not _alive(tree):
+                return
+            time.sleep(0.1)
+        _signal_all(tree, signal.SIGKILL)
+
+    def stdout_path(self, run_dir: Path, info: dict) -> Path:
+        return run_dir / LOCAL_OUT
+
+    def run_post(self, job_dir: Path, out, submitted) -> tuple[str, int]:
+        """In the foreground: the job is this process's child and ends with the command (Ctrl-C)."""
+        with open(job_dir / self.post_output, "w") as log:
+            proc = subprocess.Popen(["bash", str(job_dir / "job.sh")], cwd=job_dir, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            try:
+                for line in proc.stdout:
+                    log.write(line)
+                    log.flush()
+                    out.write(line)
+                    out.flush()
+                return "local", proc.wait()
+            except KeyboardInterrupt:
+                proc.terminate()
+                proc.wait()
+                raise click.Abort() from None
+
+    def run_check(self, run_dir: Path, timeout: float, submitted) -> tuple[int, str]:
+        path = run_dir / "logs" / "preflight.out"
+        with open(path, "wb") as fh:
+            proc = subprocess.Popen(["bash", str(run_dir / "job.sbatch")], cwd=run_dir, stdin=subprocess.DEVNULL,
+                                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)  # the job script passes it on; containers are reaped
+                proc.wait()
+                raise UserError(f"the preflight did not finish within {timeout:.0f} s; see {path}") from None
+        return rc, path.read_text(errors="replace")

@@ -1,0 +1,203 @@
+"""The Slurm executor: sbatch through submitit (the file sbatch gets is our rendered script, byte for byte),
+states from sacct (squeue where accounting lags or is off), scancel."""
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import click
+import submitit
+
+from .errors import UserError
+from .executor_base import ACTIVE, TERMINAL, Executor
+
+POLL_S = 1.0  # a post job's output and state, polled
+
+
+class _RawScriptExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor, but the sbatch file is our rendered script, byte for byte."""
+
+    def __init__(self, folder: Path, script: str):
+        super().__init__(folder)
+        self._script = script
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._script
+
+    def _num_tasks(self) -> int:
+        return 1  # one batch script; torchrun inside it starts the ranks
+
+
+def submit_script(script: str, run_dir: Path) -> tuple[str, Path]:
+    """sbatch `script` via submitit; returns (job id, path of the file submitit handed to sbatch)."""
+    folder = run_dir / ".submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    executor = _RawScriptExecutor(folder, script)
+    try:
+        # submitit's own path from text to sbatch to job id; it echoes sbatch's stderr on failure, which
+        # we fold into our one error line instead
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor._submit_command("primus-slurm")
+    except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError,
+            submitit.core.utils.FailedSubmissionError) as exc:
+        detail = " ".join(str(getattr(exc, "stderr", "") or exc).split())
+        raise UserError(f"sbatch rejected the job: {detail}") from None
+    return str(job.job_id), Path(job.paths.submission_file)
+
+
+def _exit_code(text: str) -> int | None:
+    """sacct's `3:0` → 3; `0:15` (killed by signal 15) → 128+15."""
+    try:
+        code, sig = (int(x) for x in text.split(":"))
+    except ValueError:
+        return None
+    return 128 + sig if sig and not code else code
+
+
+def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
+    """State of many jobs in ONE sacct call (allocations only).
+
+    squeue is asked (once, for all of them) only about jobs sacct does not know (every job when accounting is
+    off, or a job slurmdbd has not recorded yet) or reports as still active: slurmdbd lags the controller, so
+    a job that has started can still read PENDING there. Returns {job_id: {'state', 'exit_code', 'nodes',
+    'source'}}; jobs neither tool knows are absent.
+    """
+    wanted = sorted(set(map(str, job_ids)))
+    if not wanted:
+        return {}
+    states: dict[str, dict] = {}
+    out = runner(["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(wanted),
+                  "-o", "JobIDRaw,State,ExitCode,NodeList"], capture_output=True, text=True)
+    if out.returncode == 0:
+        for line in out.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) >= 4 and parts[0] in wanted:
+                state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
+                if state == "CANCELLED" and code == 0:  # sacct's 0:0 for a cancelled allocation is no exit code
+                    code = None
+                states[parts[0]] = {"state": state, "exit_code": code, "nodes": parts[3], "source": "sacct"}
+    missing = {j for j in wanted if states.get(j, {}).get("state") in (None, *ACTIVE)}
+    if not missing:
+        return states
+    out = runner(["squeue", "--noheader", "--states=all", "-o", "%i|%T|%N"], capture_output=True, text=True)
+    if out.returncode == 0:
+        for line in out.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 3 or parts[0] not in missing:
+                continue
+            # A job sacct knows as active: take the controller's word only while it is active too. An end state
+            # waits for sacct (a moment later), which also has the exit code squeue lacks.
+            if parts[0] in states and parts[1] not in ACTIVE:
+                continue
+            states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
+    return states
+
+
+def slurm_listed(job_id: str, runner=subprocess.run) -> str | None:
+    """The controller's state of a job it still lists (PENDING, RUNNING, COMPLETING, ...), else None: a job
+    squeue no longer shows has no process left, whatever accounting says or lacks."""
+    out = runner(["squeue", "--noheader", "--states=all", "-j", str(job_id), "-o", "%T"], capture_output=True,
+                 text=True)
+    state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+    return state if state and state not in TERMINAL else None
+
+
+def _job_state(job_id: str) -> dict:
+    return slurm_states([job_id]).get(str(job_id), {})
+
+
+class SlurmExecutor(Executor):
+    name = "slurm"
+    runs_here = False  # a compute node: a path is checked here only where its filesystem is mounted here too
+    sbatch = True
+    post_output = "slurm-*.out"
+
+    def check_usable(self) -> None:
+        if not shutil.which("sbatch"):
+            raise UserError("cluster.executor is 'slurm' but `sbatch` is not on PATH; use --executor local")
+
+    def submit(self, run_dir: Path) -> dict:
+        job_id, submitted = submit_script((run_dir / "job.sbatch").read_text(), run_dir)
+        return {"job_id": job_id, "submitted_file": str(submitted)}
+
+    def resubmit(self, run_dir: Path) -> dict:
+        return self.submit(run_dir)
+
+    def state(self, run_dir: Path, info: dict) -> dict:
+        return self.states([(run_dir, info)])[0] or {"state": "UNKNOWN"}
+
+    def states(self, runs: list[tuple[Path, dict]]) -> list[dict | None]:
+        ids = [str(info["job_id"]) for _, info in runs if info.get("job_id")]
+        found = slurm_states(ids) if ids else {}
+        return [found.get(str(info.get("job_id"))) for _, info in runs]
+
+    def busy(self, run_dir: Path, info: dict, state: dict) -> str | None:
+        # ended only once the controller stops listing it (COMPLETING: its processes still run)
+        return slurm_listed(str(info.get("job_id")))
+
+    def cancel(self, run_dir: Path, info: dict) -> None:
+        job_id = str(info["job_id"])
+        out = subprocess.run(["scancel", job_id], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise UserError(f"scancel {job_id} failed: {' '.join(out.stderr.split())}")
+
+    def stdout_path(self, run_dir: Path, info: dict) -> Path:
+        return run_dir / "logs" / f"slurm-{info.get('job_id')}.out"
+
+    def run_post(self, job_dir: Path, out, submitted) -> tuple[str, int]:
+        job_id, _ = submit_script((job_dir / "job.sh").read_text(), job_dir)
+        submitted(job_id)
+        return job_id, _follow(job_dir, job_id, out)
+
+    def run_check(self, run_dir: Path, timeout: float, submitted) -> tuple[int, str]:
+        job_id, _ = submit_script((run_dir / "job.sbatch").read_text(), run_dir)
+        submitted(job_id)
+        end = time.monotonic() + timeout
+        state = {}
+        while time.monotonic() < end:
+            state = _job_state(job_id)
+            if state.get("state") in TERMINAL:
+                break
+            time.sleep(1)
+        else:
+            subprocess.run(["scancel", str(job_id)], capture_output=True)
+            raise UserError(f"Slurm job {job_id} did not finish within {timeout:.0f} s (last state "
+                            f"{state.get('state', 'unknown')}); it was cancelled")
+        path = run_dir / "logs" / f"slurm-{job_id}.out"
+        for _ in range(50):  # the output file can trail the accounting record
+            if path.exists():
+                break
+            time.sleep(0.1)
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return (0 if state.get("state") == "COMPLETED" else 1), text
+
+
+def _follow(d: Path, job_id: str, out) -> int:
+    """Stream a post job's output until Slurm says it ended; its exit code (1 when accounting has none)."""
+    path, pos, grace = d / f"slurm-{job_id}.out", 0, 10
+    while True:
+        state = _job_state(job_id)
+        if path.exists():
+            with open(path, errors="replace") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos = fh.tell()
+            out.write(chunk)
+            out.flush()
+        if state.get("state") in TERMINAL:
+            if grace > 0 and (not path.exists() or path.stat().st_size > pos):
+                grace -= 1
+                time.sleep(POLL_S)  # the file system may lag the scheduler
+                continue
+            code = state.get("exit_code")
+            return code if code is not None else (0 if state["state"] == "COMPLETED" else 1)
+        try:
+            time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            out.write(f"stopped following; Slurm job {job_id} keeps running (scancel {job_id} stops it), its "
+                      f"result lands in {d}\n")
+            raise click.Abort() from None
