@@ -20,7 +20,7 @@ TINY = {
 
 def tiny_cfg(**overrides) -> Config:
     """Tiny model recipe; overrides are nested dicts, e.g. tiny_cfg(trainer={"lora": {"dim": 8}})."""
-    return Config(apply_schema(deep_merge(TINY, overrides)))
+    return Config.from_dict(apply_schema(deep_merge(TINY, overrides)))
 
 
 # ---------------------------------------------------------------------------------------------

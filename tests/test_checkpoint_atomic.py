@@ -14,6 +14,7 @@ import torch
 
 from tests.test_train_support import ROOT
 from trainer import checkpoint as ckpt
+from primus_contract.schema import apply_schema
 from trainer.config import Config
 
 CPU = torch.device("cpu")
@@ -115,11 +116,16 @@ def test_recipe_hash_ignores_resume_mutable_fields():
     assert ckpt.recipe_hash(base, seed=1) != ckpt.recipe_hash(base, seed=2)
 
 
+def _config(trainer: dict) -> Config:
+    """The resolved recipe of these trainer sections (every other key its default)."""
+    return Config.from_dict(apply_schema({"trainer": trainer}))
+
+
 def test_resume_refused_when_recipe_changed(tmp_path):
     from trainer.__main__ import SetupError, find_resume
 
     trainer = {"schedule": {"lr": 1e-4}, "checkpoint": {"resume": "auto"}}
-    cfg = Config({"trainer": trainer})
+    cfg = _config(trainer)
     rhash = ckpt.recipe_hash(trainer)
     ckpt.save(str(tmp_path / "checkpoints"), 5, {"x": 1}, rank=0, coords=(0, 0, 0),
               metadata={"recipe_hash": rhash}, keep_last=2)
@@ -128,7 +134,7 @@ def test_resume_refused_when_recipe_changed(tmp_path):
     other = ckpt.recipe_hash({"schedule": {"lr": 3e-4}, "checkpoint": {"resume": "auto"}})
     with pytest.raises(SetupError, match=r"resume refused \| checkpoints/iter_0000005 was written by a different recipe"):
         find_resume(cfg, str(tmp_path), other)
-    never = Config({"trainer": {"schedule": {"lr": 1e-4}, "checkpoint": {"resume": "never"}}})
+    never = _config({"schedule": {"lr": 1e-4}, "checkpoint": {"resume": "never"}})
     assert find_resume(never, str(tmp_path), other) == (None, "")
 
 
@@ -138,9 +144,9 @@ def test_resume_refused_when_train_iters_moves_the_lr_decay(tmp_path):
     from trainer.__main__ import SetupError, find_resume
 
     def cfg(**schedule):
-        return Config({"trainer": {"schedule": {"lr": 1e-4, "min_lr": 0.0, "warmup_iters": 100, "lr_decay": "cosine",
-                                                "train_iters": 1000, "lr_decay_iters": None, **schedule},
-                                   "checkpoint": {"resume": "auto"}}})
+        return _config({"schedule": {"lr": 1e-4, "min_lr": 0.0, "warmup_iters": 100, "lr_decay": "cosine",
+                                     "train_iters": 1000, "lr_decay_iters": None, **schedule},
+                        "checkpoint": {"resume": "auto"}})
 
     first = cfg()
     rhash = ckpt.recipe_hash(first.trainer.to_dict())

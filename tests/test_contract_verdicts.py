@@ -167,7 +167,7 @@ def verdicts(raw: dict) -> tuple:
     node = node_for(resolved)
     try:
         with te_version_of(node):
-            pre_start(Config(resolved), node)
+            pre_start(Config.from_dict(resolved), node)
         trainer = "accept"
     except StartRefused as err:
         trainer = err.field or f"(no field) {err}"

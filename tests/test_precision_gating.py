@@ -174,9 +174,10 @@ def test_bad_values_name_the_field(field, value):
 
 
 def test_accepts_trainer_config_object(tmp_path):
+    from primus_contract.schema import apply_schema
     from trainer.config import Config
 
-    mode = check_capabilities(Config(cfg(fp4="e2m1", fp4_emulation=True)), CPU)
+    mode = check_capabilities(Config.from_dict(apply_schema(cfg(fp4="e2m1", fp4_emulation=True))), CPU)
     assert mode.kind == "fp4-local-emulated"
 
 

@@ -33,7 +33,7 @@ def test_proxy_is_the_preset_at_reduced_depth(preset):
             assert t["model"][key] == value, key
     assert (t["parallelism"]["expert"], t["data"]["seq_length"], t["data"]["format"]) == (ep, 4096, "mlperf_npy")
     assert recipe.resolved["cluster"]["nproc_per_node"] == ep and recipe.resolved["cluster"]["executor"] == "local"
-    cfg = Config(load_recipe(ROOT / "recipes" / "proxies" / f"{preset}_proxy.yaml", CPU, env={}).resolved)
+    cfg = Config.from_dict(load_recipe(ROOT / "recipes" / "proxies" / f"{preset}_proxy.yaml", CPU, env={}).resolved)
     with dist_session(cfg):
         c = make_transformer_config(cfg, torch.device("cpu"), use_te=False)
     assert (c.num_moe_experts, c.moe_router_topk, c.num_layers) == (experts, topk, 4)

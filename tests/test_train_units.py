@@ -1,4 +1,4 @@
-"""Config view, LR schedule, clipping and signal/log helpers of the training loop."""
+"""Typed config, LR schedule, clipping and signal/log helpers of the training loop."""
 from __future__ import annotations
 
 import math
@@ -8,29 +8,45 @@ import signal
 
 import pytest
 import torch
+import yaml
 
-from trainer.config import Config, load_config
+from tests.model_helpers import tiny_cfg
+from trainer.config import Config, ConfigError, load_config
 from trainer.logger import TrainLogger, format_iteration, log_path
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.schedule import LRSchedule
 from trainer.signals import StopSignal
 
 
-def test_config_view_is_read_only_and_names_missing_keys(tmp_path):
+def test_config_is_a_frozen_typed_tree_and_names_missing_keys(tmp_path):
+    import dataclasses
+
+    from primus_contract.schema import apply_schema
+
+    resolved = apply_schema({"trainer": {"model": {"hidden_size": 128}, "data": {"train": {"path": "/x"}},
+                                         "lora": {"target_modules": ["a", "b"]}}})
     p = tmp_path / "r.yaml"
-    p.write_text("trainer:\n  model: {hidden_size: 128}\n  data: {train: {path: /x}}\n  lora: {target_modules: [a, b]}\n")
+    p.write_text(yaml.safe_dump(resolved, sort_keys=False))
     cfg = load_config(str(p))
+    assert dataclasses.is_dataclass(cfg) and type(cfg.trainer.model).__name__ == "TrainerModel"
+    assert [f.name for f in dataclasses.fields(cfg.trainer.lora)] == list(resolved["trainer"]["lora"])  # the contract's keys
     assert cfg.trainer.model.hidden_size == 128 and cfg["trainer"]["model"]["hidden_size"] == 128
     assert cfg.trainer.data.train.path == "/x"  # a key named `path` is a key
     assert cfg.trainer.lora.target_modules == ("a", "b")
-    with pytest.raises(AttributeError, match="no key 'trainer.model.ffn_hidden_size'"):
-        cfg.trainer.model.ffn_hidden_size
-    with pytest.raises(AttributeError, match="read-only"):
+    with pytest.raises(KeyError, match="no key 'trainer.model.hidden'"):
+        cfg["trainer"]["model"]["hidden"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.trainer.model.hidden_size = 3
-    assert cfg.to_dict()["trainer"]["lora"]["target_modules"] == ["a", "b"]
+    assert cfg.to_dict() == resolved and cfg.to_dict()["trainer"]["lora"]["target_modules"] == ["a", "b"]
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert ("trainer.model.hidden_size", 128) in cfg.flatten()
     assert Config.from_dict(cfg.to_dict()) == cfg
+    del resolved["trainer"]["model"]["ffn_hidden_size"]
+    with pytest.raises(ConfigError, match="no key 'trainer.model.ffn_hidden_size'"):
+        Config.from_dict(resolved)  # at load, not at first use
+    resolved["trainer"]["model"].update(ffn_hidden_size=352, wandb=1)
+    with pytest.raises(ConfigError, match="'trainer.model.wandb', which the contract does not define"):
+        Config.from_dict(resolved)
 
 
 def test_lr_schedule_hand_values():
@@ -54,7 +70,8 @@ def test_clip_to_global_norm_and_no_decay_on_vectors():
     assert float(norm) == pytest.approx(expected)
     clipped = math.sqrt(float(a.grad.pow(2).sum() + b.grad.pow(2).sum()))
     assert clipped == pytest.approx(1.0, rel=1e-5)
-    sched = Config({"lr": 1e-3, "weight_decay": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.95, "adam_eps": 1e-6})
+    sched = tiny_cfg(trainer={"schedule": {"lr": 1e-3, "weight_decay": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.95,
+                                           "adam_eps": 1e-6}}).trainer.schedule
     opt = build_optimizer([a, b], sched)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     assert opt.param_groups[0]["betas"] == (0.8, 0.95) and opt.param_groups[0]["eps"] == 1e-6

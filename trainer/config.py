@@ -1,135 +1,157 @@
-"""Read-only attribute view over the resolved recipe (docs/contract.md section 1).
+"""The resolved recipe as a frozen tree of dataclasses, generated from the contract (docs/contract.md section 1).
 
-The launcher fills every default; this module has none of its own. A missing key is an error
-that names the full dotted path, so a contract mismatch surfaces immediately instead of as a
-silent default.
+One class per section of primus_contract.fields.SCHEMA (`Config` the whole recipe, `TrainerModel` for
+trainer.model, ...), one field per key, in the contract's order; the contract is the only list of keys. The
+launcher fills every default, so this module has none: a missing key (or one the contract lacks) is an error
+that names the full dotted path, at load, not later as a silent default.
 
-    cfg = load_config("run/recipe.resolved.yaml")
+    cfg = load_config("run/recipe.resolved.yaml")     # or Config.from_dict(resolved_dict)
     cfg.trainer.model.hidden_size      # attribute access, nested
-    cfg.trainer.lora.target_modules    # lists come back as tuples (immutable)
-    cfg["trainer"]["model"]            # item access works too
+    cfg.trainer.lora.target_modules    # lists come back as tuples, mappings as read-only dicts
+    cfg["trainer"]["model"]            # item access (each section is a read-only Mapping of its keys)
     cfg.to_dict()                      # deep plain-dict copy
-
-Recipe keys win over everything but the Mapping methods (keys/items/values/get), to_dict, flatten
-and from_dict: the view defines no other public attributes (a key named `path` is a key).
+    cfg.flatten()                      # [(dotted.key, leaf value)] in recipe order
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator, Mapping
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar, Iterator, Optional
 
 import yaml
 
+from primus_contract.fields import SCHEMA, Field
+
 
 class ConfigError(KeyError):
-    """A key the trainer needs is missing from the resolved recipe."""
+    """A key the trainer needs is missing from the resolved recipe (or the recipe is not one)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "config error"
 
 
-def _freeze(value: Any, path: str) -> Any:
+class FrozenDict(dict):
+    """A mapping value of the recipe (trainer.model.rope_scaling, cluster.env): a dict that cannot change."""
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("config is read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items(), key=repr)))
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _freeze(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return Config(value, path)
+        return FrozenDict({str(k): _freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(_freeze(v) for v in value)
     return value
 
 
 def _thaw(value: Any) -> Any:
-    if isinstance(value, Config):
+    if isinstance(value, Section):
         return value.to_dict()
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
     return copy.deepcopy(value)
 
 
-class Config(Mapping):
-    """Immutable nested mapping with attribute access."""
+class Section(Mapping):
+    """Base of the generated section classes: built from a dict by from_dict, read by attribute or item."""
 
-    __slots__ = ("_data", "_path")
-
-    def __init__(self, data: Mapping[str, Any], path: str = "") -> None:
-        if not isinstance(data, Mapping):
-            raise TypeError(f"config{(' ' + path) if path else ''} must be a mapping, got {type(data).__name__}")
-        frozen = {}
-        for key, value in data.items():
-            key = str(key)
-            frozen[key] = _freeze(value, f"{path}.{key}" if path else key)
-        object.__setattr__(self, "_data", frozen)
-        object.__setattr__(self, "_path", path)
+    _KINDS: ClassVar[dict] = {}  # key -> the contract's Field, or the Section class of a nested section
+    _PATH: ClassVar[str] = ""
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Config":
-        return cls(data)
+    def from_dict(cls, data: Any):
+        if not isinstance(data, Mapping):
+            where = cls._PATH or "the resolved recipe"
+            raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+        unknown = [str(k) for k in data if k not in cls._KINDS]
+        if unknown:
+            raise ConfigError(f"resolved recipe has key '{_join(cls._PATH, unknown[0])}', which the contract does "
+                              "not define")
+        values = {}
+        for key, kind in cls._KINDS.items():
+            if key not in data:
+                raise ConfigError(f"resolved recipe has no key '{_join(cls._PATH, key)}'")
+            values[key] = kind.from_dict(data[key]) if isinstance(kind, type) else _freeze(data[key])
+        return cls(**values)
 
-    def to_dict(self) -> dict:
-        return {k: _thaw(v) for k, v in self._data.items()}
-
-    # mapping protocol
     def __getitem__(self, key: str) -> Any:
-        try:
-            return self._data[key]
-        except KeyError:
-            where = f"{self._path}.{key}" if self._path else key
-            raise ConfigError(f"resolved recipe has no key '{where}'") from None
+        if key not in self._KINDS:
+            raise ConfigError(f"resolved recipe has no key '{_join(self._PATH, key)}'")
+        return getattr(self, key)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
+        return iter(self._KINDS)
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._KINDS)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    # attribute access
-    def __getattr__(self, key: str) -> Any:
-        if key.startswith("__"):
-            raise AttributeError(key)
-        try:
-            return self[key]
-        except ConfigError as err:
-            raise AttributeError(str(err)) from None
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError(f"config is read-only (tried to set '{key}')")
-
-    def __delattr__(self, key: str) -> None:
-        raise AttributeError(f"config is read-only (tried to delete '{key}')")
-
-    def __repr__(self) -> str:
-        return f"Config({self.to_dict()!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Config):
-            return self._data == other._data
-        if isinstance(other, Mapping):
-            return self.to_dict() == dict(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        raise TypeError("Config is not hashable; use trainer.checkpoint.recipe_hash")
-
-    def __reduce__(self):
-        return (Config, (self.to_dict(), self._path))
+    def to_dict(self) -> dict:
+        return {k: _thaw(getattr(self, k)) for k in self._KINDS}
 
     def flatten(self, prefix: str = "") -> list[tuple[str, Any]]:
-        """[(dotted.key, leaf value)] in recipe order; lists stay as leaves."""
+        """[(dotted.key, leaf value)] in recipe order; lists stay as leaves, non-empty mappings are walked."""
         out: list[tuple[str, Any]] = []
-        for key, value in self._data.items():
-            name = f"{prefix}.{key}" if prefix else key
-            if isinstance(value, Config) and len(value):
+        for key in self._KINDS:
+            name, value = _join(prefix, key), getattr(self, key)
+            if isinstance(value, Section):
                 out.extend(value.flatten(name))
+            elif isinstance(value, Mapping) and value:
+                out.extend((_join(name, k), _thaw(v)) for k, v in value.items())
             else:
                 out.append((name, _thaw(value)))
         return out
 
 
-def load_config(path: str) -> Config:
-    """Parse the resolved recipe YAML at `path` into a read-only Config."""
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list": tuple, "dict": Mapping}
+
+
+def _class_name(path: str) -> str:
+    return "".join(part.title().replace("_", "") for part in path.split(".")) if path else "Config"
+
+
+def _section_class(spec: dict, path: str) -> type:
+    """A frozen dataclass for the section `path` of the contract (and, recursively, its subsections)."""
+    kinds, fields = {}, []
+    for key, sub in spec.items():
+        if isinstance(sub, dict):
+            kinds[key] = _section_class(sub, _join(path, key))
+            fields.append((key, kinds[key]))
+        else:
+            assert isinstance(sub, Field) and not hasattr(Section, key), key
+            kinds[key] = sub
+            fields.append((key, Optional[_TYPES[sub.kind]] if sub.nullable else _TYPES[sub.kind]))
+    name = _class_name(path)
+    cls = dataclasses.make_dataclass(name, fields, bases=(Section,), frozen=True, eq=True)
+    cls._KINDS, cls._PATH = kinds, path
+    cls.__module__, cls.__qualname__ = __name__, name
+    cls.__doc__ = f"`{path or 'the resolved recipe'}`: generated from primus_contract.fields.SCHEMA."
+    globals()[name] = cls  # importable by name, so a config pickles (multiprocessing tests pass it)
+    return cls
+
+
+Config = _section_class(SCHEMA, "")
+
+
+def load_config(path: str):
+    """Parse the resolved recipe YAML at `path` into a Config."""
     with open(path, "r", encoding="utf-8") as fh:
         data = yaml.safe_load(fh)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: resolved recipe must be a YAML mapping")
-    return Config(data)
+    return Config.from_dict(data)

@@ -31,7 +31,7 @@ def run_config(run_dir: str, data_path: Optional[str] = None) -> Config:
     if data_path:
         data["trainer"]["data"]["validation"] = {"path": data_path, "hf_name": None, "split": "validation",
                                                  "limit": None}
-    return Config(data)
+    return Config.from_dict(data)
 
 
 def checkpoint_dir(run_dir: str, iteration: Optional[int] = None) -> str:
