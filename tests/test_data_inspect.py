@@ -49,7 +49,7 @@ def test_inspect_bad_input_one_line_exit_2(tmp_path, capsys):
         return rc, capsys.readouterr().err
 
     rc, msg = err("inspect", "--config", write_cfg(tmp_path, overlong="wrap"))
-    assert rc == 2 and msg.splitlines() == ["error: trainer.data.overlong: 'wrap' is not one of truncate|drop"]
+    assert rc == 2 and msg.splitlines() == ["error: `trainer.data.overlong` is 'wrap'; expected one of truncate, drop"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "x", "output": "y"}\n{"instruction": "x"}\n')
     rc, msg = err("inspect", "--config", write_cfg(tmp_path, train={"path": str(bad)}))

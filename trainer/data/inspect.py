@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+import primus_contract
+
 from .dataset import PackedDataset
 from .errors import DataError
 
@@ -56,7 +58,12 @@ def inspect(config_path: str, split: str, pack: int) -> str:
     from .options import DataOptions
     from .tokenize import load_tokenizer
 
-    opts = DataOptions.from_config(load_yaml(config_path))
+    try:  # the contract's checks, as at trainer start
+        resolved = primus_contract.apply_schema(load_yaml(config_path))
+        primus_contract.check(resolved)
+    except primus_contract.ContractError as e:
+        raise DataError(str(e)) from None
+    opts = DataOptions.from_config(resolved)
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
     train, val, stats = load_splits(opts, tokenizer)
     ds = train if split == "train" else val
