@@ -37,9 +37,8 @@ from pathlib import Path
 import torch
 
 from trainer.model.hf_read import DTYPES, SafetensorsDir
-from trainer.model.peft_export import fused_expert_keys
+from trainer.model.peft_export import PEFT_PREFIX as _PREFIX, fused_expert_keys
 
-_PREFIX = "base_model.model."
 _COPIED = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
            "vocab.*", "merges.txt", "*.tiktoken", "chat_template.*", "preprocessor_config.json", "LICENSE*", "NOTICE*")
 _FUSED = re.compile(r"^(?P<layer>.+\.mlp\.experts)(?P<inner>\.base_layer)?$")

@@ -29,11 +29,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.model.hf_names import split_qkv
+from trainer.model.hf_names import hf_source, split_qkv
 from trainer.model.layout import namer
 from trainer.model.sharding import canonical, to_full
 
-_PREFIX = "base_model.model.model.layers"
+PEFT_PREFIX = "base_model.model."  # PEFT's prefix of the wrapped transformers model's names (hf_merge reads it)
+_PREFIX = PEFT_PREFIX + "model.layers"
 
 
 def gathered_adapters(model) -> dict[str, torch.Tensor]:
@@ -62,10 +63,6 @@ def gathered_adapters(model) -> dict[str, torch.Tensor]:
 
 
 _EXPERT_PATH = re.compile(r"^mlp\.experts\.(?:local_experts\.(\d+)\.(linear_fc[12])|(linear_fc[12])\.lora\.(\d+))$")
-# multi-latent attention: megatron-core de-interleaves DeepSeek's rope channels inside its RoPE, so the HF
-# rows are megatron's rows (trainer.model.hf_names imports them as is): a rename
-_MLA = {"linear_q_proj": "q_proj", "linear_q_down_proj": "q_a_proj", "linear_q_up_proj": "q_b_proj",
-        "linear_kv_down_proj": "kv_a_proj_with_mqa", "linear_kv_up_proj": "kv_b_proj"}
 _FUSED_ROLE = {"linear_fc1": "gate_up_proj", "linear_fc2": "down_proj"}
 
 
@@ -77,34 +74,18 @@ def fused_expert_keys(target_parameters) -> dict[bool, str]:
     return {False: roles[0]} if len(roles) == 1 else ({True: roles[0], False: roles[1]} if roles else {})
 
 
-def _hf_module(path: str) -> tuple[str, str]:
-    """(HF module prefix under the layer, megatron leaf) for a megatron module path in a layer."""
-    m = _EXPERT_PATH.match(path)
-    if m:  # routed expert j (SequentialMLP or TE grouped adapters)
-        j, leaf = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(4), m.group(3))
-        return f"mlp.experts.{j}", leaf
-    block, _, leaf = path.rpartition(".")
-    if block == "self_attention":
-        return "self_attn", leaf
-    if block == "mlp":
-        return "mlp", leaf
-    if block == "mlp.shared_experts":  # DeepSeek-V2 naming
-        return "mlp.shared_experts", leaf
-    raise ValueError(f"no HF PEFT mapping for LoRA on {path}")
-
-
-def _pieces(leaf: str, b: torch.Tensor, heads: int, groups: int):
-    if leaf == "linear_qkv":
-        return zip(("q_proj", "k_proj", "v_proj"), split_qkv(b, heads, groups))
-    if leaf == "linear_proj":
-        return [("o_proj", b)]
-    if leaf in _MLA:
-        return [(_MLA[leaf], b)]
-    if leaf == "linear_fc1":
-        return zip(("gate_proj", "up_proj"), b.chunk(2, dim=0))
-    if leaf == "linear_fc2":
-        return [("down_proj", b)]
-    raise ValueError(f"no HF PEFT mapping for LoRA on {leaf}")
+def _hf_pieces(idx: str, path: str, b: torch.Tensor, heads: int, groups: int) -> list[tuple[str, torch.Tensor]]:
+    """(HF module under the layer, its piece of B) for the LoRA on megatron module `path` of layer idx. The names
+    are the HF import's (trainer.model.hf_names.hf_source of `<path>.weight`: MLA's linears a rename, as the
+    import copies their rows as is); a fused linear's B is split like its weight: linear_qkv per query group into
+    q/k/v_proj, linear_fc1 in halves into gate/up_proj."""
+    src = hf_source(f"decoder.layers.{idx}.{path}.weight", heads, groups)
+    if src is None:
+        raise ValueError(f"no HF PEFT mapping for LoRA on {path}")
+    layer = f"model.layers.{idx}."
+    names = [s[len(layer):-len(".weight")] for s in src[0]]
+    pieces = split_qkv(b, heads, groups) if len(names) == 3 else b.chunk(2, dim=0) if len(names) == 2 else (b,)
+    return list(zip(names, pieces))
 
 
 def _fuse_experts(per_expert: dict, experts: int, out: dict) -> set[str]:
@@ -136,17 +117,20 @@ def to_peft_tensors(adapters: dict[str, torch.Tensor], config) -> tuple[dict[str
     for mod in sorted({k.rsplit(".", 1)[0] for k in adapters}):
         a, b = adapters[mod + ".lora_a"], adapters[mod + ".lora_b"]
         _, idx, path = mod.split(".", 2)
-        prefix, leaf = _hf_module(path)
-        if moe and prefix.startswith("mlp.experts."):
-            per_expert.setdefault((int(idx), leaf), {})[int(prefix.rsplit(".", 1)[1])] = (a, b)
-            continue
-        for hf, piece in _pieces(leaf, b, heads, groups):
-            out[f"{_PREFIX}.{idx}.{prefix}.{hf}.lora_A.weight"] = a
-            out[f"{_PREFIX}.{idx}.{prefix}.{hf}.lora_B.weight"] = piece
-            if moe and prefix.startswith("mlp"):
-                params.add(f"{prefix}.{hf}.weight")
+        m = _EXPERT_PATH.match(path)
+        if m:  # routed expert j (SequentialMLP or TE grouped adapters)
+            j, leaf = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(4), m.group(3))
+            if moe:
+                per_expert.setdefault((int(idx), leaf), {})[int(j)] = (a, b)
+                continue
+            path = f"mlp.experts.local_experts.{j}.{leaf}"
+        for hf, piece in _hf_pieces(idx, path, b, heads, groups):
+            out[f"{_PREFIX}.{idx}.{hf}.lora_A.weight"] = a
+            out[f"{_PREFIX}.{idx}.{hf}.lora_B.weight"] = piece
+            if moe and hf.startswith("mlp"):
+                params.add(f"{hf}.weight")
             else:
-                modules.add(hf)
+                modules.add(hf.rsplit(".", 1)[-1])
     if per_expert:
         params |= _fuse_experts(per_expert, int(config.num_moe_experts), out)
     tensors = {k: v.clone().contiguous() for k, v in out.items()}  # no shared storage (safetensors)
