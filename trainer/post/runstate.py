@@ -52,13 +52,14 @@ def checkpoint_dir(run_dir: str, iteration: Optional[int] = None) -> str:
     return path
 
 
-def check_precision(cfg) -> None:
-    """TE's environment and the capability check of training (a precision this machine lacks: PostError)."""
+def check_precision(cfg):
+    """TE's environment and the capability check of training (a precision this machine lacks: PostError); the
+    resolved precision the model is built with."""
     from trainer import precision
 
     os.environ.update(precision.te_environment(cfg))
     try:
-        precision.check_capabilities(cfg)
+        return precision.resolve(cfg)
     except precision.PrecisionError as err:
         raise PostError(str(err).splitlines()[0] if str(err) else "precision not supported here") from None
 
@@ -70,11 +71,11 @@ def load_model(cfg, path: str):
     from trainer.optim import build_optimizer, trainable_parameters
     from trainer.reshard import restore
 
-    check_precision(cfg)
+    prec = check_precision(cfg)
     if "RANK" not in os.environ:  # one process: a free port, not the job script's (a training job may hold it)
         os.environ.pop("MASTER_PORT", None)
     info = init_distributed(cfg)
-    model = build_model(cfg, info.device)  # (FP4 emulation included: trainer.model.transforms)
+    model = build_model(cfg, info.device, prec)  # (FP4 emulation included: trainer.model.transforms)
     optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)  # restore() fills it too
     iteration, note = restore(path, model, optimizer, info)
     say(f"checkpoint loaded | iteration {iteration} | path {path}" + (f" | {note}" if note else ""))
