@@ -1,7 +1,8 @@
 """`python -m trainer --config <run_dir>/recipe.resolved.yaml --run-dir <run_dir>` (torchrun or single process).
 
 Order: config -> precision capability check (exit 2, one line) -> distributed init -> log start
-(+ resume decision) -> data -> model (+ precision emulation) -> optimizer -> resume state -> loop.
+(+ resume decision) -> data -> model (trainer.model.transforms, FP4 emulation last; the precision resolved
+at the check is passed down) -> optimizer -> resume state -> loop.
 Exit codes: trainer/signals.py.
 """
 from __future__ import annotations

@@ -1,0 +1,32 @@
+"""trainer.model.transforms: the build applies one ordered list, and the BuiltModel carries what each decided
+(the lines the train loop logs after the precision line), nothing set on the model."""
+import torch
+
+from tests.model_helpers import dist_session, tiny_cfg
+from trainer.model import build
+from trainer.model.transforms import TRANSFORMS
+from trainer.precision import Environment, resolve
+
+
+def test_transforms_run_in_order_and_report_their_lines():
+    assert [t.name for t in TRANSFORMS] == ["hf import", "fp8 params", "lora", "adapter inputs", "tp comm overlap",
+                                            "chunked loss", "fp4 emulation"]
+    cfg = tiny_cfg(trainer={"recompute": {"adapter_inputs": True, "adapter_inputs_scope": "fc2"},
+                            "precision": {"fp4": "e2m1", "fp4_emulation": True}})
+    prec = resolve(cfg, Environment(device="cpu"))
+    with dist_session(cfg) as info:
+        built = build(cfg, info.device, prec)
+    assert built.precision is prec and built.ub_tokens is None
+    assert [name for name, _ in built.lines] == ["lora", "adapter inputs", "chunked loss", "fp4 emulation"]
+    assert built.log_lines == ["adapter inputs | scope fc2 | fc2 2 | norm 0",
+                               "chunked loss | output layer + cross-entropy in token chunks, logits not kept"]
+    assert built.line("hf import") is None and built.line("adapter inputs").startswith("adapter inputs | ")
+    assert not [k for m in built.model.modules() for k in vars(m) if k.startswith("_primus_")]
+    assert any(p.requires_grad for p in built.model.parameters()) and isinstance(built.model, torch.nn.Module)
+
+
+def test_without_chunked_loss_only_lora_applies():
+    cfg = tiny_cfg(trainer={"recompute": {"chunked_loss": False}})
+    with dist_session(cfg) as info:
+        built = build(cfg, info.device)
+    assert [name for name, _ in built.lines] == ["lora"] and built.log_lines == []
