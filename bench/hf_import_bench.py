@@ -123,7 +123,7 @@ def main() -> None:
         from trainer.model.build import _gpt_model, make_transformer_config
 
         config = make_transformer_config(cfg, info.device, use_te=False)
-        model = _gpt_model(config, cfg.trainer.model, info.device)
+        model = _gpt_model(config, cfg.trainer.model, info.device, int(cfg.experiment.seed))
         share = sum(p.numel() * p.element_size() for p in model.parameters())
         before = rss_anon()
         sampler = PeakSampler()
