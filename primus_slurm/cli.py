@@ -1,19 +1,21 @@
 """`primus-slurm` command line: recipe commands here; job commands in jobs_cli, precision tools in precision_cli."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import click
 
+from primus_contract.hf_config import describe
+from primus_contract.machine import at_start
+from primus_contract.rules_model import world_size
+from primus_slurm import jobs_cli, post_cli, precision_cli, preflight
+from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
-
-SET_HELP = "Override a recipe value, e.g. --set trainer.parallelism.tensor=2 (repeatable)."
-
-
-def set_option(func):
-    return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)(func)
+from primus_slurm.recipe import find_recipe, load_recipe
+from primus_slurm.render import render_script
+from primus_slurm.resources import recipes_dir
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -28,9 +30,6 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
 def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
     """Check RECIPE (path or name under recipes/) and print a summary, or the resolved recipe with --json."""
-    from primus_slurm.recipe import load_recipe
-    from primus_slurm.validate import world_size
-
     r = load_recipe(recipe, overrides)
     if as_json:
         click.echo(json.dumps(r.resolved, indent=2))
@@ -40,8 +39,6 @@ def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
     click.echo(f"ok: {r.path} — {t['model']['preset']} on {c['nodes']} node(s), world {world_size(c)}, "
                f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
-    from primus_contract.machine import at_start
-
     for name, what in at_start(r.resolved):  # the contract's machine rules: the trainer checks them on the node
         click.echo(f"checked at start on the node: {name}: {what}")
     if t["checkpoint"]["pretrained"]:
@@ -50,10 +47,6 @@ def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
 
 def pretrained_line(path: str) -> str:
     """What the job will import: family, layers, experts, shards, size (its config.json already checked)."""
-    from pathlib import Path
-
-    from primus_contract.hf_config import describe
-
     if not Path(path).is_dir():
         return f"{path} (not readable here: its config.json is checked against the recipe when the job starts)"
     return f"{path} — {describe(path)}"
@@ -66,9 +59,6 @@ def pretrained_line(path: str) -> str:
 @click.option("--run-dir", default=None, help="Run directory to render for (default: a placeholder).")
 def render(recipe: str, overrides: tuple, executor: str | None, run_dir: str | None) -> None:
     """Print the job script RECIPE renders to (see `submit --dry-run` for the exact submitted text)."""
-    from primus_slurm.recipe import load_recipe
-    from primus_slurm.render import render_script
-
     r = load_recipe(recipe, overrides)
     name = r.resolved["experiment"]["name"]
     run_dir = run_dir or f"{r.resolved['experiment']['workspace']}/{name}/RUN_ID"
@@ -80,8 +70,6 @@ def render(recipe: str, overrides: tuple, executor: str | None, run_dir: str | N
 def recipes(ctx: click.Context) -> None:
     """List the recipes shipped with primus-slurm (`recipes show NAME` prints one)."""
     if ctx.invoked_subcommand is None:
-        from primus_slurm.resources import recipes_dir
-
         for path in sorted(recipes_dir().glob("*.yaml")):
             click.echo(f"{path.stem:36s} {_summary(path.read_text())}")
 
@@ -108,21 +96,11 @@ def _summary(text: str, width: int = 110) -> str:
 @click.argument("name")
 def recipes_show(name: str) -> None:
     """Print a shipped recipe's YAML."""
-    from primus_slurm.recipe import find_recipe
-
     click.echo(find_recipe(name).read_text(), nl=False)
 
 
-def _register_optional(module: str) -> None:
-    """Job and precision commands live in their own modules; each exposes register(group)."""
-    if importlib.util.find_spec(module) is not None:
-        importlib.import_module(module).register(main)
-
-
-_register_optional("primus_slurm.jobs_cli")
-_register_optional("primus_slurm.precision_cli")
-_register_optional("primus_slurm.post_cli")
-_register_optional("primus_slurm.preflight")
+for _commands in (jobs_cli, precision_cli, post_cli, preflight):  # each module's register(group)
+    _commands.register(main)
 
 
 _NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2

@@ -16,6 +16,7 @@ import yaml
 
 from primus_contract import run_files
 
+from . import registry
 from .errors import UserError
 
 _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
@@ -92,10 +93,6 @@ def resolve_run_dir(ref: str) -> Path:
         return path.resolve()
     if path.exists():
         raise UserError(f"RUN '{ref}' has no recipe.resolved.yaml; give a run directory or run id")
-    try:
-        from . import registry
-    except ImportError:
-        raise UserError(f"RUN '{ref}' is not a run directory") from None
     entry = registry.find(ref)
     return Path(entry["run_dir"])
 

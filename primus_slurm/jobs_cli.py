@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import registry, runs
+from . import post, post_cli, registry, runs
 from . import logs as logs_mod
 from . import status as status_mod
 from . import resume as resume_mod
@@ -61,8 +61,6 @@ def status_cmd(run, as_json):
     entries = [registry.find(run)] if run else registry.entries()
     rows = status_mod.collect(entries)
     if run:  # its exports, generations and evals (primus_slurm.post)
-        from . import post, post_cli
-
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
     if as_json:
         click.echo(status_mod.to_json(rows[0] if run else rows))

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import click
 
+from .compare import compare
+from .errors import UserError
+from .verify_fp4 import verify
+
 
 def register(group: click.Group) -> None:
     @group.command("compare")
@@ -12,9 +16,6 @@ def register(group: click.Group) -> None:
     def compare_cmd(runs: tuple, plot_path: str) -> None:
         """Per-iteration lm loss of RUNS (same seed, data, GBS, LR), and each later run's max/mean divergence
         from the first RUN (the reference)."""
-        from .compare import compare
-        from .errors import UserError
-
         if plot_path and not plot_path.lower().endswith(".png"):
             raise UserError(f"--plot {plot_path!r}: the plot is a PNG; give a file name ending in .png")
         click.echo(compare(list(runs), plot_path or None))
@@ -24,8 +25,6 @@ def register(group: click.Group) -> None:
     @click.option("--fp8-run", default=None, help="FP8 run of the same recipe, for the memory and throughput checks.")
     def verify_fp4_cmd(run: str, fp8_run: str | None) -> int:
         """Check the five pieces of evidence that RUN trained in FP4; exit 0 only if all hold."""
-        from .verify_fp4 import verify
-
         report, ok = verify(run, fp8_run)
         click.echo(report)
         return 0 if ok else 1

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from primus_slurm import executors, runs
+from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.recipe import dump, load_recipe
 from primus_slurm.render import render_script
@@ -55,8 +56,6 @@ def report(rc: int, text: str, run_dir: Path) -> None:
 
 
 def register(group: click.Group) -> None:
-    from primus_slurm.cli import set_option
-
     @group.command()
     @click.argument("recipe")
     @set_option

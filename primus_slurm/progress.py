@@ -206,9 +206,3 @@ def read_progress(run_dir: Path) -> Progress:
         progress.last_checkpoint = f"checkpoints/{name}" if name else None
     return progress
 
-
-def seconds_since(timestamp: float | None, now: float | None = None) -> float | None:
-    if timestamp is None:
-        return None
-    now = now if now is not None else _dt.datetime.now().timestamp()
-    return max(0.0, now - timestamp)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from primus_contract import schema as _schema
-from primus_contract.fields import (ALWAYS_SECRET, ENV_NAME_RE, FLOAT_RE, MAX_STR, MODEL, NAME_RE,  # noqa: F401
-                                    PROFILES, RUNTIMES, SCHEMA, SIGNALS, TIME_RE, Field)
-from primus_contract.schema import field_at, nearest  # noqa: F401
+from primus_contract.fields import ALWAYS_SECRET, MODEL, NAME_RE, SCHEMA, Field  # noqa: F401 (recipe.py's)
+from primus_contract.schema import nearest  # noqa: F401 (recipe.py's)
 from primus_slurm.errors import from_contract
 
 

@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+import yaml
+
 from . import registry, runs
 from .executor_base import TERMINAL
 from .executors import executor_for
@@ -17,7 +19,6 @@ def _stall_minutes(info: dict, run_dir: Path) -> float:
     if info.get("stall_minutes"):
         return float(info["stall_minutes"])
     try:  # runs submitted before run.json carried it
-        import yaml
         resolved = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())
         return float(resolved["cluster"].get("stall_minutes") or DEFAULT_STALL_MINUTES)
     except (OSError, KeyError, TypeError, ValueError, AttributeError):

@@ -7,7 +7,6 @@ import re
 
 import primus_contract
 from primus_contract.fields import ALWAYS_SECRET, ENV_NAME_RE
-from primus_contract.rules_model import model_linear_names, nproc_per_node, pattern_matches, world_size  # noqa: F401
 from primus_slurm.errors import UserError, from_contract
 
 SBATCH_FLAG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@%/+=&|\[\]*!-]+)?$")

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import mlperf
 from .batching import collate, dp_slice, global_batch_indices, iterate_batches, rank_micro_batches
+from .build import build_split
 from .dataset import PackedDataset
 from .errors import DataError
 from .options import DataOptions
-from .tokenize import IGNORE_INDEX
+from .tokenize import IGNORE_INDEX, load_tokenizer, tokenizer_info
 
 __all__ = ["build_datasets", "collate", "iterate_batches", "global_batch_indices", "dp_slice",
            "rank_micro_batches", "PackedDataset", "DataError", "DataOptions", "IGNORE_INDEX", "load_splits",
@@ -47,10 +49,6 @@ __all__ = ["build_datasets", "collate", "iterate_batches", "global_batch_indices
 
 def load_splits(opts: DataOptions, tokenizer: Any = None):
     """(train, val, stats) for validated options; `tokenizer` is loaded from opts.tokenizer when None."""
-    from . import mlperf
-    from .build import build_split
-    from .tokenize import load_tokenizer, tokenizer_info
-
     out, stats = {}, {}
     if opts.format == "mlperf_npy":
         pad = 0

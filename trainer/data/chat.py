@@ -18,7 +18,7 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
-def _messages(record: Any, loc: str, allow_sharegpt: bool) -> list[dict]:
+def messages_of(record: Any, loc: str, allow_sharegpt: bool) -> list[dict]:
     if not isinstance(record, dict):
         raise record_error(loc, f"expected a JSON object, got {type(record).__name__}")
     if "messages" in record:
@@ -112,8 +112,8 @@ def render_chat(messages: list[dict], loc: str, tokenizer: Any) -> list[Segment]
 
 
 def format_openai(record: Any, loc: str, tokenizer: Any = None) -> list[Segment]:
-    return render_chat(_messages(record, loc, allow_sharegpt=False), loc, tokenizer)
+    return render_chat(messages_of(record, loc, allow_sharegpt=False), loc, tokenizer)
 
 
 def format_chatml(record: Any, loc: str, tokenizer: Any = None) -> list[Segment]:
-    return render_chat(_messages(record, loc, allow_sharegpt=True), loc, tokenizer)
+    return render_chat(messages_of(record, loc, allow_sharegpt=True), loc, tokenizer)

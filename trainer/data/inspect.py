@@ -8,18 +8,20 @@ import sys
 from typing import Any
 
 import numpy as np
+import yaml
 
 import primus_contract
 
+from . import load_splits
 from .dataset import PackedDataset
 from .errors import DataError
+from .options import DataOptions
+from .tokenize import load_tokenizer
 
 OPEN, CLOSE = "⟦", "⟧"
 
 
 def load_yaml(path: str) -> dict:
-    import yaml
-
     try:
         with open(path) as f:
             cfg = yaml.safe_load(f)
@@ -54,10 +56,6 @@ def render_pack(ds: PackedDataset, i: int, tokenizer: Any = None) -> str:
 
 
 def inspect(config_path: str, split: str, pack: int) -> str:
-    from . import load_splits
-    from .options import DataOptions
-    from .tokenize import load_tokenizer
-
     try:  # the contract's checks, as at trainer start
         resolved = primus_contract.apply_schema(load_yaml(config_path))
         primus_contract.check(resolved)

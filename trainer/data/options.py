@@ -7,7 +7,7 @@ trainer start; `DataOptions.from_config` only reads them into the data code's ty
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from primus_contract.fields import SCHEMA
@@ -62,7 +62,6 @@ class DataOptions:
     shuffle: bool = _DATA["shuffle"].default
     seed: int = SCHEMA["experiment"]["seed"].default
     micro_batch_size: int = 1
-    extra: dict = field(default_factory=dict)
 
     @property
     def sample_length(self) -> int:

@@ -11,6 +11,9 @@ import sys
 import time
 import traceback
 
+from trainer.data.errors import DataError
+from trainer.post import evaluate, export, generate
+from trainer.post.prompts import from_text
 from trainer.post.runstate import PostError, run_config, say
 
 
@@ -40,9 +43,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def read_records(args) -> list[tuple[str, dict]]:
-    from trainer.data.errors import DataError
-    from trainer.post.prompts import from_text
-
     cfg_fmt = args.cfg.trainer.data.format
     if args.prompt is not None:
         return [("--prompt", from_text(cfg_fmt, args.prompt))]
@@ -60,15 +60,9 @@ def read_records(args) -> list[tuple[str, dict]]:
 def dispatch(args) -> dict:
     cfg = args.cfg
     if args.kind == "export":
-        from trainer.post import export
-
         return export.run(cfg, args.run, args.out, args.checkpoint, args.adapter, args.merged)
     if args.kind == "eval":
-        from trainer.post import evaluate
-
         return evaluate.run(cfg, args.run, args.checkpoint, args.data)
-    from trainer.post import generate
-
     p = generate.Params(args.max_new_tokens, args.temperature, args.top_p, args.seed)
     return generate.run(cfg, args.run, args.out, read_records(args), p, iteration=args.checkpoint,
                         merged=args.merged, base_only=args.base_only, engine=args.engine)
@@ -79,8 +73,6 @@ def main(argv=None) -> int:
     args.run, args.out = os.path.abspath(args.run), os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    from trainer.data.errors import DataError
-
     try:
         args.cfg = run_config(args.run, getattr(args, "data", None))
         result = dispatch(args)

@@ -10,22 +10,19 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from trainer.data import check_vocab, mlperf
+from trainer.data.build import build_split
+from trainer.data.options import DataOptions
+from trainer.data.tokenize import load_tokenizer, tokenizer_info
 from trainer.post.runstate import PostError, checkpoint_dir, load_model, say
 
 
 def validation_packs(cfg):
     """The validation split only (the train split is neither read nor packed)."""
-    from trainer.data import check_vocab
-    from trainer.data.build import build_split
-    from trainer.data.options import DataOptions
-    from trainer.data.tokenize import load_tokenizer, tokenizer_info
-
     opts = DataOptions.from_config(cfg)
     if not opts.validation.enabled:
         raise PostError("the run has no validation split (trainer.data.validation); give --data PATH")
     if opts.format == "mlperf_npy":
-        from trainer.data import mlperf
-
         pad = tokenizer_info(load_tokenizer(opts.tokenizer)).pad_id if opts.tokenizer else 0
         packs, stats = mlperf.load_split(opts, opts.validation, "validation", pad)
     else:
@@ -43,8 +40,6 @@ class AccuracyForward:
         self.calls, self.num_batches = 0, num_batches
 
     def __call__(self, model, batch):
-        import torch
-
         from trainer.model import forward_losses
         from trainer.model.forward import model_inputs
 

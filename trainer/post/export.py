@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from trainer.data.tokenize import load_tokenizer
 from trainer.post.runstate import PostError, checkpoint_dir, load_model, precision_note, say
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -34,8 +35,6 @@ def save_tokenizer(cfg, out_dir: str) -> bool:
     """The run's tokenizer into out_dir unless a tokenizer is already there; True when written."""
     if any(os.path.exists(os.path.join(out_dir, f)) for f in TOKENIZER_FILES):
         return False
-    from trainer.data.tokenize import load_tokenizer
-
     load_tokenizer(cfg.trainer.tokenizer.path).save_pretrained(out_dir)
     return True
 

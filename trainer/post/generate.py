@@ -13,6 +13,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
+from trainer.data.tokenize import load_tokenizer, tokenizer_info
+from trainer.post.export import export_adapter
+from trainer.post.prompts import char_accuracy, encode, prompt_segments, score, stop_ids
 from trainer.post.runstate import PostError, say
 
 
@@ -34,7 +39,6 @@ def pick_engine(choice: str, device: str) -> str:
 
 
 def hf_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict], p: Params, device: str) -> list[str]:
-    import torch
     from transformers import AutoModelForCausalLM, set_seed
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device)
@@ -71,9 +75,6 @@ def vllm_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict
 
 
 def build_prompts(cfg, records: list[tuple[str, dict]], tokenizer) -> list[dict]:
-    from trainer.post.prompts import encode, prompt_segments, stop_ids
-    from trainer.data.tokenize import tokenizer_info
-
     fmt, pad = cfg.trainer.data.format, tokenizer_info(tokenizer).pad_id
     out = []
     for loc, rec in records:
@@ -85,11 +86,6 @@ def build_prompts(cfg, records: list[tuple[str, dict]], tokenizer) -> list[dict]
 
 def run(cfg, run_dir: str, out: str, records: list[tuple[str, dict]], p: Params, *, iteration: Optional[int],
         merged: Optional[str], base_only: bool, engine: str) -> dict:
-    import torch
-
-    from trainer.data.tokenize import load_tokenizer
-    from trainer.post.prompts import char_accuracy, score
-
     tokenizer = load_tokenizer(cfg.trainer.tokenizer.path)
     prompts = build_prompts(cfg, records, tokenizer)
     base = cfg.trainer.checkpoint.pretrained
@@ -97,8 +93,6 @@ def run(cfg, run_dir: str, out: str, records: list[tuple[str, dict]], p: Params,
         raise PostError("generate needs the run's pretrained base (trainer.checkpoint.pretrained) or --merged DIR")
     adapter, it, source = None, None, merged or base
     if not merged and not base_only:
-        from trainer.post.export import export_adapter
-
         adapter = os.path.join(out, "adapter")
         it = export_adapter(cfg, run_dir, iteration, adapter)
     want_cuda = cfg.trainer.distributed.device != "cpu" and torch.cuda.is_available()

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from trainer.data.chat import messages_of
 from trainer.data.errors import DataError
+from trainer.data.formatters import get_formatter, squad_answer
 from trainer.data.segments import Segment
+from trainer.data.tokenize import tokenize_documents, tokenizer_info
 
 PLACEHOLDER = "\u2063ANSWER\u2063"  # invisible separators: no record text contains it
 CHAT = ("openai", "chatml")
@@ -40,20 +43,17 @@ def with_placeholder(fmt: str, record: Any, loc: str) -> tuple[dict, Optional[st
         ref = rec.pop("output", None) or rec.pop("response", None)
         rec["output"] = PLACEHOLDER
     elif fmt == "squad":
-        from trainer.data.formatters import squad_answer
-
         ref = squad_answer(rec, loc) if ("answers" in rec or "answer" in rec) else None
         rec.pop("answer", None)
         rec["answers"] = PLACEHOLDER
     elif fmt in CHAT:
-        from trainer.data.chat import _messages  # the formatters' own validation and ShareGPT mapping
-
         sharegpt = "messages" not in rec and "conversations" in rec
         key, probe = ("conversations", {"from": "gpt", "value": "x"}) if sharegpt else \
             ("messages", {"role": "assistant", "content": "x"})
         if not isinstance(rec.get(key), list):
             raise DataError(f"{loc}: missing field 'messages' (a list of {{role, content}})")
-        messages = _messages({key: [*rec[key], probe]}, loc, allow_sharegpt=fmt == "chatml")[:-1]
+        # the formatters' own validation and ShareGPT mapping
+        messages = messages_of({key: [*rec[key], probe]}, loc, allow_sharegpt=fmt == "chatml")[:-1]
         ref = messages.pop()["content"] if messages and messages[-1]["role"] == "assistant" else None
         rec = {"messages": [*messages, {"role": "assistant", "content": PLACEHOLDER}]}
     elif fmt == "text":
@@ -68,8 +68,6 @@ def with_placeholder(fmt: str, record: Any, loc: str) -> tuple[dict, Optional[st
 
 def prompt_segments(fmt: str, record: Any, loc: str, tokenizer: Any) -> tuple[list[Segment], str, Optional[str]]:
     """(prompt segments, unsupervised; text that ends an answer in training ('' = EOS only); reference)."""
-    from trainer.data.formatters import get_formatter
-
     rec, ref = with_placeholder(fmt, record, loc)
     segs = get_formatter(fmt)(rec, loc, tokenizer)
     prompt: list[Segment] = []
@@ -85,8 +83,6 @@ def prompt_segments(fmt: str, record: Any, loc: str, tokenizer: Any) -> tuple[li
 
 
 def encode(segments: list[Segment], tokenizer: Any) -> list[int]:
-    from trainer.data.tokenize import tokenize_documents, tokenizer_info
-
     tokens, _, _ = tokenize_documents([segments], tokenizer, tokenizer_info(tokenizer))
     return [int(t) for t in tokens]
 
