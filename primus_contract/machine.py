@@ -19,6 +19,17 @@ FP8_MIN_GFX = 942
 MXFP4_GFX = 950
 
 
+def parse_version(text: str) -> Tuple[int, ...]:
+    """'2.20.2+cu13' -> (2, 20, 2): the leading numeric release of a version string."""
+    parts = []
+    for piece in text.replace("+", ".").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits or not piece[0].isdigit():
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
 @dataclass(frozen=True)
 class Environment:
     device: str = "cpu"                              # 'cpu' or 'cuda' (ROCm also reports 'cuda')

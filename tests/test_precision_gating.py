@@ -2,7 +2,8 @@
 import pytest
 
 from trainer.precision import PrecisionError, check_capabilities
-from trainer.precision.capabilities import Environment, parse_version
+from primus_contract.machine import parse_version
+from trainer.precision.capabilities import Environment
 
 CPU = Environment(device="cpu")
 CPU_TE = Environment(device="cpu", te_version=(2, 20, 2))

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Optional
 
-from trainer.precision.capabilities import parse_version
+from primus_contract.machine import parse_version
 from trainer.signals import EXIT_CONFIG
 
 # (distribution, import name, lowest supported, first unsupported): megatron-core 0.16.1 declares torch>=2.6 and

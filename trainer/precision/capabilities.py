@@ -5,20 +5,10 @@ import importlib.metadata
 import importlib.util
 from typing import Optional, Tuple
 
-from primus_contract.machine import Environment  # noqa: F401 (the facts the contract's machine rules read)
+from primus_contract.machine import Environment, parse_version  # noqa: F401 (the facts the contract's machine rules read)
 
 _TE_DISTS = ("transformer_engine", "transformer-engine", "transformer_engine_torch",
              "transformer-engine-cu12", "transformer-engine-cu13")
-
-
-def parse_version(text: str) -> Tuple[int, ...]:
-    parts = []
-    for piece in text.replace("+", ".").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits or not piece[0].isdigit():
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 def _te_version() -> Optional[Tuple[int, ...]]:
