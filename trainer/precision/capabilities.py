@@ -5,7 +5,7 @@ import importlib.metadata
 import importlib.util
 from typing import Optional, Tuple
 
-from primus_contract.machine import Environment, parse_version  # noqa: F401 (the facts the contract's machine rules read)
+from primus_contract.machine import Environment, parse_version  # noqa: F401 (the machine rules' facts)
 
 _TE_DISTS = ("transformer_engine", "transformer-engine", "transformer_engine_torch",
              "transformer-engine-cu12", "transformer-engine-cu13")
