@@ -79,9 +79,14 @@ EOF
 
 start_service() {  # podman's Docker-compatible API, for a real `docker` CLI (podman-docker points docker.sock at it)
   local pidfile="$STATE/podman-service.pid"
-  [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null && return 0
+  if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    case "$(readlink "/proc/$(cat "$pidfile")/cwd")" in *" (deleted)") ;; *) return 0 ;; esac
+    kill "$(cat "$pidfile")" 2>/dev/null; sleep 0.5  # alive in a deleted directory: start it again
+  fi
   mkdir -p "$STATE" /run/podman
-  setsid podman system service --time=0 unix:///run/podman/podman.sock >"$STATE/podman-service.log" 2>&1 &
+  # from /: the service outlives this script, and its containers' conmon needs a working directory that still exists
+  # (started from a checkout deleted later, every `docker run` attach failed: "unable to upgrade to tcp, received 409")
+  (cd / && exec setsid podman system service --time=0 unix:///run/podman/podman.sock >"$STATE/podman-service.log" 2>&1) &
   echo $! >"$pidfile"
   local i
   for i in $(seq 1 50); do [ -S /run/podman/podman.sock ] && return 0; sleep 0.2; done
