@@ -6,7 +6,7 @@
 
 In order: HF import (checkpoint.pretrained) | FP8 params (random-init FP8 weights drawn again with their own
 scales) | LoRA (base frozen, adapters wrapped) | adapter-input recompute | the TE userbuffers' report (set up
-before the model was built) | chunked loss | FP4 emulation (its count is in the precision line). The train loop
+before the model was built) | chunked loss | FP4 emulation. The train loop
 logs the lines in this order, after the precision line.
 """
 from __future__ import annotations
@@ -66,12 +66,18 @@ def _init_seed_of(model, seed: int):
     return lambda name: _seed(seed, f"{global_name(name)}@tp{tp_rank}") % 2**63
 
 
-def _lora(model, ctx: BuildContext) -> None:
+def _lora(model, ctx: BuildContext) -> Optional[str]:
     from megatron.core import parallel_state as ps
 
-    apply_lora(model, ctx.cfg.trainer.lora, tp_size=ps.get_tensor_model_parallel_world_size(),
-               tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=ctx.config.sequence_parallel,
-               seed=int(ctx.cfg.experiment.seed))
+    lora = ctx.cfg.trainer.lora
+    wrapped = apply_lora(model, lora, tp_size=ps.get_tensor_model_parallel_world_size(),
+                         tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=ctx.config.sequence_parallel,
+                         seed=int(ctx.cfg.experiment.seed))
+    if not lora.enabled:
+        return None
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return (f"lora | rank {lora.dim} | alpha {lora.alpha:g} | wrapped linears {len(wrapped)} | "
+            f"trainable parameters {trainable} (this rank)")
 
 
 def _adapter_inputs(model, ctx: BuildContext) -> str:
@@ -87,8 +93,9 @@ def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
     return "chunked loss | output layer + cross-entropy in token chunks, logits not kept"
 
 
-def _emulation(model, ctx: BuildContext) -> None:
-    apply_emulation(model, ctx.precision)
+def _emulation(model, ctx: BuildContext) -> str:
+    count = apply_emulation(model, ctx.precision)
+    return f"fp4 emulation | {ctx.precision.settings.fp4_recipe} quantize-dequantize on {count} linears"
 
 
 TRANSFORMS = (
