@@ -5,20 +5,12 @@ from __future__ import annotations
 import fnmatch
 
 from primus_contract.errors import fail
-
-# the LoRA-wrappable linear names of each attention/MLP kind (megatron-core module names)
-DENSE_ATTN = ("self_attention.linear_qkv", "self_attention.linear_proj")
-MLA_ATTN = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
-            "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
-DENSE_MLP = ("mlp.linear_fc1", "mlp.linear_fc2")
-MOE_MLP = ("mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "mlp.shared_experts.linear_fc1",
-           "mlp.shared_experts.linear_fc2")  # routers stay frozen: never a LoRA target
+from primus_contract.rules_shapes import linear_dims
 
 
 def model_linear_names(model: dict) -> list[str]:
-    attn = MLA_ATTN if model["multi_latent_attention"] else DENSE_ATTN
-    mlp = MOE_MLP + DENSE_MLP if model["num_moe_experts"] else DENSE_MLP
-    return list(attn + mlp)
+    """The LoRA-wrappable linears this model builds (megatron-core module names; the one table of them)."""
+    return [name for name, _, _ in linear_dims(model, 1)]
 
 
 def pattern_matches(pattern: str, names: list[str]) -> bool:

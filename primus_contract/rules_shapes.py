@@ -14,27 +14,31 @@ MULTIPLE = 16
 
 
 def linear_dims(m: dict, tp: int) -> list:
-    """(name, out features, in features) per tensor-parallel shard of every FP8 linear of one model."""
+    """(megatron module name within a layer, out features, in features) per tensor-parallel shard of every linear
+    of one model's layers: what FP8 runs, and what LoRA may target (routers excluded: they stay frozen). MoE models
+    list the dense MLP too (moe_first_k_dense layers)."""
     h, heads = m["hidden_size"], m["num_attention_heads"]
     dims = []
     if m["multi_latent_attention"]:
         qk = m["qk_head_dim"] + m["qk_pos_emb_head_dim"]
         if m["q_lora_rank"]:
-            dims += [("linear_q_down_proj", m["q_lora_rank"], h), ("linear_q_up_proj", heads * qk // tp, m["q_lora_rank"])]
+            dims += [("self_attention.linear_q_down_proj", m["q_lora_rank"], h),
+                     ("self_attention.linear_q_up_proj", heads * qk // tp, m["q_lora_rank"])]
         else:
-            dims.append(("linear_q_proj", heads * qk // tp, h))
-        dims += [("linear_kv_down_proj", m["kv_lora_rank"] + m["qk_pos_emb_head_dim"], h),
-                 ("linear_kv_up_proj", heads * (m["qk_head_dim"] + m["v_head_dim"]) // tp, m["kv_lora_rank"]),
-                 ("linear_proj", h, heads * m["v_head_dim"] // tp)]
+            dims.append(("self_attention.linear_q_proj", heads * qk // tp, h))
+        dims += [("self_attention.linear_kv_down_proj", m["kv_lora_rank"] + m["qk_pos_emb_head_dim"], h),
+                 ("self_attention.linear_kv_up_proj", heads * (m["qk_head_dim"] + m["v_head_dim"]) // tp, m["kv_lora_rank"]),
+                 ("self_attention.linear_proj", h, heads * m["v_head_dim"] // tp)]
     else:
         kv = m["kv_channels"] or h // heads
         groups = m["num_query_groups"] or heads
-        dims += [("linear_qkv", (heads + 2 * groups) * kv // tp, h), ("linear_proj", h, heads * kv // tp)]
-    ffns = [("", m["ffn_hidden_size"])]
+        dims += [("self_attention.linear_qkv", (heads + 2 * groups) * kv // tp, h),
+                 ("self_attention.linear_proj", h, heads * kv // tp)]
+    ffns = [("mlp.", m["ffn_hidden_size"])]
     if m["num_moe_experts"]:
-        ffns.append(("experts ", m["moe_ffn_hidden_size"] or m["ffn_hidden_size"]))
+        ffns.append(("mlp.experts.", m["moe_ffn_hidden_size"] or m["ffn_hidden_size"]))
         if m["moe_shared_expert_intermediate_size"]:
-            ffns.append(("shared_experts ", m["moe_shared_expert_intermediate_size"]))
+            ffns.append(("mlp.shared_experts.", m["moe_shared_expert_intermediate_size"]))
     for what, ffn in ffns:
         dims += [(f"{what}linear_fc1", 2 * ffn // tp, h), (f"{what}linear_fc2", h, ffn // tp)]
     return dims

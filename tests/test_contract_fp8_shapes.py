@@ -25,10 +25,10 @@ def _built_shapes(cfg) -> dict:
         model = build_model(cfg, info.device)
     shapes = {}
     for name, p in model.named_parameters():
-        m = re.match(r".*layers\.1\.(?:self_attention|mlp)\.(?:(shared_experts|experts)\.(?:local_experts\.0\.)?)?"
-                     r"(linear_\w+?)(?:\.base)?\.weight$", name)
+        m = re.match(r".*layers\.1\.((?:self_attention|mlp)\.(?:(?:shared_experts|experts)\.(?:local_experts\.0\.)?)?"
+                     r"linear_\w+?)(?:\.base)?\.weight$", name)
         if m:
-            shapes[f"{m.group(1) + ' ' if m.group(1) else ''}{m.group(2)}"] = tuple(p.shape)
+            shapes[m.group(1).replace("local_experts.0.", "")] = tuple(p.shape)
     return shapes
 
 
@@ -39,7 +39,7 @@ def test_table_matches_the_built_model(arch):
     table = {name: (o, i) for name, o, i in linear_dims(model, 1)}
     built = _built_shapes(cfg)
     if model["num_moe_experts"]:  # layer 1 is a MoE layer: its dense MLP row is not built there
-        table = {k: v for k, v in table.items() if not k.startswith("linear_fc")}
+        table = {k: v for k, v in table.items() if not k.startswith("mlp.linear_fc")}
     assert built == table
 
 
@@ -85,3 +85,16 @@ def test_no_rule_without_fp8():
     t["precision"]["fp8"] = "hybrid"
     with pytest.raises(ContractError, match="linear_fc1 is 340×64"):
         fp8_shape_rules(t)
+
+
+def test_lora_targets_are_the_linears_this_model_builds():
+    """The same table names LoRA's targets: with q_lora_rank set there is no linear_q_proj, so a recipe naming it
+    is refused (before, the launcher accepted it and the trainer wrapped nothing there); without, it is accepted."""
+    from primus_contract.rules_model import lora_rules
+
+    mla = tiny_cfg(trainer=arch_sections(DEEPSEEK_MLA)).to_dict()["trainer"]
+    lora_rules({**mla["lora"], "target_modules": ["linear_q_proj"]}, mla["model"])
+    mla["model"]["q_lora_rank"] = 32
+    with pytest.raises(ContractError, match=r"target_modules\[0\]` \('linear_q_proj'\) matches no linear layer"):
+        lora_rules({**mla["lora"], "target_modules": ["linear_q_proj"]}, mla["model"])
+    lora_rules({**mla["lora"], "target_modules": ["linear_q_up_proj"]}, mla["model"])
