@@ -21,6 +21,7 @@ from trainer.model.chunked_loss import install_chunked_loss
 from trainer.model.hf_import import load_hf
 from trainer.model.lora import apply_lora
 from trainer.model.lora_inputs import wire_adapter_input_recompute
+from trainer.optim import trainable_parameters
 from trainer.precision import Precision, apply_emulation, fp8_params
 
 
@@ -75,7 +76,7 @@ def _lora(model, ctx: BuildContext) -> Optional[str]:
                          seed=int(ctx.cfg.experiment.seed))
     if not lora.enabled:
         return None
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trainable = sum(p.numel() for p in trainable_parameters(model))
     return (f"lora | rank {lora.dim} | alpha {lora.alpha:g} | wrapped linears {len(wrapped)} | "
             f"trainable parameters {trainable} (this rank)")
 
