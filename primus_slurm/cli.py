@@ -13,6 +13,7 @@ from primus_contract.rules_model import world_size
 from primus_slurm import jobs_cli, post_cli, precision_cli, preflight
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
+from primus_slurm.executors import concrete_executor, sbatch_absent_note
 from primus_slurm.recipe import find_recipe, load_recipe
 from primus_slurm.render import render_script
 from primus_slurm.resources import recipes_dir
@@ -62,7 +63,11 @@ def render(recipe: str, overrides: tuple, executor: str | None, run_dir: str | N
     r = load_recipe(recipe, overrides)
     name = r.resolved["experiment"]["name"]
     run_dir = run_dir or f"{r.resolved['experiment']['workspace']}/{name}/RUN_ID"
+    requested = executor or r.resolved["cluster"]["executor"]
     click.echo(render_script(r.resolved, run_dir, "RUN_ID", executor), nl=False)
+    note = sbatch_absent_note(requested, concrete_executor(requested))
+    if note:
+        click.echo(note, err=True)
 
 
 @main.group(invoke_without_command=True)

@@ -30,8 +30,24 @@ def concrete_executor(name: str | None) -> str:
     return name
 
 
-def resolve_executor(name: str) -> str:
-    """`auto` → slurm when `sbatch` is on PATH, else local; UserError for an executor this machine cannot use."""
+def resolve_executor(name: str, dry_run: bool = False) -> str:
+    """`auto` → slurm when `sbatch` is on PATH, else local; UserError for an executor this machine cannot use
+    (a dry run starts nothing, so it renders for an executor this machine lacks)."""
     executor = executor_for(concrete_executor(name))
-    executor.check_usable()
+    if not dry_run:
+        executor.check_usable()
     return executor.name
+
+
+def sbatch_absent_note(requested: str | None, concrete: str) -> str | None:
+    """The one note line a dry run or `render` prints on a machine without sbatch (None where sbatch is here, or
+    the recipe asks for the local executor)."""
+    if shutil.which("sbatch"):
+        return None
+    if concrete == "slurm":
+        return ("note: `sbatch` is not on PATH here; this is the Slurm script a submit on a Slurm login node would "
+                "run (only a real submit needs sbatch)")
+    if requested in (None, "", "auto"):
+        return ("note: `sbatch` is not on PATH here, so cluster.executor auto renders the local executor's script; "
+                "--executor slurm renders the Slurm one")
+    return None

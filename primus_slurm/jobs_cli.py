@@ -28,11 +28,13 @@ from .executors import executor_for
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
     """Render RECIPE into a job script and submit it."""
-    prepared = submit_mod.prepare(recipe, overrides, executor, run_id)
     if dry_run and follow:
         raise UserError("--follow has nothing to follow with --dry-run (nothing is submitted)")
+    prepared = submit_mod.prepare(recipe, overrides, executor, run_id, dry_run=dry_run)
     if dry_run:
         submit_mod.check(prepared)
+        if prepared.note:
+            click.echo(prepared.note, err=True)
         if as_json:
             click.echo(json.dumps({"run_id": prepared.run_id, "run_dir": str(prepared.run_dir),
                                    "executor": prepared.executor, "script": prepared.script,

@@ -22,15 +22,18 @@ class Prepared:
     run_id: str
     run_dir: Path
     script: str
+    note: str | None = None  # the dry run's one line when sbatch is absent here (executors.sbatch_absent_note)
 
 
-def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id: str | None = None) -> Prepared:
-    """Everything a submit would write, computed without touching the disk."""
+def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id: str | None = None,
+            dry_run: bool = False) -> Prepared:
+    """Everything a submit would write, computed without touching the disk; a dry run needs no sbatch here."""
     overrides = list(overrides)
     if executor:
         overrides.append(f"cluster.executor={executor}")
     recipe = load_recipe(recipe_path, overrides)
-    concrete = executors.resolve_executor(recipe.resolved["cluster"]["executor"])
+    requested = recipe.resolved["cluster"]["executor"]
+    concrete = executors.resolve_executor(requested, dry_run=dry_run)
     recipe.resolved["cluster"]["executor"] = concrete  # the resolved recipe records where it really ran
     check_time_limit(recipe.resolved["cluster"], concrete)
     if run_id is not None and not RUN_ID_RE.match(run_id):
@@ -38,7 +41,7 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id:
     run_id = run_id or runs.new_run_id()
     run_dir = runs.run_dir_for(recipe.resolved, run_id)
     script = render_script(recipe.resolved, str(run_dir), run_id, executor=concrete)
-    return Prepared(recipe, concrete, run_id, run_dir, script)
+    return Prepared(recipe, concrete, run_id, run_dir, script, executors.sbatch_absent_note(requested, concrete))
 
 
 def dry_run_text(p: Prepared) -> str:
