@@ -5,6 +5,9 @@
 #   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
+#   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
+#                                     frontier (RUNS="full block60 block40 none selective ..."; -ai adds adapter_inputs)
+#   bash bench/gpu_suite.sh 70b1-loss the 20-layer cut at TP=1 on the real-text set, with and without the release
 #   bash bench/gpu_suite.sh 70bfast   fp8_param tensorwise vs delayed, with and without full recompute (RUNS=...)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
 #   bash bench/gpu_suite.sh 70bprofile   the fastest 70B configuration profiled: operator table + device timeline
@@ -65,6 +68,24 @@ case "${1:-}" in
   fp4)
     timeout 400 python3 bench/fp4_gpu_check.py --out "$OUT/fp4_gpu_check.json" > /dev/null 2>"$OUT/fp4_gpu_check.err"
     python3 -c "import json;d=json.load(open('$OUT/fp4_gpu_check.json'));print(json.dumps({k:(v if k!='nvfp4_bitexact' else {kk:vv for kk,vv in v.items() if kk!='failing_cases'}) for k,v in d.items()})[:4000])" ;;
+  70b1)  # one GPU: RUNS picks recompute settings: full | none | selective | blockN (N layers recomputed), -ai suffix:
+         # + adapter_inputs (SwiGLU recomputed, RMSNorm folded into A); ITERS70 overrides train_iters
+    for r in ${RUNS:-full block60 block40 none}; do
+      base=${r%-ai}; set_r=()
+      case $base in
+        full) ;;
+        none) set_r=(--set trainer.recompute.granularity=null) ;;
+        selective) set_r=(--set trainer.recompute.granularity=selective) ;;
+        block[0-9]*) set_r=(--set trainer.recompute.method=block --set "trainer.recompute.num_layers=${base#block}") ;;
+        *) echo "70b1: unknown run '$r' (full none selective blockN, optional -ai)" >&2; exit 2 ;;
+      esac
+      [ "$r" != "$base" ] && set_r+=(--set trainer.recompute.adapter_inputs=true)
+      [ -n "${ITERS70:-}" ] && set_r+=(--set "trainer.schedule.train_iters=$ITERS70")
+      $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b-1gpu-$r" --timeout 420 \
+          "${set_r[@]}"
+    done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1.jsonl" ;;
+  70b1-loss)
+    python3 bench/fp8_release_loss.py --layers 20 --iters 24 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1-loss.jsonl" ;;
   70b)
     { $TP --recipe $R70 --nproc 2 --docs packed --label 70b-tp2-fp8-packed --timeout 560
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b.jsonl" ;;

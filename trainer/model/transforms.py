@@ -5,7 +5,8 @@
             line = t.apply(model, ctx)   # its log line, or None when it has nothing to say
 
 In order: HF import (checkpoint.pretrained) | FP8 params (random-init FP8 weights drawn again with their own
-scales) | LoRA (base frozen, adapters wrapped) | adapter-input recompute | the TE userbuffers' report (set up
+scales) | LoRA (base frozen, adapters wrapped) | FP8 weight transposes (made in each linear's backward, freed
+after it) | adapter-input recompute | the TE userbuffers' report (set up
 before the model was built) | chunked loss | FP4 emulation. The train loop
 logs the lines in this order, after the precision line.
 """
@@ -23,6 +24,7 @@ from trainer.model.lora import apply_lora
 from trainer.model.lora_inputs import wire_adapter_input_recompute
 from trainer.optim import trainable_parameters
 from trainer.precision import Precision, apply_emulation, fp8_params
+from trainer.precision.fp8_release import release_after_backward
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,13 @@ def _lora(model, ctx: BuildContext) -> Optional[str]:
             f"trainable parameters {trainable} (this rank)")
 
 
+def _fp8_transposes(model, ctx: BuildContext) -> str:
+    """FP8 weights: no transpose kept from the build (an import may have made them), each made per backward."""
+    fp8_params.release_transposes(model)
+    armed = release_after_backward(model)
+    return f"fp8 weight transposes | made in each linear's backward and freed after it | {armed} modules"
+
+
 def _adapter_inputs(model, ctx: BuildContext) -> str:
     """What trainer.recompute.adapter_inputs rewired (zero: nothing eligible)."""
     scope = ctx.cfg.trainer.recompute.adapter_inputs_scope
@@ -104,6 +113,7 @@ TRANSFORMS = (
     Transform("fp8 params", lambda ctx: not ctx.cfg.trainer.checkpoint.pretrained
               and bool(getattr(ctx.config, "fp8_param", False)), _fp8_redraw),
     Transform("lora", lambda ctx: True, _lora),
+    Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
               lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),

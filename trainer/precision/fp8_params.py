@@ -50,14 +50,21 @@ def release_transposes(model) -> int:
     does 2-D block scaling; 1-D block-scaled data cannot be rebuilt and is left alone."""
     released = 0
     for p in model.parameters():
-        if p.requires_grad or not callable(getattr(p, "get_usages", None)):
+        if not releasable(p):
             continue
         usages = p.get_usages()
-        if not (usages.get("rowwise") and usages.get("columnwise")) or getattr(p, "_is_2D_scaled", True) is False:
+        if not (usages.get("rowwise") and usages.get("columnwise")):
             continue
         p.update_usage(rowwise_usage=True, columnwise_usage=False)
         released += 1
     return released
+
+
+def releasable(p) -> bool:
+    """A frozen quantized weight whose column-wise copy can be dropped and rebuilt from its row-wise data
+    (per-tensor FP8, 2-D block scaling; not 1-D block-scaled data)."""
+    return (not p.requires_grad and callable(getattr(p, "get_usages", None))
+            and getattr(p, "_is_2D_scaled", True) is not False)
 
 
 E4M3_MAX = 448.0
