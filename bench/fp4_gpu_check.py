@@ -14,7 +14,8 @@ Sections (each catches and reports its own exception, so one failure does not hi
                  bf16 torch/TE GEMMs vs our FP4 emulation (local autograd path and TE CustomRecipe path).
                  "ratio_vs_bf16" (headline, the number the issue bounds at <= 2) is the frozen-weight
                  ratio of the path the trainer takes on this machine ("headline" names it).
-  (the TE sections below live in bench/fp4_gpu_check_te.py)
+  (the TE sections below live in bench/fp4_gpu_check_te.py; the test tensors and TE autocast both use are in
+  bench/fp4_gpu_common.py)
   te_custom_vs_ref  te.Linear output/grads with our factory vs TE's reference factory (same quantization,
                  different GEMM accumulation order): relative differences, expected ~1e-3 or below.
   te_frozen_layernorm_linear  te.LayerNormLinear with a FROZEN weight (as megatron + LoRA run it:
@@ -37,6 +38,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+
+from fp4_gpu_check_te import (  # noqa: E402
+    mcore_gpt_te, te_custom_vs_ref, te_frozen_layernorm_linear, te_payload_exact,
+)
+from fp4_gpu_common import te_autocast, test_tensors  # noqa: E402
 
 
 def section(results: dict, name: str):
@@ -62,27 +68,6 @@ def env_info():
     except Exception as exc:  # noqa: BLE001
         info["te"] = f"not importable: {exc}"
     return info
-
-
-def test_tensors(quick: bool):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    shapes = [(128, 128), (256, 1024), (512, 4096), (1040, 2048)] + ([] if quick else [(2048, 2048)])
-    cases = []
-    for shape in shapes:
-        for dtype in (torch.bfloat16, torch.float32):
-            cases.append((f"randn{shape}-{dtype}", torch.randn(*shape, generator=g, device="cuda").to(dtype)))
-    base = torch.randn(256, 512, generator=g, device="cuda")
-    edge = {
-        "zeros": torch.zeros(64, 128, device="cuda"),
-        "tiny1e-30": base * 1e-30, "subnormal": base * 1e-41, "huge1e30": base * 1e30, "fltmax": base * 1e37,
-        "one_outlier": base.clone().index_put_((torch.tensor([3]), torch.tensor([7])), torch.tensor(1e4)),
-        "scale_underflow": torch.cat([base[:, :16] * 1e-6, base[:, 16:] * 1e3], dim=1),
-        "with_inf": base.clone().index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(float("inf"))),
-        "with_nan": base.clone().index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(float("nan"))),
-        "ties": (torch.randint(0, 13, (64, 128), device="cuda").float() * 0.25 - 1.5) * 448 / 6,
-    }
-    cases += [(k, v) for k, v in edge.items()] + [(k + "-bf16", v.bfloat16()) for k, v in edge.items()]
-    return cases
 
 
 def nvfp4_bitexact(quick: bool):
@@ -188,8 +173,6 @@ def _te_timings(res, x, dy, k, n, frozen, prefix):
     import transformer_engine.pytorch as te
     from transformer_engine.common.recipe import CustomRecipe
 
-    from fp4_gpu_check_te import _te_autocast
-
     from trainer.precision import te_factory
 
     lin = te.Linear(k, n, bias=False, params_dtype=torch.bfloat16).cuda()
@@ -204,7 +187,7 @@ def _te_timings(res, x, dy, k, n, frozen, prefix):
             recipe = CustomRecipe(qfactory=fac)
 
             def step(r=recipe):
-                with _te_autocast(te, r):
+                with te_autocast(te, r):
                     out = lin(xi)
                 out.backward(dy)
 
@@ -254,8 +237,6 @@ def main() -> int:
     section(results, "nvfp4_bitexact")(lambda: nvfp4_bitexact(args.quick))
     section(results, "mxfp4_triton")(lambda: mxfp4_triton(args.quick))
     section(results, "timing_ms")(lambda: timing(args.quick))
-    from fp4_gpu_check_te import mcore_gpt_te, te_custom_vs_ref, te_frozen_layernorm_linear, te_payload_exact
-
     section(results, "te_custom_vs_ref")(lambda: te_custom_vs_ref(args.quick))
     section(results, "te_frozen_layernorm_linear")(lambda: te_frozen_layernorm_linear(args.quick))
     section(results, "te_payload_exact")(lambda: te_payload_exact(args.quick))

@@ -7,12 +7,7 @@ import traceback
 
 import torch
 
-
-def _te_autocast(te, recipe):
-    autocast = getattr(te, "autocast", None)
-    if autocast is not None:
-        return autocast(enabled=True, recipe=recipe)
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
+from fp4_gpu_common import te_autocast, test_tensors
 
 
 def _ref_factory(role):
@@ -44,7 +39,7 @@ def te_custom_vs_ref(quick: bool):
         if fac is None:
             y = lin(xi)
         else:
-            with _te_autocast(te, CustomRecipe(qfactory=fac)):
+            with te_autocast(te, CustomRecipe(qfactory=fac)):
                 y = lin(xi)
         y.backward(dy)
         outs[name] = (y, xi.grad, lin.weight.grad)
@@ -61,14 +56,14 @@ def _frozen_ln_linear_run(te, recipe, x, dy, megatron_style: bool):
         p.requires_grad_(False)
     for step in range(3):
         kw = {"is_first_microbatch": step == 0} if megatron_style else {}
-        with _te_autocast(te, recipe):
+        with te_autocast(te, recipe):
             mod(x, **kw)
     xi = x.clone().requires_grad_(True)
     kw = {"is_first_microbatch": False} if megatron_style else {}
     if recipe is None:
         y, ln_out = mod(xi, **kw)
     else:
-        with _te_autocast(te, recipe):
+        with te_autocast(te, recipe):
             y, ln_out = mod(xi, **kw)
     ((y * dy).float().sum() + ln_out.float().sum() * 1e-3).backward()   # ln_out feeds LoRA adapters
     return y.detach(), xi.grad
@@ -110,7 +105,6 @@ def te_payload_exact(quick: bool):
     from transformer_engine.pytorch.custom_recipes import reference_utils
     from transformer_engine.pytorch.custom_recipes.reference_nvfp4 import NVFP4QuantizerRef
 
-    from fp4_gpu_check import test_tensors
     from trainer.precision import fp4_payload, nvfp4, te_factory
 
     total = bad = 0
