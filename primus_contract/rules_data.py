@@ -2,10 +2,30 @@
 `validate`/`submit` and by the trainer at start)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from primus_contract.errors import fail
 from primus_contract.hf_config import HFConfigError, check_pretrained
+
+HUB_PREFIX = "hf://"  # trainer.tokenizer.path: an explicit Hugging Face Hub id; anything else is a local path
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+
+
+def hub_id(value: str, field: str = "trainer.tokenizer.path") -> str:
+    """The repo id of `hf://org/name` (refused when it is not one)."""
+    repo = value[len(HUB_PREFIX):]
+    if not HUB_ID_RE.match(repo) or ".." in repo:
+        fail(f"`{field}` is {value!r:.120}; expected {HUB_PREFIX}org/name (letters, digits and ._-)")
+    return repo
+
+
+def uses_hub(t: dict) -> bool:
+    """The recipe names something on the Hub (an hf:// tokenizer, an hf_name dataset): its job may use the
+    network; every other job runs with HF_HUB_OFFLINE=1."""
+    d = t["data"]
+    return str(t["tokenizer"]["path"] or "").startswith(HUB_PREFIX) or bool(
+        d["train"]["hf_name"] or d["validation"]["hf_name"])
 
 
 def data_and_schedule_rules(t: dict) -> None:
@@ -15,7 +35,9 @@ def data_and_schedule_rules(t: dict) -> None:
     if d["format"] == "mlperf_npy" and not d["train"]["path"]:
         fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
     if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:
-        fail("`trainer.tokenizer.path` is required (a local tokenizer directory or a hub name)")
+        fail(f"`trainer.tokenizer.path` is required (a local tokenizer directory or {HUB_PREFIX}org/name)")
+    if str(t["tokenizer"]["path"] or "").startswith(HUB_PREFIX):
+        hub_id(t["tokenizer"]["path"])
     if s["eval_interval"] and not (d["validation"]["path"] or d["validation"]["hf_name"]):
         fail("`trainer.schedule.eval_interval` is set but `trainer.data.validation` has no path or hf_name")
     if s["min_lr"] > s["lr"]:

@@ -11,6 +11,7 @@ from primus_contract.hf_config import describe
 from primus_contract.machine import at_start
 from primus_contract.rules_model import world_size
 from primus_slurm import jobs_cli, post_cli, precision_cli, preflight
+from primus_slurm import submit as submit_mod
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.executors import concrete_executor, sbatch_absent_note
@@ -30,8 +31,11 @@ def main() -> None:
 @set_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
 def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
-    """Check RECIPE (path or name under recipes/) and print a summary, or the resolved recipe with --json."""
-    r = load_recipe(recipe, overrides)
+    """Check RECIPE (path or name under recipes/) as `submit --dry-run` does (the same verdict) and print a
+    summary, or the resolved recipe the job reads with --json; lists the checks only the job's nodes can make."""
+    prepared = submit_mod.prepare(recipe, overrides, dry_run=True)
+    unchecked = submit_mod.check(prepared)
+    r = prepared.recipe
     if as_json:
         click.echo(json.dumps(r.resolved, indent=2))
         return
@@ -42,6 +46,8 @@ def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
     for name, what in at_start(r.resolved):  # the contract's machine rules: the trainer checks them on the node
         click.echo(f"checked at start on the node: {name}: {what}")
+    for what in unchecked:  # paths this machine cannot see
+        click.echo(f"not checked here (the job's nodes see it): {what}")
     if t["checkpoint"]["pretrained"]:
         click.echo(f"pretrained: {pretrained_line(t['checkpoint']['pretrained'])}")
 

@@ -1,22 +1,29 @@
-"""Data, tokenizer and checkpoint paths that the launcher can see are checked at submit time, so a typo is
+"""Data, tokenizer and checkpoint paths are judged at submit (and by `validate`, the same verdict), so a typo is
 one error line now instead of a failed job after it waited in the queue.
 
-Only absolute paths are checked. Inside a container a path is translated through `cluster.container.mounts`
-(a path under no mount lives in the image and cannot be seen from here). With the local executor the job
-runs on this machine, so a missing path is always an error; on Slurm it is an error when the path's top-level
-directory exists here (the same filesystem is mounted on the login node) and is skipped when it does not
-(e.g. `/data` only exists on the compute nodes).
+Each field is an existing file or directory, or (tokenizer only) an explicit Hub id `hf://org/name`; a Hub
+dataset goes in `hf_name`. A relative value that exists from the current directory is already absolute here
+(recipe.py anchors it); any other relative value is refused: it is neither a path nor a Hub id. Inside a
+docker/podman container a path is translated through `cluster.container.mounts` (and the run directory, which
+the job always mounts); a path under none of them is refused, naming the mounts. With the local executor the
+job runs on this machine, so a missing path is an error; on Slurm it is an error when the path's top-level
+directory exists here (the same filesystem is mounted on the login node), and is listed as "not checked here"
+when it does not (e.g. `/data` only exists on the compute nodes), as is a path inside an apptainer/pyxis image.
 """
 from __future__ import annotations
 
 import os
 from pathlib import PurePosixPath
 
+from primus_contract.rules_data import HUB_PREFIX
+
 from .errors import UserError
 from .executors import executor_for
 
 FIELDS = ("trainer.data.train.path", "trainer.data.validation.path", "trainer.tokenizer.path",
           "trainer.checkpoint.pretrained")
+TOKENIZER_FIELD = "trainer.tokenizer.path"
+MOUNTING = ("docker", "podman")  # runtimes that see only what the job mounts
 
 
 def _get(resolved: dict, dotted: str):
@@ -24,9 +31,6 @@ def _get(resolved: dict, dotted: str):
     for key in dotted.split("."):
         node = node.get(key) if isinstance(node, dict) else None
     return node
-
-
-TOKENIZER_FIELD = "trainer.tokenizer.path"
 
 
 def _has_tokenizer(folder: str) -> bool:
@@ -37,34 +41,71 @@ def _has_tokenizer(folder: str) -> bool:
                or n.endswith((".model", ".tiktoken")) for n in names)
 
 
-def _host_path(path: str, cluster: dict) -> str | None:
-    """Where `path` (as the job sees it) lies on this machine; None when it cannot be seen from here."""
-    container = cluster.get("container") or {}
-    if container.get("runtime", "none") == "none":
-        return path
-    for mount in container.get("mounts") or []:
-        src, dst = mount.split(":")[:2]
+def _mounts(cluster: dict, run_dir: str | None) -> list[tuple[str, str]]:
+    """(host, container) pairs of the container's mounts, the run directory's first."""
+    pairs = [(run_dir, run_dir)] if run_dir else []
+    return pairs + [tuple(m.split(":")[:2]) for m in cluster["container"]["mounts"]]
+
+
+def _host_path(path: str, mounts: list[tuple[str, str]]) -> str | None:
+    """Where `path` (as the container sees it) lies on this machine; None when it is under no mount."""
+    for src, dst in mounts:
         rel = os.path.relpath(path, dst)
         if rel == "." or not rel.startswith(".."):
             return os.path.normpath(os.path.join(src, rel))
     return None
 
 
-def check_paths(resolved: dict, executor: str) -> None:
-    """UserError naming the first field whose path is visible from here and missing."""
-    cluster, runs_here = resolved["cluster"], executor_for(executor).runs_here
+def _relative(field: str, value: str, in_container: bool) -> UserError:
+    hub = f", or {HUB_PREFIX}org/name for a tokenizer on the Hugging Face Hub" if field == TOKENIZER_FIELD else ""
+    hub += "; a Hub dataset goes in trainer.data.*.hf_name" if field.startswith("trainer.data.") else ""
+    where = ("a relative path is not taken inside a container" if in_container
+             else f"no such file or directory from {os.getcwd()}")
+    return UserError(f"`{field}` is {value!r:.200}: neither an existing path nor a Hub id ({where}); give an "
+                     f"absolute path{hub}")
+
+
+def check_paths(resolved: dict, executor: str, run_dir: str | None = None) -> list[str]:
+    """UserError naming the first field whose path is wrong from here; returns one note per path that only the
+    job can see (the checks not made here)."""
+    cluster, runner = resolved["cluster"], executor_for(executor)
+    runtime = cluster["container"]["runtime"]
+    in_container = runtime != "none" and not runner.container_unused(runtime)
+    mounts = _mounts(cluster, run_dir)
+    unchecked = []
     for field in FIELDS:
         value = _get(resolved, field)
-        if not isinstance(value, str) or not value.startswith(("/", "~")):
-            continue  # unset, relative, or a hub name
-        host = _host_path(os.path.expanduser(value), cluster)
-        if host is not None and field == TOKENIZER_FIELD and os.path.isdir(host) and not _has_tokenizer(host):
-            raise UserError(f"`{field}` is {value!r:.200}, a directory without a tokenizer (no tokenizer.json, "
-                            "tokenizer_config.json or vocabulary file in it)")
-        if host is None or os.path.exists(host):
+        if not isinstance(value, str) or not value:
             continue
-        top = PurePosixPath(host).parts[:2]
-        if not runs_here and not os.path.isdir(os.path.join(*top)):
-            continue  # that filesystem is not mounted on this machine
-        where = "" if host == value else f" (on this machine: {host})"
+        if value.startswith(HUB_PREFIX):
+            if field != TOKENIZER_FIELD:
+                raise UserError(f"`{field}` is {value!r:.200}; {HUB_PREFIX} names a tokenizer on the Hub only "
+                                "(a Hub dataset goes in trainer.data.*.hf_name; a pretrained base is a local "
+                                "directory)")
+            continue  # (the contract checked the id's form)
+        if not value.startswith(("/", "~")):
+            raise _relative(field, value, in_container)
+        path = os.path.expanduser(value)
+        host = path
+        if in_container:
+            host = _host_path(path, mounts)
+            if host is None and runtime in MOUNTING:
+                listed = "".join(f"{dst} (from {src}), " for src, dst in mounts[bool(run_dir):])
+                raise UserError(f"`{field}` is {value!r:.200}, under none of the container's mounts ({listed}"
+                                "the run directory); add its folder to cluster.container.mounts")
+            if host is None:
+                unchecked.append(f"`{field}` {value}: inside the {runtime} image")
+                continue
+        where = "" if host == path else f" (on this machine: {host})"
+        if os.path.exists(host):
+            if field == TOKENIZER_FIELD and os.path.isdir(host) and not _has_tokenizer(host):
+                raise UserError(f"`{field}` is {value!r:.200}, a directory without a tokenizer (no tokenizer.json, "
+                                "tokenizer_config.json or vocabulary file in it)")
+            continue
+        parts = PurePosixPath(host).parts
+        top = os.path.join(*parts[:2]) if len(parts) > 2 else "/"  # (a file right under / is judged here)
+        if not runner.runs_here and not os.path.isdir(top):
+            unchecked.append(f"`{field}` {value}: {top} is not mounted on this machine{where}")
+            continue
         raise UserError(f"`{field}` is {value!r:.200}, which does not exist{where}")
+    return unchecked

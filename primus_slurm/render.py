@@ -8,6 +8,7 @@ from functools import lru_cache
 import jinja2
 import yaml
 
+from primus_contract.rules_data import uses_hub
 from primus_contract.rules_model import nproc_per_node
 from primus_slurm.errors import UserError
 from primus_slurm.executors import concrete_executor, executor_for
@@ -19,6 +20,9 @@ TEMPLATE = "job.sh.j2"
 # inherit the host environment get them by name.
 SCRIPT_VARS = ("PRIMUS_RUN_DIR", "PRIMUS_RUN_ID", "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH",
                "PRIMUS_CONTAINER_RUNTIME", "PRIMUS_CONTAINER_IMAGE", "SLURM_PROCID")
+# No progress bars in job logs: transformers' weight loading and huggingface_hub go through huggingface_hub's
+# switch, anything else through tqdm's own environment default.
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 JIT_VARS = {"nvidia": ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"),
             "amd": ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")}
 
@@ -60,9 +64,24 @@ def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
 
 
 def job_env(resolved: dict) -> dict:
-    """The variables the job script exports: its env profile's, then cluster.env."""
+    """The variables the job script exports: no progress bars, the Hub offline unless the recipe names something
+    on it (an hf:// tokenizer, an hf_name dataset; primus_contract.rules_data.uses_hub), its env profile's, then
+    cluster.env (which may set HF_HUB_OFFLINE itself)."""
     c = resolved["cluster"]
-    return {**profiles()[c["env_profile"]]["env"], **c["env"]}
+    offline = {} if uses_hub(resolved["trainer"]) else {"HF_HUB_OFFLINE": "1"}
+    return {**QUIET_ENV, **offline, **profiles()[c["env_profile"]]["env"], **c["env"]}
+
+
+def job_python(resolved: dict, executor: str) -> str:
+    """The interpreter the job runs: cluster.python, where the default `python3` without a container (or with one
+    this executor does not use) means the launcher's own, the environment primus-slurm (and torch) were installed
+    into (on Slurm that assumes a filesystem the nodes share; set cluster.python otherwise). submit writes it
+    into the resolved recipe, so `validate --json` and recipe.resolved.yaml show what runs."""
+    c = resolved["cluster"]
+    runtime = c["container"]["runtime"]
+    if c["python"] == "python3" and (runtime == "none" or executor_for(executor).container_unused(runtime)):
+        return sys.executable
+    return c["python"]
 
 
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None, template: str = TEMPLATE,
@@ -76,13 +95,8 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
     runner = executor_for(executor)
     profile = profiles()[c["env_profile"]]
     env = job_env(resolved)
-    python = c["python"]
+    python = job_python(resolved, executor)
     runtime = c["container"]["runtime"]
-    if python == "python3" and (runtime == "none" or runner.container_unused(runtime)):
-        # no container (or one that is not used): the job runs the launcher's interpreter, the
-        # environment primus-slurm (and torch) were installed into (on Slurm that assumes a filesystem the nodes
-        # share; set cluster.python otherwise)
-        python = sys.executable
     context = {
         "run_id": run_id,
         "run_dir": run_dir,

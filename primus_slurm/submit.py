@@ -6,10 +6,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from primus_contract.fields import SCHEMA
+
 from . import executors, paths, registry, runs
 from .errors import UserError
 from .recipe import Recipe, dump, load_recipe
-from .render import render_script
+from .render import job_python, render_script
 from .validate import check_time_limit
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
@@ -34,7 +36,10 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id:
     recipe = load_recipe(recipe_path, overrides)
     requested = recipe.resolved["cluster"]["executor"]
     concrete = executors.resolve_executor(requested, dry_run=dry_run)
-    recipe.resolved["cluster"]["executor"] = concrete  # the resolved recipe records where it really ran
+    recipe.resolved["cluster"]["executor"] = concrete  # the resolved recipe records where it really ran,
+    python = job_python(recipe.resolved, concrete)  # and with which interpreter (where the field can hold it)
+    if SCHEMA["cluster"]["python"].pattern.match(python):
+        recipe.resolved["cluster"]["python"] = python
     check_time_limit(recipe.resolved["cluster"], concrete)
     if run_id is not None and not RUN_ID_RE.match(run_id):
         raise UserError(f"--run-id must look like 20260131-235959-a1b2c3 (got '{run_id}')")
@@ -50,11 +55,13 @@ def dry_run_text(p: Prepared) -> str:
     return p.script + "# ---- recipe.resolved.yaml (not part of the script) ----\n" + recipe
 
 
-def check(p: Prepared) -> None:
-    """What a submit refuses beyond the recipe itself; a dry run checks it too, so it prints only what would run."""
-    paths.check_paths(p.recipe.resolved, p.executor)  # data/tokenizer/checkpoint paths visible from here
+def check(p: Prepared) -> list[str]:
+    """What a submit refuses beyond the recipe itself; a dry run and `validate` check it too, so they print only
+    what would run. Returns the checks that could not be made here (paths only the job's nodes see)."""
+    unchecked = paths.check_paths(p.recipe.resolved, p.executor, str(p.run_dir))  # data/tokenizer/checkpoint
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
+    return unchecked
 
 
 def submit(p: Prepared) -> dict:

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from primus_contract.rules_data import HUB_PREFIX, hub_id
+
 from .errors import DataError
 from .segments import Segment
 
@@ -34,10 +36,12 @@ class TokenizerInfo:
 
 
 def load_tokenizer(path: str) -> Any:
+    """A local tokenizer directory, or `hf://org/name` from the Hub (primus_contract.rules_data.HUB_PREFIX)."""
     from transformers import AutoTokenizer
 
+    source = hub_id(path) if path.startswith(HUB_PREFIX) else path
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(source)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad trainer.tokenizer.path
         reason = " ".join(str(e).split())[:400] or type(e).__name__  # the whole reason, on one line
         raise DataError(f"trainer.tokenizer.path: cannot load tokenizer {path!r}: {reason}") from None
