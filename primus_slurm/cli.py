@@ -9,8 +9,9 @@ import click
 
 from primus_contract.hf_config import describe
 from primus_contract.machine import at_start
+from primus_contract.plan import plan
 from primus_contract.rules_model import world_size
-from primus_slurm import jobs_cli, post_cli, precision_cli, preflight
+from primus_slurm import jobs_cli, plan_cli, post_cli, precision_cli, preflight
 from primus_slurm import submit as submit_mod
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
@@ -44,6 +45,7 @@ def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
     click.echo(f"ok: {r.path} — {t['model']['preset']} on {c['nodes']} node(s), world {world_size(c)}, "
                f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
+    click.echo(f"plan: {plan_cli.summary(plan(r.resolved))}")
     for name, what in at_start(r.resolved):  # the contract's machine rules: the trainer checks them on the node
         click.echo(f"checked at start on the node: {name}: {what}")
     for what in unchecked:  # paths this machine cannot see
@@ -110,7 +112,7 @@ def recipes_show(name: str) -> None:
     click.echo(find_recipe(name).read_text(), nl=False)
 
 
-for _commands in (jobs_cli, precision_cli, post_cli, preflight):  # each module's register(group)
+for _commands in (jobs_cli, precision_cli, post_cli, preflight, plan_cli):  # each module's register(group)
     _commands.register(main)
 
 

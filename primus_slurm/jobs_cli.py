@@ -12,6 +12,7 @@ from . import logs as logs_mod
 from . import status as status_mod
 from . import resume as resume_mod
 from . import submit as submit_mod
+from . import plan_cli
 from .errors import UserError
 from .executors import executor_for
 
@@ -26,11 +27,14 @@ from .executors import executor_for
 @click.option("--run-id", help="use this run id instead of a fresh one (yyyymmdd-HHMMSS-xxxxxx)")
 @click.option("--follow", is_flag=True, help="stream the rank-0 log; exit with the job's exit code")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json):
+@click.option("--skip-memory-check", is_flag=True, help="submit even if the plan predicts the GPU's memory is "
+              "exceeded (`primus-slurm plan` shows why)")
+def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json, skip_memory_check):
     """Render RECIPE into a job script and submit it."""
     if dry_run and follow:
         raise UserError("--follow has nothing to follow with --dry-run (nothing is submitted)")
     prepared = submit_mod.prepare(recipe, overrides, executor, run_id, dry_run=dry_run)
+    plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)
     if dry_run:
         submit_mod.check(prepared)
         if prepared.note:

@@ -1,0 +1,194 @@
+"""Peak GPU memory of one LoRA training step, per GPU of the most loaded pipeline stage, as named terms (bytes).
+
+What each term counts (checked against the census of saved tensors in bench/results/2026-11-30_s3_h200_profile and
+the measured peaks in bench/results; calibration.py lists the rows):
+- base weights: 2 bytes a parameter (4 without bf16); fp8_param: the transformer linears 1 byte (plus the one
+  transpose alive at a time: each is made in its linear's backward and freed after it); embedding, output layer and
+  router stay BF16. FP8 with fp8_weight_cache keeps row- and column-wise FP8 copies (+2 bytes a linear parameter);
+  without it, the column-wise copy of every layer whose activations are kept lives until that layer's backward.
+  FP4 emulation keeps a BF16 quantize-dequantized copy of each frozen linear (+2 bytes).
+- LoRA: fp32 A and B, fp32 grads, AdamW's two fp32 moments (16 bytes a parameter) and the BF16 casts the forward
+  keeps (2 bytes).
+- activations per layer and token, what autograd keeps with frozen base linears (no input is kept for a weight
+  gradient): the two RMSNorm inputs, attention q/k/v/out and its softmax statistics, SwiGLU's input (fc1's output);
+  adapters keep their own inputs (the norm outputs, fc2's input) unless trainer.recompute.adapter_inputs folds or
+  recomputes them; MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
+  tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
+- recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
+  the first num_layers layers of the stage keep only their inputs. Pipeline stage 0 holds min(pp, micro-batches)
+  micro-batches in flight (1F1B).
+- logits and loss: with chunked_loss a fixed chunk of 256 MiB fp32 logits (two buffers), else the [tokens, vocab]
+  logits and their gradient.
+"""
+from __future__ import annotations
+
+from primus_contract.plan import calibration as cal
+from primus_contract.plan.shapes import Layout, Linear, layer_linears_local, lora_params_local, moe_layer, stage_layers
+
+GIB = float(1 << 30)
+CHUNK_BYTES = 256 * (1 << 20)  # trainer/model/chunked_loss.py
+
+
+def _model_bytes(t: dict) -> float:
+    return 2.0 if t["precision"]["bf16"] or t["precision"]["fp8"] else 4.0
+
+
+def _fp8_layers(t: dict, layers: range, num_layers: int) -> set[int]:
+    p = t["precision"]
+    if not p["fp8"]:
+        return set()
+    if not p["first_last_layers_bf16"]:
+        return set(layers)
+    lo, hi = p["num_layers_at_start_in_bf16"], num_layers - p["num_layers_at_end_in_bf16"]
+    return {i for i in layers if lo <= i < hi}
+
+
+def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear], moe: bool) -> dict[str, float]:
+    """Bytes one layer keeps for its backward per micro-batch, split into base and adapter shares."""
+    tokens = float(lay.mbs * lay.seq)
+    shard, tp, h = lay.seq_shard, lay.tp, m["hidden_size"]
+    rec, lora = t["recompute"], t["lora"]
+    folded_norm = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "norm")
+    folded_fc2 = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2")
+    heads = m["num_attention_heads"]
+    base = 2 * h * 2 / shard  # the RMSNorm inputs TE keeps for the norm's backward
+    if m["multi_latent_attention"]:
+        qk, dv = m["qk_head_dim"] + m["qk_pos_emb_head_dim"], m["v_head_dim"]
+        base += (2 * heads * qk + 2 * heads * dv) * 2 / tp + heads * 4 / tp
+        base += ((m["q_lora_rank"] or 0) + m["kv_lora_rank"]) * 2 / shard  # the latent norms' inputs
+    else:
+        d = m["kv_channels"] or h // heads
+        g = m["num_query_groups"] or heads
+        base += (2 * heads * d + 2 * g * d) * 2 / tp + heads * 4 / tp
+    moe_bytes = 0.0
+    if moe:
+        topk, experts = m["moe_router_topk"], m["num_moe_experts"]
+        moe_bytes += experts * 4 * 2 / shard + topk * h * 2 / shard  # router logits + probs, expert outputs
+    adapter = 0.0
+    fp8 = bool(t["precision"]["fp8"])
+    for lin in linears:
+        if lin.short == "linear_fc1":
+            kept = lin.out_local * 2 * lin.uses
+            if lin.expert or ".shared_experts." in f".{lin.path}":
+                moe_bytes += kept
+            else:
+                base += kept
+        if not lin.adapted:
+            continue
+        adapter += lora["dim"] * 2 * lin.uses  # A's output, the B GEMM's input
+        in_bytes = lin.in_local * 2 * lin.uses / (shard if lin.in_local == h else 1)
+        if lin.short in ("linear_proj", "linear_q_up_proj", "linear_kv_up_proj"):
+            pass  # their inputs (attention out, the normed latents) are kept by the base already
+        elif lin.norm_fed and not lin.expert:
+            if not folded_norm:
+                adapter += in_bytes * (1.5 if fp8 else 1.0)  # FP8: the adapter also keeps a cast of it
+        elif lin.short == "linear_fc2" and not lin.expert and ".shared_experts." not in f".{lin.path}":
+            if not folded_fc2:
+                adapter += in_bytes
+        else:
+            adapter += in_bytes  # expert and shared-expert adapters keep their inputs
+        if lora["dropout"] > 0 and lora["dropout_position"] == "pre":
+            adapter += in_bytes * 1.5  # the dropped copy and its mask
+    return {"base": base * tokens, "adapter": adapter * tokens, "moe": moe_bytes * tokens}
+
+
+def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
+    """Named terms in bytes for one GPU of pipeline stage `stage`."""
+    t = r["trainer"]
+    m, p, rec = t["model"], t["precision"], t["recompute"]
+    layers = stage_layers(m, lay.pp, stage)
+    fp8_layers = _fp8_layers(t, layers, m["num_layers"])
+    wbytes = _model_bytes(t)
+    h, vocab = m["hidden_size"], m["vocab_size"]
+    tokens = float(lay.mbs * lay.seq)
+    terms = {k: 0.0 for k in ("base weights", "fp8 weight copies", "lora params+grads+adam", "activations (base)",
+                              "activations (adapters)", "activations (moe)", "moe dispatch buffers", "logits+loss",
+                              "fp8 transposes", "workspaces", "backward transients")}
+    largest_linear = 0.0
+    kept_layers = set(layers)
+    full = rec["granularity"] == "full"
+    n = max(1, rec["num_layers"])
+    if full and rec["method"] == "block":
+        kept_layers = set(list(layers)[min(n, len(layers)):])
+    elif full:
+        kept_layers = set()
+    per_layer_act = []
+    lora_params = 0.0
+    for layer in layers:
+        linears = layer_linears_local(m, t["lora"], lay, layer)
+        moe = moe_layer(m, layer)
+        for lin in linears:
+            in_fp8 = layer in fp8_layers and lin.short != "router"
+            if p["fp8_param"] and in_fp8:
+                terms["base weights"] += lin.params * 1.0
+            else:
+                terms["base weights"] += lin.params * wbytes
+            if in_fp8 and not p["fp8_param"]:
+                if p["fp8_weight_cache"]:
+                    terms["fp8 weight copies"] += 2.0 * lin.params
+                elif layer in kept_layers:
+                    terms["fp8 weight copies"] += 1.0 * lin.params
+            if p["fp4"] and p["fp4_emulation"] and lin.short != "router":
+                terms["fp8 weight copies"] += 2.0 * lin.params
+            elif p["fp4"] and lin.short != "router":
+                terms["fp8 weight copies"] += (0.5625 if p["fp4_param"] else 1.125) * lin.params
+            if lin.adapted:
+                lora_params += lora_params_local(lin, t["lora"]["dim"])
+            largest_linear = max(largest_linear, lin.params / (m["num_moe_experts"] / lay.ep if lin.expert else 1))
+        acts = layer_activation_bytes(m, t, lay, linears, moe)
+        per_layer_act.append((layer, acts))
+        if moe:
+            topk = m["moe_router_topk"]
+            terms["moe dispatch buffers"] = max(terms["moe dispatch buffers"],
+                                                2.0 * tokens / lay.seq_shard * topk * h * 2)
+    if p["fp8"] and p["fp8_param"]:
+        terms["fp8 transposes"] = largest_linear  # one linear's column-wise copy at a time
+    elif p["fp8"] and not p["fp8_weight_cache"]:
+        terms["fp8 transposes"] = 2.0 * largest_linear  # the linear being quantized this step
+    first, last = stage == 0, stage == lay.pp - 1
+    emb = vocab * h / lay.tp
+    if first:
+        terms["base weights"] += emb * wbytes
+    if last and (m["untie_embeddings"] or lay.pp > 1):
+        terms["base weights"] += emb * wbytes
+    terms["lora params+grads+adam"] = lora_params * (16.0 + 2.0 + (4.0 if lay.dp > 1 else 0.0))
+    in_flight = min(lay.pp - stage, lay.micro_batches) if lay.pp > 1 else 1
+    layer_input = tokens * h * 2 / lay.seq_shard
+    kept = {"base": 0.0, "adapter": 0.0, "moe": 0.0}
+    biggest = {"base": 0.0, "adapter": 0.0, "moe": 0.0}
+    for layer, acts in per_layer_act:
+        for k, v in acts.items():
+            biggest[k] = max(biggest[k], v)
+            if layer in kept_layers:
+                kept[k] += v
+    recomputed = len(layers) - len(kept_layers)
+    if recomputed:
+        checkpoints = recomputed if rec["method"] == "block" else -(-recomputed // n)
+        chunk = min(n, recomputed) if rec["method"] == "uniform" else 1
+        kept["base"] += checkpoints * layer_input
+        for k in kept:  # the chunk being rebuilt in its backward
+            kept[k] += chunk * biggest[k] / in_flight
+    terms["activations (base)"] = in_flight * (kept["base"] + layer_input)
+    terms["activations (adapters)"] = in_flight * kept["adapter"]
+    terms["activations (moe)"] = in_flight * kept["moe"]
+    if last:
+        if rec["chunked_loss"] and t["lora"]["enabled"]:
+            terms["logits+loss"] = 2.0 * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
+        else:
+            terms["logits+loss"] = tokens * vocab / lay.tp * 4
+    ffn_local = max((lin.out_local for _, acts in per_layer_act[:1]
+                     for lin in layer_linears_local(m, t["lora"], lay, layers[0])), default=h)
+    terms["backward transients"] = tokens * (ffn_local * 2 + 2 * h * 2 / lay.seq_shard)
+    terms["workspaces"] = cal.WORKSPACE_GIB * GIB + (cal.FP8_WORKSPACE_GIB * GIB if p["fp8"] else 0.0)
+    return terms
+
+
+def peak_memory(r: dict, lay: Layout) -> tuple[int, dict[str, float]]:
+    """(most loaded stage, its terms in GiB)."""
+    best = None
+    stages = {0, lay.pp - 1}
+    for stage in sorted(stages):
+        terms = {k: v / GIB for k, v in stage_memory(r, lay, stage).items()}
+        if best is None or sum(terms.values()) > sum(best[1].values()):
+            best = (stage, terms)
+    return best

@@ -1,0 +1,117 @@
+"""Step time of one LoRA training step per GPU: a sum of work features times calibrated costs.
+
+    step = (1 + pipeline bubble) x sum over features f of  work_f (per GPU, per step) x cost_f
+
+The work comes from the recipe and primus_contract.flops: base-linear GEMM FLOPs by precision (forward + dgrad,
+and the forward again for recomputed layers), the BF16 output layer, the attention core, the adapters' FLOPs,
+elementwise volume per layer (tokens x hidden: norms, casts, the adapters' small ops; by precision, with
+adapter_inputs' recompute and LoRA dropout as their own), kernel launches per layer and micro-batch, per local
+expert and MoE layer, routed-expert FLOPs, and tensor-parallel bytes over the link. The costs are calibration.COST
+(seconds per unit on the H200, refitted by scripts/plan_calibrate.py from calibration.CALIBRATION_ROWS); on another
+GPU, FLOP costs scale by its vendor peak ratio and link costs by its bandwidth. FLOPs are split evenly over TP and
+PP ranks; 1F1B's bubble is (pp - 1) / micro-batches. Packed sequences are assumed to hold documents like the
+benchmarks' GovReport-like packs (sum of squared lengths PACKED_ATTENTION_FILL x seq^2), unpacked one a sequence.
+"""
+from __future__ import annotations
+
+from primus_contract import flops
+from primus_contract.plan import calibration as cal
+from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
+from primus_contract.plan.shapes import Layout, moe_layer
+
+PACKED_ATTENTION_FILL = 0.436
+
+
+def precision_of(t: dict) -> str:
+    p = t["precision"]
+    if p["fp4"]:
+        return "fp4_emulated" if p["fp4_emulation"] else "fp4"
+    if p["fp8"]:
+        return "fp8_param" if p["fp8_param"] else "fp8"
+    return "bf16" if p["bf16"] else "fp32"
+
+
+def _gemm_class(precision: str) -> str:
+    return {"fp8_param": "fp8", "fp4": "fp8", "fp32": "bf16"}.get(precision, precision)
+
+
+def features(r: dict, lay: Layout) -> dict[str, float]:
+    """Work per GPU per step, by feature (FLOPs, element counts, calls, bytes)."""
+    t = r["trainer"]
+    m, rec, lora = t["model"], t["recompute"], t["lora"]
+    precision = precision_of(t)
+    gclass = _gemm_class(precision)
+    n_mb = lay.micro_batches
+    mb_tokens = float(lay.mbs * lay.seq)
+    tokens = mb_tokens * n_mb
+    layers = m["num_layers"]
+    if rec["granularity"] == "full":
+        recomputed = min(rec["num_layers"] * lay.pp, layers) if rec["method"] == "block" else layers
+    else:
+        recomputed = 0
+    redo = recomputed / layers
+    split = lay.tp * lay.pp
+    head = 2.0 * m["hidden_size"] * m["vocab_size"]
+    base_fwd = flops.base_linear_fwd_flops_per_token(m) - head
+    expert_fwd = _expert_fwd_flops_per_token(m)
+    fill = PACKED_ATTENTION_FILL if t["data"]["packing"] else 1.0
+    f = {k: 0.0 for k in cal.COST}
+    f[f"gemm_{gclass}"] = tokens * (base_fwd - expert_fwd) * (2 + redo) / split
+    f[f"expert_gemm_{gclass}"] = tokens * expert_fwd * (2 + redo) / split
+    f["gemm_bf16"] += tokens * head * 2 / lay.tp / lay.pp
+    f["attention"] = flops.attention_fwd_flops(m, n_mb * lay.mbs * fill * lay.seq ** 2) * (3 + redo) / split
+    f["adapter"] = tokens * flops.lora_fwd_flops_per_token(m, lora) * (3 + redo) / split
+    stage_layers = layers / lay.pp
+    volume = stage_layers * tokens * m["hidden_size"] / lay.seq_shard * (1 + redo)
+    f[f"elementwise_{gclass}"] = volume
+    if rec["adapter_inputs"]:
+        f["adapter_inputs_elementwise"] = volume
+    if lora["enabled"] and lora["dropout"] > 0:
+        f[f"dropout_{lora['dropout_position']}_elementwise"] = volume
+    f["layer_calls"] = stage_layers * n_mb * (1 + redo)
+    if m["num_moe_experts"]:
+        moe_layers = sum(1 for i in range(layers) if moe_layer(m, i)) / lay.pp
+        f[f"expert_calls_{gclass}"] = moe_layers * m["num_moe_experts"] / lay.ep * n_mb * (1 + redo)
+    if lay.tp > 1:
+        volume = mb_tokens * m["hidden_size"] * 2.0 * (lay.tp - 1) / lay.tp
+        f["tp_bytes"] = stage_layers * n_mb * 4 * volume * (1 if lay.sp else 2) * (2 + redo)
+    return f
+
+
+def _expert_fwd_flops_per_token(m: dict) -> float:
+    total = 0.0
+    for layer in range(m["num_layers"]):
+        for _, suffix, i, o, uses in flops.layer_linears(m, layer):
+            if ".experts." in f".{suffix}":
+                total += 2.0 * i * o * uses
+    return total
+
+
+def _scale(name: str, gpu: Gpu | None) -> float:
+    """What a calibrated cost is multiplied by on `gpu` (1 on the calibration GPU or an unknown one)."""
+    ref = GPUS[CALIBRATED_ON]
+    if gpu is None or gpu is ref:
+        return 1.0
+    if name.endswith("fp8") or name.endswith("fp8_param"):
+        return ref.fp8_tflops / gpu.fp8_tflops
+    if name == "tp_bytes":
+        return ref.link_gb_s / gpu.link_gb_s
+    if name.startswith(("gemm", "expert_gemm", "attention", "adapter")):
+        return ref.bf16_tflops / gpu.bf16_tflops
+    return 1.0
+
+
+def step_time(r: dict, lay: Layout, gpu: Gpu | None) -> dict[str, float]:
+    """Seconds of one step per GPU, by feature (and the pipeline bubble)."""
+    f = features(r, lay)
+    fp4_units = gpu is not None and gpu.fp4_tflops and precision_of(r["trainer"]) == "fp4"
+    out = {}
+    for name, work in f.items():
+        if work:
+            cost = cal.COST[name] * _scale(name, gpu)
+            if fp4_units and name.endswith("fp8"):
+                cost *= gpu.fp8_tflops / gpu.fp4_tflops  # not measured: FP8's efficiency at the FP4 peak
+            out[name] = work * cost
+    bubble = (lay.pp - 1) / lay.micro_batches if lay.pp > 1 else 0.0
+    out["pipeline bubble"] = sum(out.values()) * bubble
+    return out
