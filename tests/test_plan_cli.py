@@ -1,0 +1,105 @@
+"""primus-slurm plan: every shipped recipe planned fast without torch, the JSON object, the frontier's fastest layout
+validating, and the memory refusal at submit / submit --dry-run (one line, exit 2, --skip-memory-check)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from primus_contract.fields import PROFILES
+from primus_contract.plan import plan
+from primus_contract.plan.frontier import candidates, fastest_fit
+from primus_contract.plan.gpus import GPUS
+from primus_slurm.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "primus_slurm"]
+SHIPPED = sorted(ROOT.glob("recipes/*.yaml")) + sorted(ROOT.glob("recipes/proxies/*.yaml"))
+ONE_H200 = ["cluster.env_profile=h200", "cluster.gpus_per_node=1", "trainer.parallelism.tensor=1",
+            "trainer.parallelism.sequence_parallel=false"]
+
+
+def run(*args):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_recipe_is_planned_in_under_a_second(recipe):
+    r = load_recipe(recipe).resolved
+    t0 = time.perf_counter()
+    p = plan(r)
+    assert time.perf_counter() - t0 < 1.0
+    assert p.peak_gib > 0 and p.step_s > 0
+    assert abs(sum(v for k, v in p.breakdown.items() if k not in ("allocator margin", "cuda context + nccl"))
+               - p.peak_gib) < 1e-6
+
+
+def test_the_planner_never_imports_torch():
+    code = ("import sys, primus_contract.plan, primus_slurm.plan_cli, primus_slurm.cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_json_has_the_documented_keys_and_breakdown():
+    out = run("plan", "recipes/llama2_70b_fp8.yaml", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for key in ("peak_gib", "tokens_per_s_per_gpu", "step_ms", "gpu_memory_gib", "fits", "breakdown"):
+        assert key in d
+    assert d["gpu"].startswith("MI300X") and d["fits"] is True
+    assert {"base weights", "lora params+grads+adam", "activations (base)", "logits+loss", "allocator margin",
+            "moe dispatch buffers", "workspaces"} <= set(d["breakdown"])
+    assert d["calibration_rows"], "the plan names the rows that calibrate it"
+
+
+def test_gpu_table_covers_every_gpu_profile():
+    gpu_profiles = {p for p in PROFILES if p not in ("none", "cpu")}
+    assert gpu_profiles == set(GPUS) == {"h100", "h200", "b200", "mi300x", "mi355x"}
+    assert 139 < GPUS["h200"].memory_gib < 141 and 79 < GPUS["h100"].memory_gib < 80
+
+
+def test_text_plan_and_validate_line():
+    out = run("plan", "recipes/llama3_8b_bf16_alpaca_lora.yaml")
+    assert out.returncode == 0 and "memory, GiB per GPU" in out.stdout and "step time, ms" in out.stdout
+    val = run("validate", "recipes/llama3_8b_bf16_alpaca_lora.yaml")
+    lines = [x for x in val.stdout.splitlines() if x.startswith("plan: ")]
+    assert len(lines) == 1 and "tokens/s/GPU" in lines[0] and "fits in H200" in lines[0]
+
+
+def test_submit_refuses_a_recipe_that_does_not_fit(tmp_path):
+    sets = [a for s in ONE_H200 for a in ("--set", s)]
+    ws = tmp_path / "ws"
+    for extra in (["--dry-run"], ["--executor", "local", "--set", f"experiment.workspace={ws}"]):
+        out = run("submit", "recipes/llama2_70b_fp8.yaml", *sets, *extra)
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: predicted peak"), lines
+        assert "largest term: base weights" in lines[0]
+        assert "--set trainer.precision.fp8_param=true" in lines[0]
+        assert "Traceback" not in out.stderr
+    assert not ws.exists()
+    forced = run("submit", "recipes/llama2_70b_fp8.yaml", *sets, "--dry-run", "--skip-memory-check")
+    assert forced.returncode == 0, forced.stderr
+    unknown = run("submit", "recipes/llama2_70b_fp8.yaml", *sets, "--set", "cluster.env_profile=none", "--dry-run")
+    assert unknown.returncode == 0, unknown.stderr
+    said = run("plan", "recipes/llama2_70b_fp8.yaml", *sets, "--set", "cluster.env_profile=none")
+    assert "GPU unknown" in said.stdout
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_frontier_fastest_layout_validates(gpus):
+    base = ["cluster.env_profile=h200", f"cluster.gpus_per_node={gpus}"]
+    out = run("plan", "recipes/llama2_70b_fp8.yaml", *[a for s in base for a in ("--set", s)], "--frontier")
+    assert out.returncode == 0, out.stderr
+    assert "* fastest that fits" in out.stdout
+    r = load_recipe(ROOT / "recipes/llama2_70b_fp8.yaml", base, check=False).resolved
+    best = fastest_fit(candidates(r))
+    lines = [line.split(" ", 1)[1] for line in best.set_lines()]
+    assert " ".join(best.set_lines()) in out.stdout
+    chosen = plan(load_recipe(ROOT / "recipes/llama2_70b_fp8.yaml", base + lines).resolved)  # validates
+    assert chosen.fits and chosen.layout.tp * chosen.layout.pp * chosen.layout.dp == gpus
+    assert abs(chosen.tokens_per_s_per_gpu - best.plan.tokens_per_s_per_gpu) < 1e-6
