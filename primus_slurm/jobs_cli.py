@@ -12,7 +12,7 @@ from . import logs as logs_mod
 from . import status as status_mod
 from . import resume as resume_mod
 from . import submit as submit_mod
-from . import plan_cli
+from . import plan_cli, plan_runs
 from .errors import UserError
 from .executors import executor_for
 
@@ -68,6 +68,9 @@ def status_cmd(run, as_json):
     rows = status_mod.collect(entries)
     if run:  # its exports, generations and evals (primus_slurm.post)
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
+        measured = (rows[0]["mem_peak_gib"], rows[0].get("avg_tokens_per_s_gpu") or rows[0]["tokens_per_s_gpu"])
+        planned = plan_runs.planned(Path(rows[0]["run_dir"]))
+        rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
     if as_json:
         click.echo(status_mod.to_json(rows[0] if run else rows))
     elif not rows:
@@ -75,21 +78,24 @@ def status_cmd(run, as_json):
     else:
         status_mod.render_table(rows)
         if run:
+            click.echo(plan_runs.versus(planned, *measured))
             post_cli.show_results(rows[0]["run_dir"])
 
 
 @click.command("logs")
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="keep streaming until the job ends")
-@click.option("--rank", type=click.IntRange(min=0), default=None,
-              help="trainer log of this rank (default 0; only rank 0 writes one, the others' output is in --stdout)")
-@click.option("--stdout", "job_stdout", is_flag=True, help="the job's stdout/stderr file instead")
-def logs_cmd(run, follow, rank, job_stdout):
-    """Print (or follow) the trainer log of RUN."""
+@click.option("--attempt", type=click.IntRange(min=0), default=None, metavar="K",
+              help="the trainer log of attempt K (0: the first; default: the latest; `status` counts RESTARTS)")
+@click.option("--stdout", "job_stdout", is_flag=True, help="the job's stdout/stderr file instead (every rank's output)")
+def logs_cmd(run, follow, attempt, job_stdout):
+    """Print (or follow) the trainer log of RUN (rank 0's: the only rank that writes one)."""
     entry = registry.find(run)
+    if attempt is not None and (follow or job_stdout):
+        raise UserError("--attempt: shows one finished attempt's trainer log; not with -f or --stdout")
     if follow:
-        sys.exit(logs_mod.follow(entry, rank, job_stdout))
-    logs_mod.show(entry, rank, job_stdout)
+        sys.exit(logs_mod.follow(entry, stdout=job_stdout))
+    logs_mod.show(entry, job_stdout, attempt)
 
 
 @click.command("cancel")

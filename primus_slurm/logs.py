@@ -16,22 +16,29 @@ from .progress import attempt_of, rank_logs, read_progress
 POLL_S = 0.5
 
 
-def pick_log(run_dir: Path, info: dict, rank: int | None, stdout: bool, min_attempt: int = 0) -> Path | None:
-    """--stdout: the job's stdout; else the newest attempt (>= min_attempt) of rank N's trainer log (None until
+def pick_log(run_dir: Path, info: dict, stdout: bool, min_attempt: int = 0) -> Path | None:
+    """--stdout: the job's stdout; else the newest attempt (>= min_attempt) of the rank-0 trainer log (None until
     it exists)."""
     if stdout:
         return executor_for(info.get("executor")).stdout_path(run_dir, info)
-    found = [p for p in rank_logs(run_dir, rank or 0) if attempt_of(p) >= min_attempt]
+    found = [p for p in rank_logs(run_dir) if attempt_of(p) >= min_attempt]
     return found[-1] if found else None
 
 
-def show(entry: dict, rank: int | None, stdout: bool, out=sys.stdout) -> None:
+def show(entry: dict, stdout: bool, attempt: int | None = None, out=sys.stdout) -> None:
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
-    path = pick_log(run_dir, info, rank, stdout)
+    run_id = entry["run_id"]
+    if attempt is not None:
+        logs = {attempt_of(p): p for p in rank_logs(run_dir)}
+        if attempt not in logs:
+            have = ", ".join(str(k) for k in sorted(logs)) or "none yet"
+            raise UserError(f"run {run_id} has no trainer log of attempt {attempt} (attempts: {have})")
+        path = logs[attempt]
+    else:
+        path = pick_log(run_dir, info, stdout)
     if path is None or not path.exists():
-        run_id = entry["run_id"]
-        what = "job stdout" if stdout else f"rank {rank or 0} trainer log"
+        what = "job stdout" if stdout else "trainer log"
         if not run_dir.is_dir():
             raise UserError(f"run {run_id}'s run directory {run_dir} no longer exists")
         state = executor_for(info.get("executor")).state(run_dir, info).get("state")
@@ -92,8 +99,7 @@ def _read_from(path: Path, offset: int) -> bytes:
         return fh.read()
 
 
-def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.stdout,
-           err=sys.stderr, min_attempt: int = 0) -> int:
+def follow(entry: dict, stdout: bool = False, out=sys.stdout, err=sys.stderr, min_attempt: int = 0) -> int:
     """Stream the log as it grows (switching to a newer attempt's file) until the job ends; min_attempt skips
     earlier attempts' logs (a resumed run's).
 
@@ -107,7 +113,7 @@ def follow(entry: dict, rank: int | None = None, stdout: bool = False, out=sys.s
     try:
         while True:
             ended = state.get("state") in TERMINAL
-            path = pick_log(run_dir, info, rank, stdout, min_attempt)
+            path = pick_log(run_dir, info, stdout, min_attempt)
             if path is not None and path != current:
                 if current is not None:  # the old attempt's last lines first
                     printer.write(_read_from(current, offset), current)

@@ -61,6 +61,15 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     assert logged and min(logged) > stopped and logged[-1] == 300, logged  # continues, does not start over
     assert second.rstrip().endswith("training finished | iterations 300 | exit 0")
     assert "exit 75" in first.read_text() and "exit 0" not in first.read_text()  # attempt 0's log untouched
+    # `logs` shows the latest attempt; --attempt K an earlier one (it showed the latest only, and --rank N
+    # always failed: only rank 0 writes a trainer log, so the option went)
+    assert cli(job_env, "logs", run_id).stdout == second
+    assert cli(job_env, "logs", run_id, "--attempt", "0").stdout == first.read_text()
+    assert cli(job_env, "logs", run_id, "--attempt", "1").stdout == second
+    missing = cli(job_env, "logs", run_id, "--attempt", "5")
+    assert missing.returncode == 2 and f"run {run_id} has no trainer log of attempt 5 (attempts: 0, 1)" in \
+        missing.stderr, missing.stderr
+    assert cli(job_env, "logs", run_id, "--rank", "1").returncode == 2  # no such option
     stdout = cli(job_env, "logs", run_id, "--stdout", "-f").stdout  # the new job's stdout only (local: appended)
     assert "attempt 1 on" in stdout and "attempt 0 on" not in stdout, stdout[:2000]
     info = json.loads((run_dir / "run.json").read_text())
