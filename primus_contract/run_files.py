@@ -9,7 +9,8 @@ Events (`event` names the kind; `t` is the UTC time, seconds):
     start       attempt, world_size, device, resumed_from
     precision   line (the human `precision | ...` line) and its fields
     metrics     iteration, train_iters, lm_loss, lr, grad_norm, tokens_per_s_gpu, tflops_gpu, mem_alloc_gib,
-                mem_peak_gib, ms_per_iter
+                mem_peak_gib, ms_per_iter (the log interval's means), losses ([iteration, lm loss] of each iteration
+                in the interval: what `compare` compares, equal across a requeue where the means are not)
     eval        iteration, eval_loss
     checkpoint  iteration, path (relative to the run directory)
     diverged    iteration, lm_loss

@@ -15,6 +15,7 @@ from typing import Optional
 import yaml
 
 from primus_contract import run_files
+from primus_slurm import plan_runs
 
 from . import registry
 from .errors import UserError
@@ -51,7 +52,8 @@ class RunLog:
     precision: dict = field(default_factory=dict)     # fields of the `precision | ...` line
     precision_line: Optional[str] = None
     args: dict = field(default_factory=dict)          # `arg key = value` lines
-    iterations: dict = field(default_factory=dict)    # iteration -> {'lm loss': float, ...}
+    iterations: dict = field(default_factory=dict)    # iteration -> {'lm loss': float, ...} (interval means)
+    losses: dict = field(default_factory=dict)        # iteration -> its own lm loss (metrics events' `losses`)
 
     @property
     def name(self) -> str:
@@ -155,6 +157,9 @@ def _from_events(run: RunLog, events: list[dict]) -> None:
             run.precision_line, run.precision = e["line"], _precision_fields(e["line"])
         elif e["event"] == "metrics" and isinstance(e.get("iteration"), int):
             run.iterations[e["iteration"]] = {name: run_files.number(e.get(key)) for key, name in METRIC_NAMES.items()}
+            for pair in e.get("losses") or ():
+                if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int):
+                    run.losses[pair[0]] = run_files.number(pair[1])
 
 
 def _precision_fields(body: str) -> dict:
@@ -191,17 +196,37 @@ def divergence(base: dict, other: dict) -> tuple[Optional[float], Optional[float
     return max(diffs), sum(diffs) / len(diffs), len(diffs)
 
 
+EQUAL_REL = 1e-6  # per-iteration losses this close (relative) are the same training
+
+
+def _losses(runs: list[RunLog]) -> tuple[list[dict], str]:
+    """Each run's lm loss by iteration, and what they are: every iteration's own loss when every run logged
+    them (metrics events' `losses`), else the logged interval means (older logs), whose first interval after a
+    resume and last before a stop average fewer iterations than an uninterrupted run's."""
+    if all(r.losses for r in runs):
+        return [dict(sorted(r.losses.items())) for r in runs], "per-iteration losses"
+    return [r.series("lm loss") for r in runs], ("logged interval means (a log without per-iteration losses; "
+                                                 "intervals cut by a stop or resume average fewer iterations)")
+
+
+def _verdict(base: dict, other: dict, mx: float) -> str:
+    scale = max((abs(base[i]) for i in set(base) & set(other) if math.isfinite(base[i])), default=1.0)
+    return "equal" if mx <= EQUAL_REL * max(scale, 1.0) else "different"
+
+
 def table(runs: list[RunLog]) -> str:
-    losses = [r.series("lm loss") for r in runs]
-    iters = sorted(set().union(*losses))
+    shown = [r.series("lm loss") for r in runs]  # the table: at the logged iterations
+    losses, what_kind = _losses(runs)
+    iters = sorted(set().union(*shown))
     lines = ["iteration  " + "  ".join(f"{r.name[-22:]:>22}" for r in runs)]
     for it in iters:
         cells = [f"{s[it]:>22.6f}" if it in s else f"{'-':>22}" for s in losses]
         lines.append(f"{it:>9}  " + "  ".join(cells))
-    lines.append("")
+    lines += ["", f"compared: {what_kind}"]
     for run, series in zip(runs[1:], losses[1:]):
         mx, mean, n = divergence(losses[0], series)
-        what = f"max |d lm loss| {mx:.6f}, mean {mean:.6f} over {n} iterations" if n else "no common finite iterations"
+        what = (f"{_verdict(losses[0], series, mx)}: max |d lm loss| {mx:.6f}, mean {mean:.6f} over {n} iterations"
+                if n else "no common finite iterations")
         lines.append(f"{run.label} against the reference {runs[0].label}: {what}")
     return "\n".join(lines)
 
@@ -234,6 +259,10 @@ def compare(refs: list[str], plot_path: Optional[str]) -> str:
     runs = [load_run(r) for r in refs]
     check_comparable(runs)
     out = table(runs)
+    for run in runs:  # planned against measured (primus_slurm.plan_runs)
+        peaks = run.series("mem peak GiB").values()
+        out += f"\n{run.label}: " + plan_runs.versus(plan_runs.planned(run.run_dir), max(peaks, default=None),
+                                                     run.average("tokens/s/GPU"))
     if plot_path:
         out += f"\nplot: {plot(runs, plot_path)}"
     return out

@@ -134,3 +134,36 @@ def test_cli_modules_do_not_import_torch(tmp_path):
     code = "import sys, primus_slurm.compare, primus_slurm.verify_fp4, primus_slurm.precision_cli; " \
            "assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _events_run(root: Path, name: str, attempts: list[list[list]]) -> Path:
+    """A run whose event streams log `attempts`: per attempt, its log points as lists of (iteration, loss)."""
+    import json
+
+    d = make_run(root, name, [], BF16, train_iters=10)
+    for n, points in enumerate(attempts):
+        events = [{"event": "metrics", "iteration": pts[-1][0], "lm_loss": sum(v for _, v in pts) / len(pts),
+                   "losses": [list(p) for p in pts]} for pts in points]
+        (d / "logs" / "rank-0" / ("events.jsonl" if n == 0 else f"events.attempt-{n}.jsonl")).write_text(
+            "".join(json.dumps(e) + "\n" for e in events))
+        if n:
+            (d / "logs" / "rank-0" / f"debug.attempt-{n}.log").write_text("")
+    return d
+
+
+def test_a_resumed_run_equals_its_uninterrupted_twin(tmp_path, capsys):
+    """Stopped at 8 and resumed: the interval means at 8 and 10 average 3 and 2 iterations where the twin's at 10
+    averages 5, so comparing the logged means reported a difference that is not there (issue 28 item 5)."""
+    loss = {i: 3.0 - 0.2 * i for i in range(1, 11)}
+    iv = lambda a, b: [(i, loss[i]) for i in range(a, b + 1)]  # noqa: E731
+    twin = _events_run(tmp_path, "twin", [[iv(1, 5), iv(6, 10)]])
+    resumed = _events_run(tmp_path, "resumed", [[iv(1, 5), iv(6, 8)], [iv(9, 10)]])
+    assert cli_run(["compare", str(twin), str(resumed)]) == 0
+    out = capsys.readouterr().out
+    assert "compared: per-iteration losses" in out
+    assert "resumed against the reference twin: equal: max |d lm loss| 0.000000, mean 0.000000 over 10 " \
+           "iterations" in out, out
+    off = {**loss, 9: loss[9] + 0.01}
+    _events_run(tmp_path, "other", [[[(i, off[i]) for i in range(1, 6)], [(i, off[i]) for i in range(6, 11)]]])
+    assert cli_run(["compare", str(twin), str(tmp_path / "other")]) == 0
+    assert "different: max |d lm loss| 0.010000" in capsys.readouterr().out

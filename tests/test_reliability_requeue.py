@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import status_json, wait_state
+from conftest import cli, status_json, wait_state
 from reliability_support import (cancel, fingerprint, job_info, read, release, scontrol, submit, trainer_recipe,
                                  wait_for, wait_requeued, wait_text, worker_pids)
 from test_train_support import losses, run_trainer
@@ -34,6 +35,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ITERS = 200
 REL_TOL = 1e-5  # losses are logged with 7 significant digits; in practice they are identical
+LOG_EVERY = 7  # the stops fall inside log intervals, whose means then average fewer iterations than the twin's
 STOP_RE = re.compile(r"\] stop signal \| signal (SIG\w+) \| iteration (\d+)")
 
 
@@ -50,7 +52,7 @@ def _stopped(text: str) -> int:
 def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, job_env, tmp_path):
     recipe = trainer_recipe(tmp_path, "requeue", time="00:02:00", signal_grace_s=45)
     entry = submit(job_env, recipe, f"trainer.schedule.train_iters={ITERS}", "trainer.checkpoint.save_interval=50",
-                   "trainer.checkpoint.keep_last=100")
+                   "trainer.checkpoint.keep_last=100", f"trainer.logging.log_interval={LOG_EVERY}")
     job, run_dir = entry["job_id"], Path(entry["run_dir"])
     logs = run_dir / "logs"
     out = logs / f"slurm-{job}.out"
@@ -58,7 +60,7 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
     frozen = None
     try:
         # ---- attempt 0: time limit -> USR2 -> checkpoint -> requeue
-        wait_text(attempt_log[0], "] iteration 3/", 240)
+        wait_text(attempt_log[0], f"] iteration {LOG_EVERY}/", 240)
         frozen = worker_pids(run_dir)[0]
         os.kill(frozen, signal.SIGSTOP)
         reference = run_trainer(run_dir / "recipe.resolved.yaml", tmp_path / "uninterrupted")  # CPU is free now
@@ -75,7 +77,7 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
         # ---- attempt 1: resumes from latest; an operator requeues it (SIGTERM to every process of the job)
         scontrol("update", f"JobId={job}", "TimeLimit=10")  # later attempts are not cut short by the 2-minute limit
         release(job)
-        wait_text(attempt_log[1], f"] iteration {k0 + 3}/", 240)
+        wait_text(attempt_log[1], f"] iteration {(k0 // LOG_EVERY + 1) * LOG_EVERY}/", 240)  # its first log point
         frozen = worker_pids(run_dir)[0]
         os.kill(frozen, signal.SIGSTOP)  # hold it mid-run however fast the CPU; Slurm sends SIGCONT + SIGTERM
         assert status_json(job_env, entry["run_id"])["restarts"] == 1
@@ -113,19 +115,41 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
         assert final_out.startswith(out_then)
     assert [int(a) for a in re.findall(r"primus-slurm: run \S+ job \d+ attempt (\d+)", final_out)] == [0, 1, 2]
 
-    # the loss curve: every iteration logged by exactly one attempt, equal to the uninterrupted run's
-    parts = [losses(first), losses(second), losses(third)]
+    # the loss curve: every iteration's loss logged by exactly one attempt, equal to the uninterrupted run's
+    parts = [iteration_losses(run_dir, n) for n in range(3)]
     assert sorted(parts[0]) == list(range(1, k0 + 1))
     assert sorted(parts[1]) == list(range(k0 + 1, k1 + 1))
     assert sorted(parts[2]) == list(range(k1 + 1, ITERS + 1))
     resumed = {**parts[0], **parts[1], **parts[2]}
-    ref = losses(read(tmp_path / "uninterrupted" / "logs" / "rank-0" / "debug.log"))
+    twin = tmp_path / "uninterrupted"
+    ref = iteration_losses(twin, 0)
     assert sorted(ref) == sorted(resumed) == list(range(1, ITERS + 1))
-    worst = max(abs(float(resumed[i]) - float(ref[i])) / abs(float(ref[i])) for i in ref)
+    worst = max(abs(resumed[i] - ref[i]) / abs(ref[i]) for i in ref)
     assert worst <= REL_TOL, f"largest relative loss difference {worst:.3g}"
     same = sum(resumed[i] == ref[i] for i in ref)
-    print(f"stopped at {k0} (time limit) and {k1} (requeue); {same}/{ITERS} logged losses identical, "
+    print(f"stopped at {k0} (time limit) and {k1} (requeue); {same}/{ITERS} per-iteration losses identical, "
           f"largest relative difference {worst:.3g}")
+
+    # `compare` says so: the logged interval means differ where a stop cut an interval (k0, k1 not multiples of
+    # LOG_EVERY), the per-iteration losses it compares do not
+    shutil.copy(run_dir / "recipe.resolved.yaml", twin / "recipe.resolved.yaml")
+    cut = [k for k in (k0, k1) if k % LOG_EVERY]
+    means = [losses(first) | losses(second) | losses(third), losses(read(twin / "logs" / "rank-0" / "debug.log"))]
+    after = [(k // LOG_EVERY + 1) * LOG_EVERY for k in cut]  # the first log point of the attempt that resumed
+    assert not cut or any(a in means[0] and means[0][a] != means[1][a] for a in after), (k0, k1)  # (compare's old)
+    out = cli(job_env, "compare", str(twin), str(run_dir))
+    assert out.returncode == 0, out.stderr
+    assert "compared: per-iteration losses" in out.stdout
+    equal = rf"against the reference uninterrupted \(\w+\): equal: max \|d lm loss\| \S+, mean \S+ over {ITERS} iterations"
+    assert re.search(equal, out.stdout), out.stdout[-1500:]
+
+
+def iteration_losses(run_dir: Path, attempt: int) -> dict[int, float]:
+    """{iteration: its own lm loss} from an attempt's event stream (metrics events' `losses`)."""
+    from primus_contract import run_files
+
+    events = run_files.read_events(run_files.rank_dir(run_dir) / run_files.events_name(attempt))
+    return {it: loss for e in events if e["event"] == "metrics" for it, loss in e["losses"]}
 
 
 

@@ -195,7 +195,10 @@ class Trainer:
                        grad_norm=grad_norm, tokens_per_s_gpu=tokens / elapsed / world,
                        tflops_gpu=flops / elapsed / world / 1e12, mem_alloc_gib=alloc, mem_peak_gib=peak,
                        ms_per_iter=1000.0 * elapsed / max(iters, 1))
-        self.log.record("metrics", format_iteration(*metrics.values()), **metrics)
+        # each iteration's own loss too: an interval cut short by a stop (or begun at a resume) averages fewer
+        # iterations than its twin's, so `primus-slurm compare` reads these, which a requeue leaves equal
+        self.log.record("metrics", format_iteration(*metrics.values()), **metrics,
+                        losses=[[v[0], v[1]] for v in values])
         self.log.scalars(it, {"lm_loss": loss, "lr": lr, "grad_norm": grad_norm,
                               "tokens_per_s_per_gpu": tokens / elapsed / world})
 
@@ -299,6 +302,8 @@ class Trainer:
                     break
         if self.check_finite() is not None:
             return self.finish(EXIT_DIVERGED, meter)
+        if self.checked:  # a stop inside a log interval: its iterations are logged too (a partial interval)
+            self.log_interval(meter)
         if reason == "signal":
             self.log.line(f"stop signal | signal {self.stop.name} | iteration {self.iteration}")
             if (code := self.save(meter)) is not None:
