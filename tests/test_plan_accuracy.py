@@ -74,3 +74,13 @@ def test_a_new_result_folder_is_picked_up(tmp_path, monkeypatch):
     r, what = plan_rows.match(found[0])
     assert r is not None and what == "current code"
     assert abs(plan(r).peak_gib / 50.4 - 1) < 0.10
+
+
+def test_readme_table_is_the_generated_one():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import plan_table
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(plan_table.START) + len(plan_table.START)
+    assert readme[start:readme.index(plan_table.END)].strip() == plan_table.table().strip(), \
+        "README's table is stale: run scripts/plan_table.py --write"
