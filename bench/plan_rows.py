@@ -10,7 +10,9 @@ unmatched with the reason. Rows in files no entry names were measured with the c
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +55,10 @@ KNOWN_MISSES = {
         "planned within 20 %); this first-session DP=2 run is 35 % slower a micro-batch, cause not found "
         "(not profiled)",
 }
-# fp8_param rows measured before each transpose was freed right after its linear's backward (2026-12-02)
-TRANSPOSES_KEPT_BEFORE = "2026-12-02"
+# fp8_param rows measured before each transpose was freed right after its linear's backward (e87f5d3, committed
+# 2026-12-02 18:41 UTC): result files git added before that ran the code that kept every layer's transpose to the
+# end of the backward; files added later, or not committed yet, ran the current code
+TRANSPOSES_RELEASED = 1796236901  # e87f5d3's commit time
 
 
 @dataclass
@@ -123,14 +127,23 @@ def match(row: Row):
     except (UserError, OSError) as exc:
         return None, f"its recipe does not resolve today: {exc}"
     p = r["trainer"]["precision"]
-    if (p["fp8"] and p["fp8_param"] and r["trainer"]["recompute"]["granularity"] == "full"
-            and row.file[:10] < TRANSPOSES_KEPT_BEFORE):
-        return None, ("fp8_param with full recompute measured before each FP8 transpose was freed after its own "
-                      "backward: every layer's transpose then lived to the end of the backward and set the peak")
+    if (p["fp8"] and p["fp8_param"] and (r["trainer"]["recompute"]["granularity"] == "full" or row.oom)
+            and _added_before(row.file, TRANSPOSES_RELEASED)):
+        return None, ("fp8_param with full recompute (or out of memory) measured before each FP8 transpose was freed "
+                      "after its own backward (e87f5d3): every layer's transpose then lived to the end of the "
+                      "backward and set the peak; the current code would not reproduce it")
     if p["fp8_param"] and era(row.file)[1] == SECOND[1] and int(d.get("global_batch_size") or 1) > 1:
         return None, ("fp8_param over several micro-batches measured when the transposes were dropped only after "
                       "the whole step's backward (kept across micro-batches)")
     return r, what
+
+
+@functools.lru_cache(maxsize=None)
+def _added_before(file: str, when: int) -> bool:
+    """Whether git added bench/results/`file` before the unix time `when` (False: later, or not committed)."""
+    out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%ct", "--", str(RESULTS / file)], cwd=ROOT,
+                         capture_output=True, text=True).stdout.split()
+    return bool(out) and int(out[-1]) < when
 
 
 def _error(d: dict) -> str:

@@ -63,8 +63,7 @@ def _text(p: Plan, recipe_path) -> str:
     return "\n".join(lines)
 
 
-def _frontier_text(resolved: dict) -> str:
-    cands = candidates(resolved)
+def _frontier_text(resolved: dict, cands: list) -> str:
     fits = sorted((x for x in cands if x.plan.fits is not False), key=lambda x: -x.plan.tokens_per_s_per_gpu)
     best = fastest_fit(cands)
     c = resolved["cluster"]
@@ -121,14 +120,13 @@ def register(main: click.Group) -> None:
         """Predict RECIPE's peak GPU memory (a breakdown) and speed per GPU, before it is queued."""
         r = load_recipe(recipe, overrides, check=not frontier)
         if frontier:
-            text = _frontier_text(r.resolved)
+            cands = candidates(r.resolved)
             if as_json:
-                cands = candidates(r.resolved)
                 best = fastest_fit(cands)
                 click.echo(json.dumps({"layouts": [{"set": x.sets, **x.plan.as_dict()} for x in cands],
                                        "fastest": best and {"set": best.sets, "set_lines": best.set_lines()}}))
-                return
-            click.echo(text)
+            else:
+                click.echo(_frontier_text(r.resolved, cands))
             return
         p = plan(r.resolved)
         click.echo(json.dumps(p.as_dict()) if as_json else _text(p, r.path))

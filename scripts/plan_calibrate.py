@@ -52,7 +52,8 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
 def calibration_rows(exclude=()) -> list:
     out = []
     for row in plan_rows.rows():
-        if any(fnmatch.fnmatch(row.file, p) for p in exclude) or row.oom or (row.file, row.label) in plan_rows.KNOWN_MISSES:
+        known = (row.file, row.label) in plan_rows.KNOWN_MISSES
+        if any(fnmatch.fnmatch(row.file, p) for p in exclude) or row.oom or known:
             continue
         r, _ = plan_rows.match(row)
         if r is not None:
@@ -78,7 +79,8 @@ def write(cost: dict, rows: list) -> None:
     path = ROOT / "primus_contract" / "plan" / "calibration.py"
     text = path.read_text()
     body = "COST = {\n" + "".join(f"    {n!r}: {v:.4e},\n" for n, v in cost.items()) + "}\n"
-    body += "CALIBRATION_ROWS: tuple = (\n" + "".join(f"    ({row.file!r}, {row.label!r}),\n" for row, _ in rows) + ")\n"
+    listed = "".join(f"    ({row.file!r}, {row.label!r}),\n" for row, _ in rows)
+    body += "CALIBRATION_ROWS: tuple = (\n" + listed + ")\n"
     text = re.sub(r"(# --- fitted by scripts/plan_calibrate.py ---\n).*?(# --- end of fitted block ---)",
                   lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
     path.write_text(text)
@@ -92,7 +94,8 @@ def main() -> None:
     rows = calibration_rows(args.exclude)
     cost = fit(rows)
     for n, v in cost.items():
-        print(f"{n:28s} {v:.4e}" + (f"  (= {1 / v / 1e12:.0f} TFLOP/s)" if v and "gemm" in n or n in ("attention", "adapter") and v else ""))
+        rate = v and ("gemm" in n or n in ("attention", "adapter"))
+        print(f"{n:28s} {v:.4e}" + (f"  (= {1 / v / 1e12:.0f} TFLOP/s)" if rate else ""))
     print(f"{len(rows)} rows")
     if args.write:
         write(cost, rows)

@@ -37,14 +37,17 @@ def table() -> str:
         d = row.data
         known = plan_rows.KNOWN_MISSES.get((row.file, row.label))
         misses += bool(known)
-        lines.append(f"| {name}{' (known miss)' if known else ''} | {'yes' if (row.file, row.label) in fit else ''} | "
-                     f"{d['peak_mem_gib']:.1f} | {p.peak_gib:.1f} ({100 * (p.peak_gib / d['peak_mem_gib'] - 1):+.0f} %) "
-                     f"| {d['tokens_per_s_per_gpu']:,.0f} | {p.tokens_per_s_per_gpu:,.0f} "
-                     f"({100 * (p.tokens_per_s_per_gpu / d['tokens_per_s_per_gpu'] - 1):+.0f} %) |")
+        peak_err = 100 * (p.peak_gib / d["peak_mem_gib"] - 1)
+        tps_err = 100 * (p.tokens_per_s_per_gpu / d["tokens_per_s_per_gpu"] - 1)
+        used = "yes" if (row.file, row.label) in fit else ""
+        lines.append(f"| {name}{' (known miss)' if known else ''} | {used} | "
+                     f"{d['peak_mem_gib']:.1f} | {p.peak_gib:.1f} ({peak_err:+.0f} %) | "
+                     f"{d['tokens_per_s_per_gpu']:,.0f} | {p.tokens_per_s_per_gpu:,.0f} ({tps_err:+.0f} %) |")
     lines.append("")
-    lines.append(f"fit: the row calibrates the speed costs (scripts/plan_calibrate.py). {unmatched} rows are not planned "
-                 "(other benchmarks, failed runs, code since replaced), each listed with its reason by "
-                 "`scripts/plan_table.py --unmatched`" + (f"; known misses: {', '.join(f'{f}: {label} — {why}' for (f, label), why in plan_rows.KNOWN_MISSES.items())}" if misses else "") + ".")
+    known = "; ".join(f"{f}: {label}: {why}" for (f, label), why in plan_rows.KNOWN_MISSES.items())
+    lines.append(f"fit: the row calibrates the speed costs (scripts/plan_calibrate.py). {unmatched} rows are not "
+                 "planned (other benchmarks, failed runs, code since replaced), each listed with its reason by "
+                 "`scripts/plan_table.py --unmatched`" + (f". Known misses: {known}" if misses else "") + ".")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from primus_contract import check
 from primus_contract.errors import ContractError
+from primus_contract.plan import plan
 
 KEYS = {"tensor": "trainer.parallelism.tensor", "pipeline": "trainer.parallelism.pipeline",
         "expert": "trainer.parallelism.expert", "sequence_parallel": "trainer.parallelism.sequence_parallel",
@@ -70,8 +71,6 @@ def _recomputes(layers_per_stage: int) -> list[tuple]:
 
 
 def candidates(resolved: dict) -> list[Candidate]:
-    from primus_contract.plan import plan  # (the package imports this module's caller)
-
     t, c = resolved["trainer"], resolved["cluster"]
     m = t["model"]
     world = c["nodes"] * (c["nproc_per_node"] or c["gpus_per_node"] or 1)
@@ -96,13 +95,13 @@ def candidates(resolved: dict) -> list[Candidate]:
                                     want["fp8_param"] = f8
                                     if f8 and t["precision"]["fp8_recipe"] == "delayed":
                                         want["fp8_recipe"] = "tensorwise"
-                                cand = _try(resolved, want, plan)
+                                cand = _try(resolved, want)
                                 if cand is not None:
                                     out.append(cand)
     return out
 
 
-def _try(resolved: dict, want: dict, plan) -> Candidate | None:
+def _try(resolved: dict, want: dict) -> Candidate | None:
     r = copy.deepcopy(resolved)
     sets = {}
     for key, value in want.items():

@@ -176,9 +176,8 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
             terms["logits+loss"] = 2.0 * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
         else:
             terms["logits+loss"] = tokens * vocab / lay.tp * 4
-    ffn_local = max((lin.out_local for _, acts in per_layer_act[:1]
-                     for lin in layer_linears_local(m, t["lora"], lay, layers[0])), default=h)
-    terms["backward transients"] = tokens * (ffn_local * 2 + 2 * h * 2 / lay.seq_shard)
+    widest = max((lin.out_local for lin in layer_linears_local(m, t["lora"], lay, layers[0])), default=h)
+    terms["backward transients"] = tokens * (widest * 2 + 2 * h * 2 / lay.seq_shard)  # dgrad of the widest output
     terms["workspaces"] = cal.WORKSPACE_GIB * GIB + (cal.FP8_WORKSPACE_GIB * GIB if p["fp8"] else 0.0)
     return terms
 
