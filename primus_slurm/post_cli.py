@@ -10,7 +10,8 @@ import click
 from . import post
 from .errors import UserError
 
-FORMATS_WITH_TEXT = ("alpaca", "openai", "chatml", "text")
+FORMATS_WITH_TEXT = ("alpaca", "squad", "openai", "chatml", "text")
+INPUT_FIELD = {"alpaca": "input", "squad": "context"}  # the record field --input fills (trainer/post/prompts.py)
 
 
 def common(func):
@@ -80,7 +81,10 @@ def _read_prompts(path: str) -> None:
 
 @click.command("generate")
 @common
-@click.option("--prompt", default=None, metavar="TEXT", help="one prompt (alpaca instruction / chat user turn)")
+@click.option("--prompt", default=None, metavar="TEXT",
+              help="one prompt (alpaca instruction / squad question / chat user turn / text)")
+@click.option("--input", "prompt_input", default=None, metavar="TEXT",
+              help="with --prompt: the record's input (alpaca input, squad context)")
 @click.option("--prompts", "prompts_file", default=None, metavar="FILE.jsonl",
               help="records in the run's data format; an answer field present is the reference (scored)")
 @click.option("--merged", default=None, metavar="DIR", help="generate from this merged export instead")
@@ -91,8 +95,8 @@ def _read_prompts(path: str) -> None:
 @click.option("--seed", type=click.IntRange(min=0), default=0)
 @click.option("--engine", type=click.Choice(["auto", "transformers", "vllm"]), default="auto",
               help="auto: vLLM when importable on a GPU, else transformers + peft")
-def generate_cmd(run, iteration, executor, prompt, prompts_file, merged, base_only, max_new_tokens, temperature,
-                 top_p, seed, engine):
+def generate_cmd(run, iteration, executor, prompt, prompt_input, prompts_file, merged, base_only, max_new_tokens,
+                 temperature, top_p, seed, engine):
     """Generate from RUN's model, prompts laid out as in its training (into RUN/generations/)."""
     job = post.new_job("generate", run, executor)
     if (prompt is None) == (prompts_file is None):
@@ -100,6 +104,11 @@ def generate_cmd(run, iteration, executor, prompt, prompts_file, merged, base_on
     fmt = job.resolved["trainer"]["data"]["format"]
     if prompt is not None and fmt not in FORMATS_WITH_TEXT:
         raise UserError(f"--prompt: the run's format {fmt} needs records; use --prompts FILE.jsonl")
+    if prompt_input is not None and (prompt is None or fmt not in INPUT_FIELD):
+        raise UserError(f"--input: goes with --prompt, for a format with an input field ({', '.join(INPUT_FIELD)}; "
+                        f"the run's is {fmt})")
+    if prompt is not None and fmt == "squad" and prompt_input is None:
+        raise UserError("--prompt: the run's format squad needs the passage too: --input CONTEXT")
     if merged is not None and base_only:
         raise UserError("generate: --merged and --base-only exclude each other")
     if merged is not None:
@@ -119,7 +128,7 @@ def generate_cmd(run, iteration, executor, prompt, prompts_file, merged, base_on
         job.copies["prompts.jsonl"] = prompts_file
         job.args += ["--prompts", str(job.post_dir / "prompts.jsonl")]
     else:
-        job.args += ["--prompt", prompt]
+        job.args += ["--prompt", prompt] + (["--input", prompt_input] if prompt_input is not None else [])
     job.args += ["--max-new-tokens", max_new_tokens, "--temperature", temperature, "--top-p", top_p,
                  "--seed", seed, "--engine", engine] + (["--base-only"] if base_only else [])
     _finish(job)

@@ -19,8 +19,8 @@ MANAGED_SBATCH = ("job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus
                   "account", "qos", "reservation", "constraint", "time", "exclusive", "requeue", "no-requeue", "signal",
                   "output", "error", "open-mode", "export")
 # variables the job script itself sets or relies on, and shell variables that change how it parses
-RESERVED_ENV = ("CHILD", "CONTAINER", "JOB_ID", "LAUNCH", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_WRAPPER",
-                "REQUEUE", "RUN_DIR", "SRUN", "TRAIN", "PYTHONPATH", "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
+RESERVED_ENV = ("BIND", "CHILD", "CONTAINER", "JOB_ID", "LAUNCH", "MASTER_ADDR", "MASTER_PORT", "NNODES",
+                "NODE_WRAPPER", "REQUEUE", "RUN_DIR", "SRUN", "TRAIN", "PYTHONPATH", "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
                 "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND")
 RESERVED_ENV_PREFIXES = ("SLURM_", "PRIMUS_RUN_")
 

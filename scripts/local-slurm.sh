@@ -71,7 +71,8 @@ write_configs() {
   if [ -f "$CONF_DIR/slurm.conf" ] && ! grep -qF "$MARK" "$CONF_DIR/slurm.conf"; then
     die "$CONF_DIR/slurm.conf exists and is not ours; refusing to overwrite it"
   fi
-  local mem host acct
+  local mem host acct before
+  before=$(cat "$CONF_DIR/slurm.conf" 2>/dev/null || true)
   mem=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
   host=$(hostname -s)
   if [ "$ACCOUNTING" = 1 ]; then
@@ -107,6 +108,7 @@ SlurmdLogFile=$LOG/slurmd-%n.log
 NodeName=node[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=[6831-6832] CPUs=$CPUS RealMemory=$mem
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+  [ "$before" = "$(cat "$CONF_DIR/slurm.conf")" ] || CONF_CHANGED=1
   if [ "$ACCOUNTING" = 1 ]; then
     write_if_changed "$CONF_DIR/slurmdbd.conf" 0600 <<EOF
 $MARK
@@ -187,7 +189,13 @@ up() {
   mkdir -p "$STATE" "$RUN" "$LOG"; chmod 0755 "$STATE"
   install_packages
   ensure_hosts
+  CONF_CHANGED=0
   write_configs
+  if [ "$CONF_CHANGED" = 1 ] && pid_alive "$RUN/slurmctld.pid"; then  # running daemons keep their old config
+    say "slurm.conf changed: restarting slurmctld and slurmd (running jobs keep running)"
+    for n in "${NODES[@]}"; do stop_pidfile "slurmd $n" "$RUN/slurmd-$n.pid"; done
+    stop_pidfile slurmctld "$RUN/slurmctld.pid"
+  fi
   start_munge
   if [ "$ACCOUNTING" = 1 ]; then start_mariadb; start_slurmdbd; fi
   start_slurmctld

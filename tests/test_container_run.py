@@ -72,7 +72,7 @@ def test_quickstart_trains_inside_the_image(runtime, image, local_slurm, job_env
         assert not leaks, leaks
 
         pre = [line for line in out.splitlines() if line.startswith("preflight | ")]
-        assert len(pre) == 1 and "container podman (/run/.containerenv)" in pre[0], out[-3000:]
+        assert len(pre) == 1 and f"container {runtime} (/run/.containerenv)" in pre[0], out[-3000:]
         assert f"image {image}" in pre[0] and "megatron-core 0.16.1" in pre[0]
         text = read(log)
         assert "] training finished | iterations 6 | exit 0" in text, text[-2000:]

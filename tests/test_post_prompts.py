@@ -68,3 +68,16 @@ def test_scores():
     rows = [{"answer": "c b a", "reference": "c b a"}, {"answer": "c b", "reference": "c b a"},
             {"answer": "?", "reference": None}]
     assert score(rows) == {"scored": 2, "exact_match": 0.5, "char_accuracy": pytest.approx((1 + 3 / 5) / 2)}
+
+
+def test_prompt_with_input_is_laid_out_as_a_record_with_one(tok):
+    """`generate --prompt "Reverse the letters." --input "a b c"` (the README's example answered '' without the
+    Alpaca input): the same prompt text as the record {"instruction", "input"}; SQuAD takes --input as context."""
+    record = {"instruction": "Reverse the letters.", "input": "a b c"}
+    assert from_text("alpaca", "Reverse the letters.", "a b c") == record
+    text = lambda fmt, rec: "".join(s.text for s in prompt_segments(fmt, rec, "x", tok)[0])  # noqa: E731
+    assert text("alpaca", from_text("alpaca", "Reverse the letters.", "a b c")) == text("alpaca", record)
+    assert "### Input:\na b c\n\n### Response:\n" in text("alpaca", record)
+    assert from_text("squad", "Who?", "Ann wrote it.") == {"question": "Who?", "context": "Ann wrote it."}
+    with pytest.raises(DataError, match="--input: format openai has no input field"):
+        from_text("openai", "hi", "x")

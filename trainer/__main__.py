@@ -13,7 +13,7 @@ import sys
 import traceback
 
 from trainer import checkpoint as ckpt
-from trainer import precision
+from trainer import precision, quiet
 from trainer.config import ConfigError, load_config
 from trainer.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal
 
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, help="resolved recipe YAML")
     ap.add_argument("--run-dir", required=True, help="run directory (logs/, checkpoints/, adapter/)")
     args = ap.parse_args(argv)
+    quiet.install()  # before anything imports megatron-core
     run_dir = os.path.abspath(args.run_dir)
     attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     try:
@@ -155,6 +156,8 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
     logger.record("precision", line, line=line)
     for line in built.log_lines:
         logger.line(line)
+    if quiet.summary():  # megatron-core is imported by now
+        logger.line(quiet.summary())
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, cfg.trainer.schedule)
     start = 0

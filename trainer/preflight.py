@@ -47,13 +47,17 @@ def where() -> str:
 
 
 def container() -> str:
-    """The container this process runs in, from the files runtimes create: podman (and docker via podman)
-    /run/.containerenv, docker /.dockerenv, apptainer /.singularity.d, enroot/pyxis its environ file."""
-    for path, name in (("/run/.containerenv", "podman"), ("/.dockerenv", "docker"),
-                       ("/.singularity.d", "apptainer"), ("/etc/enroot/environ", "enroot")):
+    """The container the job runs this in: the runtime the job script launched (PRIMUS_CONTAINER_RUNTIME, set only
+    when it starts one), with the file that runtime leaves inside as evidence (podman, and docker via podman:
+    /run/.containerenv; docker /.dockerenv; apptainer /.singularity.d; enroot/pyxis its environ file). A marker
+    file alone says nothing: a bare-metal job on a machine that is itself a container has one."""
+    runtime = os.environ.get("PRIMUS_CONTAINER_RUNTIME", "none") or "none"
+    if runtime == "none":
+        return "none"
+    for path in ("/run/.containerenv", "/.dockerenv", "/.singularity.d", "/etc/enroot/environ"):
         if os.path.exists(path):
-            return f"{name} ({path})"
-    return "none"
+            return f"{runtime} ({path})"
+    return f"{runtime} (no container marker file found)"
 
 
 def _mount_namespace() -> str:

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 
+from trainer import quiet
 from trainer.data.errors import DataError
 from trainer.post import evaluate, export, generate
 from trainer.post.prompts import from_text
@@ -30,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("--merged", default=None)
     gen = sub.choices["generate"]
     gen.add_argument("--prompt", default=None)
+    gen.add_argument("--input", default=None, help="with --prompt: the alpaca input / squad context")
     gen.add_argument("--prompts", default=None, help="JSONL, records in the run's data format")
     gen.add_argument("--merged", default=None, help="generate from this merged export")
     gen.add_argument("--base-only", action="store_true", help="the run's base without the adapter")
@@ -45,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
 def read_records(args) -> list[tuple[str, dict]]:
     cfg_fmt = args.cfg.trainer.data.format
     if args.prompt is not None:
-        return [("--prompt", from_text(cfg_fmt, args.prompt))]
+        return [("--prompt", from_text(cfg_fmt, args.prompt, args.input))]
     out = []
     with open(args.prompts, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -70,6 +72,7 @@ def dispatch(args) -> dict:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    quiet.install()
     args.run, args.out = os.path.abspath(args.run), os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -88,6 +91,8 @@ def main(argv=None) -> int:
         json.dump(result, fh, indent=2, default=str)
         fh.write("\n")
     os.replace(tmp, os.path.join(args.out, "result.json"))
+    if quiet.summary():
+        say(quiet.summary())
     say(result["summary"])
     return 0
 

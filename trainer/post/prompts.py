@@ -8,7 +8,8 @@ end-of-turn token) is where the answer stops, besides EOS.
 Records per format (the answer field is optional; when present it is the reference):
   alpaca {"instruction", "input"?, "output"?}; squad {"context", "question", "answers"?};
   openai/chatml {"messages": [...]} (a last assistant turn is the reference); text {"text", "reference"?}.
-`--prompt TEXT` is the instruction (alpaca), the user turn (openai/chatml) or the text (text).
+`--prompt TEXT` is the instruction (alpaca), the question (squad), the user turn (openai/chatml) or the text
+(text); `--input TEXT` is the alpaca `input` or the squad `context` (the formats that have one).
 """
 from __future__ import annotations
 
@@ -24,9 +25,19 @@ PLACEHOLDER = "\u2063ANSWER\u2063"  # invisible separators: no record text conta
 CHAT = ("openai", "chatml")
 
 
-def from_text(fmt: str, text: str) -> dict:
+INPUT_FIELD = {"alpaca": "input", "squad": "context"}  # the record field --input fills, per format
+
+
+def from_text(fmt: str, text: str, extra: Optional[str] = None) -> dict:
+    """The record of `--prompt TEXT [--input EXTRA]` in format `fmt`."""
+    if extra is not None and fmt not in INPUT_FIELD:
+        raise DataError(f"--input: format {fmt} has no input field (only {', '.join(INPUT_FIELD)} have one)")
     if fmt == "alpaca":
-        return {"instruction": text}
+        return {"instruction": text, **({"input": extra} if extra is not None else {})}
+    if fmt == "squad":
+        if extra is None:
+            raise DataError("--prompt: format squad needs the passage too: --input CONTEXT (the question is --prompt)")
+        return {"question": text, "context": extra}
     if fmt in CHAT:
         return {"messages": [{"role": "user", "content": text}]}
     if fmt == "text":
