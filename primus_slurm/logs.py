@@ -38,7 +38,7 @@ def show(entry: dict, stdout: bool, attempt: int | None = None, out=sys.stdout) 
     else:
         path = pick_log(run_dir, info, stdout)
     if path is None or not path.exists():
-        what = "job stdout" if stdout else "trainer log"
+        what = "job stdout" if stdout else "rank 0 trainer log"
         if not run_dir.is_dir():
             raise UserError(f"run {run_id}'s run directory {run_dir} no longer exists")
         state = executor_for(info.get("executor")).state(run_dir, info).get("state")

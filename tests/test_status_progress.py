@@ -127,11 +127,11 @@ def test_logs_says_why_there_is_no_log(tmp_path):
     entry = {"run_id": "20261130-000000-abcdef", "run_dir": str(run_dir), "executor": "local"}
     with pytest.raises(UserError, match=r"ended \(FAILED\) without a rank 0 trainer log; its job stdout: "
                                         r"`primus-slurm logs 20261130-000000-abcdef --stdout`"):
-        show(entry, None, False)
+        show(entry, False)
     with pytest.raises(UserError, match=r"ended \(FAILED\) without a job stdout$"):
-        show(entry, None, True)
+        show(entry, True)
     with pytest.raises(UserError, match="run directory .* no longer exists"):
-        show({**entry, "run_dir": str(tmp_path / "gone")}, None, True)
+        show({**entry, "run_dir": str(tmp_path / "gone")}, True)
 
 
 def test_follow_printer_keeps_characters_and_lines_whole_and_notes_each_file():
