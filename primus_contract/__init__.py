@@ -12,6 +12,7 @@ from primus_contract.rules_data import checkpoint_rules, data_and_schedule_rules
 from primus_contract.rules_model import lora_rules, model_rules, parallel_rules
 from primus_contract.rules_precision import device_rules, recipe_precision_rules
 from primus_contract.rules_shapes import fp8_shape_rules
+from primus_contract.rules_tracking import tracking_rules
 from primus_contract.schema import apply_schema
 
 __all__ = ["ContractError", "apply_schema", "check", "check_resolved", "resolve"]
@@ -28,6 +29,7 @@ def check(r: dict) -> None:
     device_rules(t, c["env_profile"])
     lora_rules(t["lora"], t["model"])
     data_and_schedule_rules(t)
+    tracking_rules(t)
 
 
 def resolve(raw: dict) -> dict:

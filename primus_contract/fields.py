@@ -14,6 +14,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 ALWAYS_SECRET = ("HF_TOKEN", "WANDB_API_KEY")  # protected whatever cluster.secrets lists
 TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$", re.ASCII)
 MAX_STR = 4096
+WANDB_NAME_RE = re.compile(r"^[^/\\#?%:\s]{1,128}$")  # W&B refuses these characters in project and entity names
 FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$", re.ASCII)
 
 
@@ -235,7 +236,16 @@ SCHEMA: dict = {
         "logging": {
             "log_interval": Field("int", 1, min=1),
             "log_avg_skip_iterations": Field("int", 2, min=0),
-            "tensorboard": Field("bool", False),
+            "tensorboard": Field("bool", False, help="scalars of every log and eval line to <run_dir>/tensorboard/"
+                                 "attempt-<N>/ (trainer/tracking.py)"),
+            "wandb": {  # rank 0 logs to W&B when project is set; the run id is kept in <run_dir>/wandb/run-id
+                "project": _opt("str", pattern=WANDB_NAME_RE, help="a W&B project name (no / \\ # ? % :)"),
+                "entity": _opt("str", pattern=WANDB_NAME_RE, help="a W&B team or user name (no / \\ # ? % :)"),
+                "name": _opt("str", help="the W&B run's display name (null: the run directory's name)"),
+                "tags": Field("list", []),
+                "mode": _opt("str", choices=("online", "offline"), help="null: online; offline writes the run "
+                             "under <run_dir>/wandb/ without network (`wandb sync` uploads it later)"),
+            },
             "profile_start": _opt("int", min=1, help="first iteration to run under torch.profiler"),
             "profile_end": _opt("int", min=1, help="last profiled iteration (default: profile_start)"),
             "profile_ranks": Field("list", [0], item="int"),
@@ -253,7 +263,5 @@ SCHEMA: dict = {
 
 # keys that were accepted once and did nothing: refused as unknown, with what to do instead
 REMOVED = {
-    "trainer.logging.wandb_project": "W&B logging is not implemented (the key was accepted and ignored); remove it "
-                                     "(the trainer's metrics are in <run_dir>/events.jsonl and, with "
-                                     "trainer.logging.tensorboard: true, in TensorBoard)",
+    "trainer.logging.wandb_project": "it is `trainer.logging.wandb.project` now (with entity, name, tags, mode)",
 }

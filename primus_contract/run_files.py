@@ -4,6 +4,8 @@
     <run_dir>/logs/rank-0/debug.log | debug.attempt-N.log        the human log (attempt N = SLURM_RESTART_COUNT)
     <run_dir>/logs/rank-0/events.jsonl | events.attempt-N.jsonl  one JSON object a line: the machine-readable API
     <run_dir>/checkpoints/iter_NNNNNNN/  checkpoints/latest
+    <run_dir>/tensorboard/attempt-N/   TensorBoard event files (trainer.logging.tensorboard)
+    <run_dir>/wandb/run-id  wandb/offline-run-*/  the W&B run id every attempt reuses; wandb's own files
 
 Events (`event` names the kind; `t` is the UTC time, seconds):
     start       attempt, world_size, device, resumed_from
@@ -11,7 +13,8 @@ Events (`event` names the kind; `t` is the UTC time, seconds):
     metrics     iteration, train_iters, lm_loss, lr, grad_norm, tokens_per_s_gpu, tflops_gpu, mem_alloc_gib,
                 mem_peak_gib, ms_per_iter (the log interval's means), losses ([iteration, lm loss] of each iteration
                 in the interval: what `compare` compares, equal across a requeue where the means are not)
-    eval        iteration, eval_loss
+    eval        iteration, eval_loss, token_accuracy (share of supervised positions predicted right; absent
+                with pipeline parallelism)
     checkpoint  iteration, path (relative to the run directory)
     diverged    iteration, lm_loss
     summary     iterations, tokens_per_s_gpu, tflops_gpu
@@ -34,6 +37,9 @@ RUN_JSON = "run.json"
 CODE = "code"
 CHECKPOINTS = "checkpoints"
 LATEST = "checkpoints/latest"
+TENSORBOARD = "tensorboard"
+WANDB_DIR = "wandb"
+WANDB_RUN_ID = "wandb/run-id"
 EVENTS = ("start", "precision", "metrics", "eval", "checkpoint", "diverged", "summary", "outcome")
 _ATTEMPT_FILE = re.compile(r"^(debug|events)(?:\.attempt-(\d+))?\.(log|jsonl)$")
 

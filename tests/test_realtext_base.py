@@ -86,7 +86,7 @@ def _validation_loss(data: dict) -> float:
         model = build_model(cfg, info.device)
         return evaluate(model, forward_losses, val, global_batch_size=int(s["global_batch_size"]),
                         micro_batch_size=int(s["micro_batch_size"]), eval_iters=int(s["eval_iters"]), seed=0,
-                        dp_rank=0, dp_size=1, device=info.device)
+                        dp_rank=0, dp_size=1, device=info.device, accuracy=False).loss
 
 
 def test_base_in_the_trainer_predicts_the_validation_text(tmp_path):

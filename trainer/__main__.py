@@ -15,7 +15,7 @@ import traceback
 from trainer import checkpoint as ckpt
 from trainer import precision, quiet
 from trainer.config import ConfigError, load_config
-from trainer.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal
+from trainer.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal, record_exit
 
 
 class SetupError(Exception):
@@ -112,9 +112,10 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
     from trainer.data.errors import DataError
     from trainer.distributed import destroy_distributed, init_distributed
     from trainer.logger import TrainLogger
+    from trainer.tracking import TrackerError
 
     info = init_distributed(cfg)
-    logger = TrainLogger(run_dir, info.rank, attempt, tensorboard=bool(cfg.trainer.logging.tensorboard))
+    logger = TrainLogger(run_dir, info.rank, attempt)
     stop = StopSignal().install()
     try:
         rhash = ckpt.recipe_hash(cfg.trainer.to_dict(), seed=cfg.experiment.seed)
@@ -122,11 +123,12 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
         logger.start(attempt, info.world_size, info.device,
                      os.path.relpath(resume_path, run_dir) if resume_path else None)
         logger.args(cfg)
+        logger.open_trackers(cfg, run_dir, attempt)
         if schedule_note:
             logger.line(schedule_note)
         trainer = _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path)
         return trainer.run()
-    except (SetupError, DataError, ConfigError) as err:
+    except (SetupError, DataError, ConfigError, TrackerError) as err:
         _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
         return EXIT_CONFIG
     except Exception as err:  # noqa: BLE001
@@ -177,4 +179,6 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    record_exit(code)
+    sys.exit(code)

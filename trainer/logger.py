@@ -4,7 +4,8 @@ Lines go to <run_dir>/logs/rank-0/debug.log (attempt 0) or debug.attempt-<N>.log
 SLURM_RESTART_COUNT) and to stdout; `record` also writes the line's event to events.jsonl / events.attempt-<N>.jsonl
 beside it (primus_contract/run_files.py: the machine-readable stream status, compare, logs and the job read). Files are opened in append mode, so a re-run of the same attempt
 never truncates an earlier log. Other ranks log nothing (their errors reach Slurm's stderr).
-TensorBoard scalars are written only when logging.tensorboard is true and tensorboard is importable.
+The `metrics` and `eval` events also go to the experiment trackers the recipe asks for (trainer/tracking.py,
+imported only then: TensorBoard, W&B).
 """
 from __future__ import annotations
 
@@ -49,13 +50,13 @@ def memory_gib(device: torch.device) -> tuple[float, float]:
 
 
 class TrainLogger:
-    def __init__(self, run_dir: str, rank: int, attempt: int, tensorboard: bool = False,
-                 stream=None) -> None:
+    def __init__(self, run_dir: str, rank: int, attempt: int, stream=None) -> None:
         self.enabled = rank == 0
         self.path = log_path(run_dir, 0, attempt)
         self._fh = None
         self._events = None
-        self._tb = None
+        self._trackers: list = []
+        self._exit_code = 1  # the outcome's, for the trackers' close (1: no outcome was logged)
         self._stream = stream if stream is not None else sys.stdout
         if not self.enabled:
             return
@@ -63,10 +64,6 @@ class TrainLogger:
         self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
         self._events = open(os.path.join(os.path.dirname(self.path), run_files.events_name(attempt)), "a",
                             encoding="utf-8", buffering=1)
-        if tensorboard:
-            self._tb = _tensorboard_writer(os.path.join(run_dir, "tensorboard", f"attempt-{attempt}"))
-            if self._tb is None:
-                self.line("tensorboard | disabled | reason tensorboard is not installed")
 
     def line(self, text: str) -> None:
         if not self.enabled:
@@ -90,10 +87,26 @@ class TrainLogger:
         if self.enabled and self._events is not None:
             self._events.write(run_files.event_line(kind, **fields) + "\n")
             self._events.flush()
+        if self._trackers:
+            from trainer.tracking import scalars_of
+
+            logged = scalars_of(kind, fields)
+            if logged is not None:
+                for tracker in self._trackers:
+                    tracker.log(*logged)
+
+    def open_trackers(self, cfg, run_dir: str, attempt: int) -> None:
+        """Rank 0 starts the trackers the recipe asks for (trainer.tracking.TrackerError if one cannot start)."""
+        lg = cfg.trainer.logging
+        if self.enabled and (lg.tensorboard or lg.wandb.project is not None):
+            from trainer.tracking import open_trackers
+
+            self._trackers = open_trackers(cfg, run_dir, attempt, self.line)
 
     def outcome(self, text: str, exit_code: int) -> None:
         """The trainer's last word: `training finished | ...`, or an `error |` / `config error |` /
         `resume refused |` line."""
+        self._exit_code = exit_code
         head, _, rest = text.partition(" | ")
         if head == "training finished":
             rest = rest.rpartition(" | exit ")[0]
@@ -111,25 +124,14 @@ class TrainLogger:
                 key = key[len("trainer."):]
             self.line(f"arg {key} = {value}")
 
-    def scalars(self, step: int, values: dict[str, Any]) -> None:
-        if self._tb is not None:
-            for k, v in values.items():
-                self._tb.add_scalar(k, v, step)
-
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
-            self._tb = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            try:
+                tracker.close(self._exit_code)
+            except Exception as err:  # noqa: BLE001  (the run's own files are closed all the same)
+                self.line(f"{type(tracker).__name__.lower()} | close failed | {type(err).__name__}: {err}")
         for name in ("_fh", "_events"):
             if getattr(self, name) is not None:
                 getattr(self, name).close()
                 setattr(self, name, None)
-
-
-def _tensorboard_writer(path: str):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard not installed
-        return None
-    return SummaryWriter(log_dir=path)

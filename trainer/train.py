@@ -199,8 +199,6 @@ class Trainer:
         # iterations than its twin's, so `primus-slurm compare` reads these, which a requeue leaves equal
         self.log.record("metrics", format_iteration(*metrics.values()), **metrics,
                         losses=[[v[0], v[1]] for v in values])
-        self.log.scalars(it, {"lm_loss": loss, "lr": lr, "grad_norm": grad_norm,
-                              "tokens_per_s_per_gpu": tokens / elapsed / world})
 
     def save(self, meter: Meter) -> Optional[int]:
         """Checkpoint the current iteration (skipped when already saved); EXIT_SAVE_FAILED on error."""
@@ -236,13 +234,13 @@ class Trainer:
         _synchronize(self.device)
         t0 = time.perf_counter()
         s = self.t.schedule
-        loss = evaluate(self.model, self.forward_losses, self.val_packs, global_batch_size=int(s.global_batch_size),
-                        micro_batch_size=int(s.micro_batch_size), eval_iters=int(s.eval_iters), seed=self.seed,
-                        dp_rank=self.dp_rank, dp_size=self.dp_size, device=self.device, dp_group=self.dp_group,
-                        ub_tokens=self.ub_tokens)
-        self.log.record("eval", f"eval iteration {self.iteration} | eval loss {fmt_sci(loss)}",
-                        iteration=self.iteration, eval_loss=loss)
-        self.log.scalars(self.iteration, {"eval_loss": loss})
+        loss, acc = evaluate(self.model, self.forward_losses, self.val_packs,
+                             global_batch_size=int(s.global_batch_size), micro_batch_size=int(s.micro_batch_size),
+                             eval_iters=int(s.eval_iters), seed=self.seed, dp_rank=self.dp_rank, dp_size=self.dp_size,
+                             device=self.device, dp_group=self.dp_group, ub_tokens=self.ub_tokens)
+        shown = "" if acc is None else f" | token accuracy {acc:.4f}"
+        self.log.record("eval", f"eval iteration {self.iteration} | eval loss {fmt_sci(loss)}{shown}",
+                        iteration=self.iteration, eval_loss=loss, **({} if acc is None else {"token_accuracy": acc}))
         meter.pause(time.perf_counter() - t0)
         return loss
 

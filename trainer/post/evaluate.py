@@ -40,18 +40,13 @@ class AccuracyForward:
         self.calls, self.num_batches = 0, num_batches
 
     def __call__(self, model, batch):
+        from trainer.evaluate import token_hits
         from trainer.model import forward_losses
-        from trainer.model.forward import model_inputs
 
         per_token = forward_losses(model, batch)
-        b, s = batch["tokens"].shape
-        inputs = model_inputs(model, batch)
-        inputs["labels"] = None
-        logits = model(**inputs)
-        pred = logits.reshape(b * s, -1).argmax(-1).reshape(b, s).cpu()
-        mask = batch["loss_mask"].cpu() > 0
-        self.correct += int(((pred == batch["labels"].cpu()) & mask).sum())
-        self.counted += int(mask.sum())
+        hits, positions = token_hits(model, batch).tolist()
+        self.correct += int(hits)
+        self.counted += int(positions)
         self.calls += 1
         say(f"eval | micro-batch {self.calls} | tokens {self.counted} | accuracy so far "
             f"{self.correct / max(self.counted, 1):.4f}")
@@ -71,7 +66,7 @@ def run(cfg, run_dir: str, iteration: Optional[int], data: Optional[str]) -> dic
     fwd = AccuracyForward(batches)
     try:
         loss = evaluate(model, fwd, packs, global_batch_size=gbs, micro_batch_size=mbs, eval_iters=iters,
-                        seed=int(cfg.experiment.seed), dp_rank=0, dp_size=1, device=info.device)
+                        seed=int(cfg.experiment.seed), dp_rank=0, dp_size=1, device=info.device, accuracy=False).loss
     finally:
         destroy_distributed()
     acc = fwd.correct / max(fwd.counted, 1)
