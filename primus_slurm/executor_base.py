@@ -11,7 +11,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable
 
-ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
+# STOPPING is ours: a job cancelled whose processes still run (the trainer checkpoints), until it has ended
+STOPPING = "STOPPING"
+ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", STOPPING)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .errors import UserError
-from .executor_base import TERMINAL, Executor
+from .executor_base import STOPPING, TERMINAL, Executor
 
 LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
 LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
@@ -104,15 +104,17 @@ class LocalExecutor(Executor):
         """From the run dir: exit_code file, cancel marker, or the live process group."""
         run_dir = Path(run_dir)
         exit_file = run_dir / LOCAL_EXIT
-        if (run_dir / LOCAL_CANCELLED).exists():
+        pid = info.get("pid")
+        alive = bool(pid) and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == info.get("pid_start")
+        if (run_dir / LOCAL_CANCELLED).exists():  # STOPPING while the cancelled script still runs (a checkpoint)
             code = _read_int(exit_file)
-            return {"state": "CANCELLED", "exit_code": code, "nodes": "localhost", "source": "local"}
+            state = STOPPING if code is None and alive else "CANCELLED"
+            return {"state": state, "exit_code": code, "nodes": "localhost", "source": "local"}
         if exit_file.exists():
             code = _read_int(exit_file)
             return {"state": "COMPLETED" if code == 0 else "FAILED", "exit_code": code,
                     "nodes": "localhost", "source": "local"}
-        pid = info.get("pid")
-        if pid and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == info.get("pid_start"):
+        if alive:
             return {"state": "RUNNING", "exit_code": None, "nodes": "localhost", "source": "local"}
         return {"state": "FAILED", "exit_code": None, "nodes": "localhost", "source": "local",
                 "reason": "process gone without an exit code (killed?)"}

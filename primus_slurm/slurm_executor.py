@@ -13,7 +13,7 @@ import click
 import submitit
 
 from .errors import UserError
-from .executor_base import ACTIVE, TERMINAL, Executor
+from .executor_base import ACTIVE, STOPPING, TERMINAL, Executor
 
 POLL_S = 1.0  # a post job's output and state, polled
 
@@ -59,28 +59,37 @@ def _exit_code(text: str) -> int | None:
 
 
 def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
-    """State of many jobs in ONE sacct call (allocations only).
+    """State of many jobs in ONE sacct call (allocations and their batch steps).
 
     squeue is asked (once, for all of them) only about jobs sacct does not know (every job when accounting is
-    off, or a job slurmdbd has not recorded yet) or reports as still active: slurmdbd lags the controller, so
-    a job that has started can still read PENDING there. Returns {job_id: {'state', 'exit_code', 'nodes',
+    off, or a job slurmdbd has not recorded yet), reports as still active (slurmdbd lags the controller, so a job
+    that has started can still read PENDING there) or as cancelled: a cancelled job the controller still lists
+    (COMPLETING: its processes run, the trainer checkpoints) is STOPPING, and its exit code, once it has ended, is
+    its batch script's (sacct's allocation line says 0:0). Returns {job_id: {'state', 'exit_code', 'nodes',
     'source'}}; jobs neither tool knows are absent.
     """
     wanted = sorted(set(map(str, job_ids)))
     if not wanted:
         return {}
     states: dict[str, dict] = {}
-    out = runner(["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(wanted),
+    batch: dict[str, tuple[str, int | None]] = {}
+    out = runner(["sacct", "--parsable2", "--noheader", "-j", ",".join(wanted),
                   "-o", "JobIDRaw,State,ExitCode,NodeList"], capture_output=True, text=True)
     if out.returncode == 0:
         for line in out.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) >= 4 and parts[0] in wanted:
-                state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
-                if state == "CANCELLED" and code == 0:  # sacct's 0:0 for a cancelled allocation is no exit code
-                    code = None
+            if len(parts) < 4:
+                continue
+            state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
+            if parts[0].endswith(".batch") and parts[0][:-len(".batch")] in wanted:
+                batch[parts[0][:-len(".batch")]] = (state, code)
+            elif parts[0] in wanted:
                 states[parts[0]] = {"state": state, "exit_code": code, "nodes": parts[3], "source": "sacct"}
-    missing = {j for j in wanted if states.get(j, {}).get("state") in (None, *ACTIVE)}
+    for job, row in states.items():
+        if row["state"] == "CANCELLED":  # the batch script's own exit code (the trainer's, trainer/launch.py)
+            state, code = batch.get(job, ("CANCELLED", None))
+            row["exit_code"] = None if state == "CANCELLED" and not code else code  # 0:0: not ended, or none
+    missing = {j for j in wanted if states.get(j, {}).get("state") in (None, "CANCELLED", *ACTIVE)}
     if not missing:
         return states
     out = runner(["squeue", "--noheader", "--states=all", "-o", "%i|%T|%N"], capture_output=True, text=True)
@@ -89,9 +98,14 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             parts = line.strip().split("|")
             if len(parts) != 3 or parts[0] not in missing:
                 continue
+            known = states.get(parts[0], {}).get("state")
+            if known == "CANCELLED":
+                if parts[1] in ACTIVE:
+                    states[parts[0]].update(state=STOPPING, exit_code=None)
+                continue
             # A job sacct knows as active: take the controller's word only while it is active too. An end state
             # waits for sacct (a moment later), which also has the exit code squeue lacks.
-            if parts[0] in states and parts[1] not in ACTIVE:
+            if known is not None and parts[1] not in ACTIVE:
                 continue
             states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
     return states

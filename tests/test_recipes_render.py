@@ -65,7 +65,8 @@ def test_render_every_recipe_every_runtime(recipe, runtime, tmp_path):
     for name, value in {**c["env"]}.items():
         assert f"export {name}={shlex.quote(value)}" in script
     if runtime in ("docker", "podman"):
-        assert f'primus-node {runtime} "$JOB_ID"' in script and 'exec "$rt" run --rm -i --name "$name"' in script
+        assert f'primus-node {runtime} "$JOB_ID"' in script and '"$rt" create -i --name "$name"' in script
+        assert '"$rt" start -ai' in script and '"$rt" kill --signal TERM "$name"' in script  # no docker run/wait
         assert f"--shm-size {shlex.quote(c['container']['shm_size'])}" in script and "--ipc host" not in script
         assert shlex.quote(IMAGE) in script
     if runtime == "pyxis":
@@ -149,7 +150,7 @@ def test_bare_metal_slurm_runs_the_launchers_interpreter_and_containers_python3(
     def python_of(*sets):
         r = load_recipe(recipes_dir() / "quickstart.yaml", overrides=["cluster.executor=slurm", *sets])
         script = render_script(r.resolved, str(tmp_path), "20261130-000000-abcdef")
-        m = re.search(r"^TRAIN=\(\n(?:.*\n)?  (\S+) -m torch.distributed.run", script, re.M)  # (after the preflight)
+        m = re.search(r"^TRAIN=\(\n(?:.*\n)?  (\S+) -m trainer.launch", script, re.M)  # (after the preflight)
         return m.group(1)
 
     assert python_of() == shlex.quote(sys.executable)

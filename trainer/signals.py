@@ -14,9 +14,13 @@ Exit codes of `python -m trainer`:
     75  stopped by SIGTERM/SIGUSR2 after saving a checkpoint: EX_TEMPFAIL from sysexits.h, i.e.
         "temporary failure, retry later": the job is incomplete but resumable, so it is neither 0
         (Slurm would call it COMPLETED) nor a crash code; the sbatch script requeues the job.
+
+These codes are the job's exit code too (trainer/launch.py passes them through torchrun): each worker records its
+code in PRIMUS_EXIT_DIR (record_exit), which the launcher reads when torchrun itself was stopped by a signal.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Optional
@@ -29,6 +33,19 @@ EXIT_SAVE_FAILED = 4
 EXIT_PREEMPTED = 75
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+EXIT_DIR_ENV = "PRIMUS_EXIT_DIR"  # set by trainer/launch.py: one file per local rank, holding its exit code
+
+
+def record_exit(code: int) -> None:
+    """Write this worker's exit code where its launcher reads it (nothing outside trainer/launch.py)."""
+    folder = os.environ.get(EXIT_DIR_ENV)
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, os.environ.get("LOCAL_RANK", "0")), "w") as fh:
+            fh.write(f"{int(code)}\n")
+    except OSError:
+        pass  # the launcher falls back to what torchrun knows
 
 
 class StopSignal:
