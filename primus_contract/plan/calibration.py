@@ -7,30 +7,32 @@ from __future__ import annotations
 
 WORKSPACE_GIB = 0.1           # cuBLAS / TE workspaces
 FP8_WORKSPACE_GIB = 0.1       # FP8 scaling state and cast buffers
-ALLOCATOR_MARGIN = 0.03       # fragmentation: reserved above the allocator's peak, as a share of it
+ALLOCATOR_MARGIN = 0.055      # reserved above the allocator's peak: 70b-1gpu-block52 ran at 125.3 GiB, block48-ai
+                              # (planned 132.7) ran out of memory (2026-12-02_h200_70b_1gpu/70b1.jsonl)
 CONTEXT_GIB = 0.6             # CUDA context, NCCL buffers: outside the caching allocator
 
 # --- fitted by scripts/plan_calibrate.py ---
 COST = {
-    'gemm_bf16': 1.5122e-15,
-    'gemm_fp8': 7.4927e-16,
-    'gemm_fp4_emulated': 2.3982e-15,
-    'expert_gemm_bf16': 7.8216e-15,
-    'expert_gemm_fp8': 4.2383e-14,
+    'gemm_bf16': 1.4527e-15,
+    'gemm_fp8': 6.2948e-16,
+    'gemm_fp4_emulated': 2.3369e-15,
+    'expert_gemm_bf16': 7.7400e-15,
+    'expert_gemm_fp8': 4.2042e-14,
     'expert_gemm_fp4_emulated': 0.0000e+00,
-    'attention': 1.5953e-15,
-    'adapter': 7.5600e-14,
+    'attention': 1.5855e-15,
+    'adapter': 8.4480e-14,
     'elementwise_bf16': 0.0000e+00,
-    'elementwise_fp8': 4.5807e-11,
+    'elementwise_fp8': 5.8070e-11,
     'elementwise_fp4_emulated': 0.0000e+00,
-    'adapter_inputs_elementwise': 3.2627e-11,
-    'dropout_pre_elementwise': 2.4275e-10,
-    'dropout_post_elementwise': 4.1519e-10,
+    'adapter_elementwise': 0.0000e+00,
+    'adapter_inputs_elementwise': 3.2562e-11,
+    'dropout_pre_elementwise': 2.5779e-11,
+    'dropout_post_elementwise': 4.6525e-11,
     'layer_calls': 0.0000e+00,
-    'expert_calls_bf16': 2.1859e-04,
-    'expert_calls_fp8': 1.9943e-04,
+    'expert_calls_bf16': 2.1760e-04,
+    'expert_calls_fp8': 1.9941e-04,
     'expert_calls_fp4_emulated': 0.0000e+00,
-    'tp_bytes': 5.6014e-12,
+    'tp_bytes': 7.0643e-12,
 }
 CALIBRATION_ROWS: tuple = (
     ('2026-11-30_h200_llama3_8b_fp4emu.jsonl', '8b-fp4emu-single'),
@@ -103,5 +105,8 @@ CALIBRATION_ROWS: tuple = (
     ('2026-11-30_s6_h200x2/moe-fp8.jsonl', 'deepseek_v2_lite_proxy-fp8'),
     ('2026-11-30_s6_h200x2/moe-fp8.jsonl', 'deepseek_v2_lite_proxy-fp8param'),
     ('2026-11-30_s6_h200x2/moe-fp8.jsonl', 'deepseek_v2_lite_proxy-delayed-fp8param'),
+    ('2026-12-02_h200_70b_1gpu/70b1.jsonl', '70b-1gpu-full'),
+    ('2026-12-02_h200_70b_1gpu/70b1.jsonl', '70b-1gpu-block52'),
+    ('2026-12-02_h200_70b_1gpu/70b1.jsonl', '70b-1gpu-block60'),
 )
 # --- end of fitted block ---

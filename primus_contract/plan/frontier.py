@@ -1,5 +1,6 @@
-"""The layouts a recipe could run with on its nodes and GPUs: TP/PP/EP x recompute x FP8 weights x adapter-input
-recompute x micro-batch, each checked by the contract (what validate would say) and planned.
+"""The layouts a recipe could run with on its nodes and GPUs: TP/PP/EP x recompute x FP8 weights (or BF16
+weights with or without TE's cached FP8 copies) x adapter-input recompute x micro-batch, each checked by the
+contract (what validate would say) and planned.
 
 A candidate is a list of `--set` lines over the recipe; the ones the contract refuses are dropped. `cheapest_fit`
 is what a refusal suggests: the fewest changed keys, then the fastest.
@@ -18,6 +19,7 @@ KEYS = {"tensor": "trainer.parallelism.tensor", "pipeline": "trainer.parallelism
         "granularity": "trainer.recompute.granularity", "method": "trainer.recompute.method",
         "num_layers": "trainer.recompute.num_layers", "adapter_inputs": "trainer.recompute.adapter_inputs",
         "fp8_param": "trainer.precision.fp8_param", "fp8_recipe": "trainer.precision.fp8_recipe",
+        "fp8_weight_cache": "trainer.precision.fp8_weight_cache",
         "micro_batch_size": "trainer.schedule.micro_batch_size"}
 
 
@@ -86,13 +88,15 @@ def candidates(resolved: dict) -> list[Candidate]:
             for ep in eps:
                 for gran, method, n in _recomputes(m["num_layers"] // pp):
                     for ai in (False, True):
-                        for f8 in ((False, True) if fp8 else (False,)):
+                        for f8, cache in (((False, True), (False, False), (True, False)) if fp8 else ((False, None),)):
                             for mbs in (1, 2, 4):
                                 want = {"tensor": tp, "pipeline": pp, "expert": ep, "sequence_parallel": tp > 1,
                                         "granularity": gran, "method": method, "num_layers": n,
                                         "adapter_inputs": ai, "micro_batch_size": mbs}
                                 if fp8:
                                     want["fp8_param"] = f8
+                                    if not f8:
+                                        want["fp8_weight_cache"] = cache
                                     if f8 and t["precision"]["fp8_recipe"] == "delayed":
                                         want["fp8_recipe"] = "tensorwise"
                                 cand = _try(resolved, want)

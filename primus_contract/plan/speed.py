@@ -17,7 +17,7 @@ from __future__ import annotations
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
-from primus_contract.plan.shapes import Layout, moe_layer
+from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
 
 PACKED_ATTENTION_FILL = 0.436
 
@@ -66,8 +66,17 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     f[f"elementwise_{gclass}"] = volume
     if rec["adapter_inputs"]:
         f["adapter_inputs_elementwise"] = volume
+    adapted_in = adapted_io = 0.0
+    if lora["enabled"]:
+        for layer in range(layers):
+            for lin in layer_linears_local(m, lora, lay, layer):
+                if lin.adapted:
+                    adapted_in += lin.in_local * lin.uses
+                    adapted_io += (lin.in_local + lin.out_local) * lin.uses
+    scale = tokens / lay.pp * (1 + redo)
+    f["adapter_elementwise"] = adapted_io * scale  # casts and adds around each adapter, rank-independent
     if lora["enabled"] and lora["dropout"] > 0:
-        f[f"dropout_{lora['dropout_position']}_elementwise"] = volume
+        f[f"dropout_{lora['dropout_position']}_elementwise"] = adapted_in * scale
     f["layer_calls"] = stage_layers * n_mb * (1 + redo)
     if m["num_moe_experts"]:
         moe_layers = sum(1 for i in range(layers) if moe_layer(m, i)) / lay.pp
