@@ -130,7 +130,8 @@ class TrainLogger:
             try:
                 tracker.close(self._exit_code)
             except Exception as err:  # noqa: BLE001  (the run's own files are closed all the same)
-                self.line(f"{type(tracker).__name__.lower()} | close failed | {type(err).__name__}: {err}")
+                print(f"{type(tracker).__name__.lower()} | close failed | {type(err).__name__}: {err}",
+                      file=sys.stderr, flush=True)  # stderr: the log's last line stays the outcome
         for name in ("_fh", "_events"):
             if getattr(self, name) is not None:
                 getattr(self, name).close()

@@ -104,10 +104,11 @@ class WandB:
         except Exception as err:  # noqa: BLE001  (its service is gone: training goes on, the scalars are kept)
             self._lost(err)
 
-    def _lost(self, err: Exception) -> None:
+    def _lost(self, err: Exception, say: bool = True) -> None:
         self.run = None
-        self.say(f"wandb | service lost | {type(err).__name__}: {err} | this attempt's scalars are logged again "
-                 f"at exit")
+        if say:  # not at close: the outcome line stays the log's last
+            self.say(f"wandb | service lost | {type(err).__name__}: {err} | this attempt's scalars are logged again "
+                     f"at exit")
         try:
             self.wandb.teardown()
         except Exception:  # noqa: BLE001  (the same dead service; the next init starts a new one)
@@ -119,12 +120,11 @@ class WandB:
                 self.run.finish(exit_code=exit_code)
                 return
             except Exception as err:  # noqa: BLE001
-                self._lost(err)
+                self._lost(err, say=False)
         run = self.wandb.init(**self.init, reinit="create_new")
         for step, values in self.history:
             run.log(values, step=step)
-        run.finish(exit_code=exit_code)
-        self.say(f"wandb | run {self.run_id} | logged again | {len(self.history)} steps")
+        run.finish(exit_code=exit_code)  # nothing more in the log: the outcome line stays its last
 
 
 def open_trackers(cfg, run_dir: str, attempt: int, say: Callable[[str], None]) -> list:
