@@ -17,7 +17,8 @@ LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue
 LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
 LOCAL_CANCELLED = "cancelled"       # written by `cancel` before it signals the process group
 
-_WRAPPER = 'bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'  # >>: a resumed run appends
+# >>: a resumed run appends; the trap: `cancel` TERMs this wrapper too, which must live to record the script's code
+_WRAPPER = 'trap : TERM INT; bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'
 
 
 def _stat(pid) -> list | None:
