@@ -10,7 +10,8 @@ Supported `model_type`s: llama (2 / 3 / 3.1, rope_scaling llama3), qwen3 (q_norm
 mlp.gate, per-expert weights, no shared experts) and deepseek_v2 (multi-latent attention with or without
 q_lora_rank, YaRN, first_k_dense_replace dense layers, shared + routed experts, greedy top-k). A config.json field
 that changes the math and that the trainer does not implement (sliding window, biases, another activation,
-group-limited routing, a quantized checkpoint, an unknown field) is refused by name. Standard library only: the
+group-limited routing, partial RoPE, attention dropout, DeepSeek-V2 norm_topk_prob, a quantized checkpoint, an
+unknown field) is refused by name; tests/test_hf_config_audit.py flips every field against transformers. Standard library only: the
 launcher (validate/submit) and the trainer (at start) run the same check.
 """
 from __future__ import annotations
@@ -21,10 +22,11 @@ from pathlib import Path
 
 FAMILY = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "deepseek_v2": "deepseek"}
 MOE_TYPES = ("qwen3_moe", "deepseek_v2")
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")  # the spellings of the routed-expert count
 # config.json fields this module knows: those it maps or refuses below, and those that do not change the forward
 # pass the trainer computes (bookkeeping, generation, inference caches, the auxiliary balancing losses of
 # pre-training: LoRA keeps the router frozen and adds no aux loss). Any other field is refused by name.
-_KNOWN = frozenset((
+KNOWN_FIELDS = frozenset((
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
     "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
     "max_position_embeddings", "pretraining_tp", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha",
@@ -71,25 +73,31 @@ def _refuse(hf: dict, key: str, why: str):
 
 
 def rope(hf: dict) -> tuple[float, dict | None]:
-    """(RoPE base, scaling dict or None) from either config.json spelling (rope_theta + rope_scaling, or
-    transformers 5's rope_parameters)."""
-    params = hf.get("rope_parameters") or {}
-    theta = float(hf.get("rope_theta", params.get("rope_theta", 10000.0)))
-    scaling = hf.get("rope_scaling")
-    if scaling is None and params.get("rope_type", params.get("type", "default")) != "default":
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    if not scaling:
-        return theta, None
-    kind = scaling.get("rope_type") or scaling.get("type")
+    """(RoPE base, scaling dict or None) as transformers 5 reads config.json: a legacy `rope_scaling` replaces
+    `rope_parameters`; the base is that dict's own rope_theta, else the top-level one, else 10000; llama3 and yarn
+    take original_max_position_embeddings from max_position_embeddings when they do not give it."""
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
-    nums = {k: float(v) for k, v in scaling.items() if k not in ("rope_type", "type") and v is not None}
+    nums = {k: float(v) for k, v in params.items() if k not in ("rope_type", "type", "rope_theta") and v is not None}
+    if kind in ("llama3", "yarn") and "original_max_position_embeddings" not in nums and "max_position_embeddings" in hf:
+        nums["original_max_position_embeddings"] = float(hf["max_position_embeddings"])
     return theta, {"type": kind, **nums}
+
+
+def _need(hf: dict, key: str):
+    """A field model_fields cannot do without (HFConfigError naming it when config.json lacks it)."""
+    if hf.get(key) is None:
+        raise HFConfigError(f"config.json {key}", f"config.json has no `{key}` ({hf['model_type']}), which the "
+                                                  "model's shape needs")
+    return hf[key]
 
 
 def _check_unsupported(hf: dict) -> None:
     mt = hf["model_type"]
-    unknown = sorted(k for k in hf if k not in _KNOWN)
+    unknown = sorted(k for k in hf if k not in KNOWN_FIELDS)
     if unknown:
         _refuse(hf, unknown[0], "a field primus-slurm does not know, so it cannot tell whether it changes the model")
     if hf.get("quantization_config"):
@@ -105,6 +113,14 @@ def _check_unsupported(hf: dict) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping", "embedding_multiplier"):
         if hf.get(key) is not None:
             _refuse(hf, key, "not implemented by the trainer")
+    if float(hf.get("attention_dropout") or 0.0) != 0.0:
+        _refuse(hf, "attention_dropout", "the trainer's attention has no dropout (trainer.lora.dropout is the "
+                                         "adapters'), so fine-tuning would differ from the checkpoint's own")
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if float(partial) != 1.0:
+        _refuse({**hf, "partial_rotary_factor": partial}, "partial_rotary_factor",
+                "partial rotary embeddings are not implemented (every head dimension is rotated)")
     if mt == "deepseek_v2":
         if not math.isclose(float(hf.get("rms_norm_eps", 1e-6)), 1e-6):  # transformers builds them with 1e-6
             _refuse(hf, "rms_norm_eps", "DeepSeek-V2's q/kv latent norms use 1e-6 whatever config.json says, "
@@ -116,11 +132,28 @@ def _check_unsupported(hf: dict) -> None:
             _refuse(hf, "scoring_func", "DeepSeek-V2 routing is a softmax over the experts")
         if int(hf.get("moe_layer_freq", 1)) != 1:
             _refuse(hf, "moe_layer_freq", "MoE layers every layer after first_k_dense_replace are implemented")
+        if hf.get("norm_topk_prob"):
+            _refuse(hf, "norm_topk_prob", "transformers' DeepSeek-V2 ignores it (top-k weights times "
+                                          "routed_scaling_factor, never renormalised), DeepSeek's own code renormalises "
+                                          "and then skips routed_scaling_factor; no released DeepSeek-V2 sets it")
+        if hf.get("num_key_value_heads") not in (None, hf.get("num_attention_heads")):
+            _refuse(hf, "num_key_value_heads", "multi-latent attention has no key/value groups: it must equal "
+                                               "num_attention_heads (transformers' DeepSeek-V2 fails otherwise)")
+        for key, why in (("q_lora_rank", "null for DeepSeek-V2-Lite; transformers reads a missing one as 1536"),
+                         ("n_shared_experts", "transformers reads a missing one as 2, DeepSeek's own code as none")):
+            if key not in hf:
+                raise HFConfigError(f"config.json {key}", f"config.json has no `{key}` (deepseek_v2): give it ({why})")
+        if not hf["n_shared_experts"]:
+            _refuse(hf, "n_shared_experts", "transformers' DeepSeek-V2 keeps zero-width shared-expert tensors "
+                                            "that the trainer's model has no parameter for")
     if mt == "qwen3_moe":
         if int(hf.get("decoder_sparse_step", 1)) != 1:
             _refuse(hf, "decoder_sparse_step", "every layer is an MoE layer in the trainer's Qwen3-MoE")
         if hf.get("mlp_only_layers"):
             _refuse(hf, "mlp_only_layers", "every layer is an MoE layer in the trainer's Qwen3-MoE")
+    counts = {k: hf[k] for k in EXPERT_COUNTS if hf.get(k) is not None}
+    if mt in MOE_TYPES and len(set(counts.values())) > 1:
+        _refuse(hf, next(iter(counts)), f"the expert counts {json.dumps(counts)} disagree (transformers reads one)")
     if mt in ("qwen3", "qwen3_moe") and "head_dim" not in hf:
         _refuse(hf, "head_dim", "Qwen3 config.json must give head_dim")
 
@@ -129,6 +162,10 @@ def _rope_fields(hf: dict, mla: bool) -> dict:
     theta, scaling = rope(hf)
     if scaling is not None:
         kind = scaling["type"]
+        required = {"llama3": ("factor", "low_freq_factor", "high_freq_factor"), "yarn": ("factor",)}.get(kind, ())
+        if [k for k in required if k not in scaling]:  # (transformers refuses them too)
+            _refuse({**hf, "rope_scaling": scaling}, "rope_scaling",
+                    f"{kind} scaling needs {', '.join(k for k in required if k not in scaling)}")
         if kind == "llama3" and not mla:
             off = [k for k, v in _LLAMA3.items() if not math.isclose(scaling.get(k, v), v)]
             if off:
@@ -153,25 +190,26 @@ def model_fields(hf: dict) -> dict:
                                                       f"one of {', '.join(sorted(FAMILY))}")
     _check_unsupported(hf)
     mla = mt == "deepseek_v2"
-    heads = int(hf["num_attention_heads"])
-    out = {"family": FAMILY[mt], "num_layers": int(hf["num_hidden_layers"]), "hidden_size": int(hf["hidden_size"]),
-           "ffn_hidden_size": int(hf["intermediate_size"]), "num_attention_heads": heads,
-           "vocab_size": int(hf["vocab_size"]), "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+    heads = int(_need(hf, "num_attention_heads"))
+    out = {"family": FAMILY[mt], "num_layers": int(_need(hf, "num_hidden_layers")),
+           "hidden_size": int(_need(hf, "hidden_size")), "ffn_hidden_size": int(_need(hf, "intermediate_size")),
+           "num_attention_heads": heads, "vocab_size": int(_need(hf, "vocab_size")), "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
            "untie_embeddings": not bool(hf.get("tie_word_embeddings", False)),
            "multi_latent_attention": mla, **_rope_fields(hf, mla)}
     if mla:
-        out.update(q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=int(hf["kv_lora_rank"]),
-                   qk_head_dim=int(hf["qk_nope_head_dim"]), qk_pos_emb_head_dim=int(hf["qk_rope_head_dim"]),
-                   v_head_dim=int(hf["v_head_dim"]))
+        out.update(q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=int(_need(hf, "kv_lora_rank")),
+                   qk_head_dim=int(_need(hf, "qk_nope_head_dim")),
+                   qk_pos_emb_head_dim=int(_need(hf, "qk_rope_head_dim")), v_head_dim=int(_need(hf, "v_head_dim")))
     else:
         out.update(num_query_groups=int(hf.get("num_key_value_heads") or heads),
                    kv_channels=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
                    qk_layernorm=mt in ("qwen3", "qwen3_moe"))
     if mt in MOE_TYPES:
-        experts = hf.get("num_experts", hf.get("num_local_experts", hf.get("n_routed_experts")))
-        shared = int(hf.get("n_shared_experts") or 0) * int(hf["moe_intermediate_size"])
-        out.update(num_moe_experts=int(experts), moe_router_topk=int(hf["num_experts_per_tok"]),
-                   moe_ffn_hidden_size=int(hf["moe_intermediate_size"]),
+        name = next((k for k in EXPERT_COUNTS if k in hf), "num_experts")
+        ffn = int(_need(hf, "moe_intermediate_size"))
+        shared = int(hf.get("n_shared_experts") or 0) * ffn
+        out.update(num_moe_experts=int(_need(hf, name)), moe_router_topk=int(_need(hf, "num_experts_per_tok")),
+                   moe_ffn_hidden_size=ffn,
                    moe_shared_expert_intermediate_size=shared or None,
                    moe_first_k_dense=int(hf.get("first_k_dense_replace") or 0), moe_layer_freq=1,
                    moe_norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
