@@ -8,13 +8,14 @@ import json
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, wait_state
 from test_train_support import SMALL
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
@@ -90,6 +91,20 @@ def release(job_id: str) -> None:
     one-second timestamp and refuses ("Job credential revoked") a new one issued in that second."""
     time.sleep(2)
     scontrol("update", f"JobId={job_id}", "StartTime=now")
+
+
+def run_to_end(job_id: str, env: dict, run_id: str) -> dict:
+    """Release a held (requeued) job and wait for it to end; status's row of the run."""
+    release(job_id)
+    return wait_state(env, run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300, key="scheduler_state")
+
+
+def thaw_and_cancel(job_id: str, frozen: int | None) -> None:
+    """A test's cleanup: continue a rank it stopped (SIGSTOP) and cancel its job unless it completed."""
+    if frozen is not None:
+        os.kill(frozen, signal.SIGCONT)
+    if job_info(job_id).get("JobState") not in (None, "COMPLETED"):
+        cancel(job_id)
 
 
 def cancel(*job_ids: str) -> None:

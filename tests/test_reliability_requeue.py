@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, status_json, wait_state
-from reliability_support import (cancel, fingerprint, job_info, read, release, scontrol, submit, trainer_recipe,
-                                 wait_for, wait_requeued, wait_text, worker_pids)
+from reliability_support import (cancel, fingerprint, job_info, read, release, run_to_end, scontrol, submit,
+                                 thaw_and_cancel, trainer_recipe, wait_for, wait_requeued, wait_text, worker_pids)
 from test_train_support import losses, run_trainer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -90,14 +90,9 @@ def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, j
         kept[1] = (second, fingerprint(run_dir / "checkpoints" / f"iter_{k1:07d}"), read(out))
 
         # ---- attempt 2: resumes and finishes
-        release(job)
-        row = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300,
-                         key="scheduler_state")
+        row = run_to_end(job, job_env, entry["run_id"])
     finally:
-        if frozen is not None:
-            os.kill(frozen, signal.SIGCONT)
-        if job_info(job).get("JobState") not in (None, "COMPLETED"):
-            cancel(job)
+        thaw_and_cancel(job, frozen)
     third = read(attempt_log[2])
     assert row["state"] == "COMPLETED" and row["trainer_exit_code"] == 0, (row, read(out)[-3000:])
     assert row["exit_code"] == 0 or (row["exit_code"] is None and row["state_source"] == "squeue")  # no accounting

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import local_training_run, wait_state
-from reliability_support import cancel, job_info, read, release, scontrol, submit, trainer_recipe, wait_requeued, \
+from conftest import local_training_run
+from reliability_support import read, run_to_end, scontrol, submit, thaw_and_cancel, trainer_recipe, wait_requeued, \
     wait_text, worker_pids
 from test_bad_recipes import _check_error, _write
 from test_train_support import run_trainer, write_recipe
@@ -162,14 +162,9 @@ def test_a_requeued_run_continues_the_same_wandb_run(local_slurm, job_env, tmp_p
         scontrol("requeue", job)
         wait_requeued(job, 1)
         frozen = None
-        release(job)
-        row = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300,
-                         key="scheduler_state")
+        row = run_to_end(job, job_env, entry["run_id"])
     finally:
-        if frozen is not None:
-            os.kill(frozen, signal.SIGCONT)
-        if job_info(job).get("JobState") not in (None, "COMPLETED"):
-            cancel(job)
+        thaw_and_cancel(job, frozen)
     assert row["state"] == "COMPLETED" and row["restarts"] == 1, row
     first, second = (read(run_dir / "logs" / "rank-0" / n) for n in ("debug.log", "debug.attempt-1.log"))
     stopped = int(re.search(r"\] stop signal \| signal SIG\w+ \| iteration (\d+)", first).group(1))
