@@ -16,6 +16,18 @@ JOBS_DIR = ROOT / "tests" / "slurm_jobs"          # holds primus_testjob (cluste
 CLI = Path(sys.executable).parent / "primus-slurm"
 
 
+# Markers by fixture, so `make check` (-m "not slurm and not container and not slow") cannot drift from what a test
+# needs: a test that takes the local Slurm cluster is `slurm`, one that takes the podman image is `container`
+# (tests that pick the cluster at run time with request.getfixturevalue mark themselves).
+MARK_BY_FIXTURE = {"local_slurm": "slurm", "image": "container", "nomcore_image": "container"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & MARK_BY_FIXTURE.keys():
+            item.add_marker(MARK_BY_FIXTURE[fixture])
+
+
 def _cluster_up() -> bool:
     if not shutil.which("scontrol"):
         return False

@@ -113,6 +113,7 @@ def _export_on_ranks(run, par, root):
         return {"tp": info.tp_size, "dp": info.dp_size, "pp": info.pp_size}
 
 
+@pytest.mark.slow  # ~15 s on two cores under load: `make test` runs it, `make check` does not
 def test_sharded_runs_export_whole(tmp_path):
     """EP=2, TP=2 and PP=2 (gloo, 2 ranks) export the same adapter file as one process: no expert, TP shard or
     stage dropped; the EP=2 export also loads in peft with the single-process trainer's logits."""

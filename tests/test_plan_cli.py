@@ -90,6 +90,7 @@ def test_submit_refuses_a_recipe_that_does_not_fit(tmp_path):
     assert "GPU unknown" in said.stdout
 
 
+@pytest.mark.slow  # ~17 s on two cores under load: `make test` runs it, `make check` does not
 @pytest.mark.parametrize("gpus", [1, 2, 8])
 def test_frontier_fastest_layout_validates(gpus):
     base = ["cluster.env_profile=h200", f"cluster.gpus_per_node={gpus}"]

@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from primus_contract import run_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "primus_slurm"]
 
 
+@pytest.mark.slow  # ~20 s on two cores under load: `make test` runs it, `make check` does not
 def test_status_and_compare_show_planned_against_measured(tmp_path):
     env = {"PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_SLURM_STATE_DIR": str(tmp_path / "state"),
            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}

@@ -5,6 +5,8 @@ import json
 import re
 from types import SimpleNamespace
 
+import pytest
+
 import torch
 
 from tests.test_train_support import train_curves, write_recipe
@@ -65,6 +67,7 @@ def test_other_ranks_and_no_window_record_nothing(tmp_path):
     assert not (tmp_path / "profile").exists()
 
 
+@pytest.mark.slow  # ~11 s on two cores under load: `make test` runs it, `make check` does not
 def test_trainer_writes_profile_when_training_ends_inside_the_window(tmp_path):
     cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=5", "trainer.logging.profile_start=3",
                        "trainer.logging.profile_end=99", "trainer.recompute.adapter_inputs=true")

@@ -67,6 +67,7 @@ def _fc2_mib(run) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+@pytest.mark.slow  # ~17 s on two cores under load: `make test` runs it, `make check` does not
 def test_trainer_reports_saved_tensors_and_adapter_inputs_shrinks_them(tmp_path):
     """The profiled step's census in a real training run: recomputing fc2's adapter input removes what
     its adapter kept (the SwiGLU output), the rest stays."""

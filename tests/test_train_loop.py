@@ -18,6 +18,7 @@ def _adapter(run_dir, iteration):
     return state
 
 
+@pytest.mark.slow  # ~11 s on two cores under load: `make test` runs it, `make check` does not
 def test_loss_goes_down_and_log_format(tmp_path):
     cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=40", "trainer.schedule.eval_interval=20",
                        "trainer.schedule.eval_iters=2", "trainer.logging.log_interval=5")
@@ -38,6 +39,7 @@ def test_loss_goes_down_and_log_format(tmp_path):
     assert (run / "checkpoints" / "latest").read_text() == "iter_0000040"
 
 
+@pytest.mark.slow  # ~23 s on two cores under load: `make test` runs it, `make check` does not
 def test_signal_checkpoint_then_resume_matches_uninterrupted(tmp_path):
     iters = 8
     cfg = write_recipe(tmp_path, f"trainer.schedule.train_iters={iters}")
