@@ -29,12 +29,18 @@ pytestmark = pytest.mark.slurm
 # accepted injection text, and why it is harmless: the first group never reaches the job script (only the
 # resolved YAML, which the trainer reads as data); the second is in the script, shell-quoted
 # (trainer.model.rope_scaling is refused: the quickstart's checkpoint config.json has no such scaling)
-NOT_IN_SCRIPT = {"experiment.description", "trainer.tokenizer.path",
-                 "trainer.data.train.path", "trainer.data.train.hf_name", "trainer.data.validation.path",
-                 "trainer.data.validation.hf_name", "trainer.data.cache_dir", "trainer.checkpoint.pretrained"}
+# (the path fields below refuse the text as a path that does not exist; test_injection_in_existing_paths gives
+# them an existing folder whose name carries it)
+NOT_IN_SCRIPT = {"experiment.description", "trainer.data.train.hf_name", "trainer.data.validation.hf_name",
+                 "trainer.data.cache_dir"}
+PATH_FIELDS = {"trainer.tokenizer.path": "tokenizer", "trainer.data.train.path": "train.jsonl",
+               "trainer.data.validation.path": "validation.jsonl", "trainer.checkpoint.pretrained": "base"}
 QUOTED_IN_SCRIPT = {"cluster.env", "cluster.container.extra_args"}
 INERT = NOT_IN_SCRIPT | QUOTED_IN_SCRIPT
-CONTAINER = ["--set", "cluster.container.runtime=docker", "--set", "cluster.container.image=img:1"]
+QS_DATA = Path(QS).parent / "data" / "quickstart"
+# a container recipe's host paths must lie under a mount: the quickstart's data folder is mounted where it lies
+CONTAINER = ["--set", "cluster.container.runtime=docker", "--set", "cluster.container.image=img:1",
+             "--set", f"cluster.container.mounts=['{QS_DATA}:{QS_DATA}:ro']"]
 
 
 def text_fields(spec=schema.SCHEMA, prefix=""):
@@ -148,9 +154,24 @@ def test_shell_injection_in_every_text_field(field, case, capsys):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("field", sorted(PATH_FIELDS))
+def test_injection_in_existing_paths(field, case, capsys):
+    """A path field naming an existing file or folder whose folder name carries the injection text is accepted
+    and never reaches the job script (the resolved YAML carries it, as data); nothing runs."""
+    marker = case / "PWNED"
+    folder = case / f"x$(touch {marker})`touch {marker}`;touch {marker}|&<>'\" {{a,b}} *"
+    folder.mkdir(parents=True)
+    src = QS_DATA / PATH_FIELDS[field]
+    target = folder / src.name
+    target.symlink_to(src, target_is_directory=src.is_dir())
+    assert run(["submit", *_argv(field, str(target)), "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert f"touch {marker}" not in out["script"] and not marker.exists()
+
+
 def test_every_injection_outcome_is_known():
     """The sets above name real fields; a new free-text field must be classified when it is added."""
-    assert INERT <= set(FIELDS)
+    assert INERT <= set(FIELDS) and set(PATH_FIELDS) <= set(FIELDS) and not INERT & set(PATH_FIELDS)
 
 
 def _chain(d: Path, names: list[str]) -> str:
