@@ -3,6 +3,7 @@
 #   bash bench/gpu_suite.sh 8b        Llama-3-8B shape, one GPU: ours (bf16/fp8/fp4-emulated, packed and
 #                                     single-document) vs HF transformers + PEFT (single-document), GEMM peak
 #   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
+#   bash bench/gpu_suite.sh speed     the anchor, the adapter-free ceiling (bench/lora_ceiling.py), ours BF16/FP8, one call
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
@@ -53,6 +54,13 @@ case "${1:-}" in
           --set trainer.precision.fp4_emulation=true --set trainer.schedule.train_iters=12
       python3 bench/hf_peft_baseline.py --preset llama3_8b --seq 8192 --iters 10 --warmup 3
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/8b.jsonl" ;;
+  speed)  # issue 25, one call: the bare anchor (../shared/bench, staged into .gpu/bin), the adapter-free ceiling
+          # (bench/lora_ceiling.py: the most any adapter-side lever can give), ours single-document BF16 and FP8
+    { python3 .gpu/bin/anchor_mcore_te.py bf16 fp8_delayed
+      python3 bench/lora_ceiling.py bf16 fp8_delayed
+      $TP --recipe $R8 --docs single --label 8b-bf16-single
+      $TP --recipe $R8 --docs single --label 8b-fp8-single --set trainer.precision.fp8=hybrid
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/speed.jsonl" ;;
   8bmem)  # memory switches at the same shape: chunked loss (default) on/off, adapter_inputs scopes, FP8 params
     AI=(--set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-defaults
