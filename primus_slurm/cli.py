@@ -31,10 +31,12 @@ def main() -> None:
 @click.argument("recipe")
 @set_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
-def validate(recipe: str, overrides: tuple, as_json: bool) -> None:
+@click.option("--skip-memory-check", is_flag=True, help="as submit's: accept a recipe the plan predicts will not fit")
+def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bool) -> None:
     """Check RECIPE (path or name under recipes/) as `submit --dry-run` does (the same verdict) and print a
     summary, or the resolved recipe the job reads with --json; lists the checks only the job's nodes can make."""
     prepared = submit_mod.prepare(recipe, overrides, dry_run=True)
+    plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's memory verdict, in its order
     unchecked = submit_mod.check(prepared)
     r = prepared.recipe
     if as_json:

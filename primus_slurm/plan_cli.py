@@ -7,7 +7,8 @@ import json
 import click
 
 from primus_contract.plan import Plan, calibration, plan
-from primus_contract.plan.frontier import candidates, cheapest_fit, fastest_fit
+from primus_contract.plan.frontier import candidates, cheapest_fit, fastest_fit, get
+from primus_contract.plan.gpus import GPUS
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.recipe import load_recipe
@@ -39,16 +40,27 @@ def refusal(resolved: dict) -> str | None:
     change = (f"the cheapest change that fits: {' '.join(fix.set_lines())} ({fix.plan.peak_gib:.1f} GiB, "
               f"{fix.plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU)" if fix else
               "no layout of TP/PP/EP, recompute, FP8 weights and micro-batch fits on these GPUs: add GPUs")
-    return (f"predicted peak {p.needs_gib:.1f} GiB/GPU exceeds the {p.gpu.name}'s {p.gpu.memory_gib:.1f} GiB "
+    return (f"predicted to need {p.needs_gib:.1f} GiB/GPU (peak {p.peak_gib:.1f} + allocator margin and context), "
+            f"more than the {p.gpu.name}'s {p.gpu.memory_gib:.1f} GiB "
             f"(largest term: {name} {gib:.1f} GiB); {change}; `primus-slurm plan` shows the breakdown, "
             "--skip-memory-check submits anyway")
 
 
 def check_memory(resolved: dict, skip: bool) -> None:
+    """submit's and validate's memory verdict: a UserError when the plan predicts the recipe does not fit."""
     if not skip:
         reason = refusal(resolved)
         if reason:
             raise UserError(reason)
+
+
+def unknown_gpu_note(resolved: dict) -> str | None:
+    """The note submit prints when the recipe's GPU has no memory table entry (nothing is refused then)."""
+    p = plan(resolved)
+    if p.on_cpu or p.gpu is not None:
+        return None
+    return (f"note: cluster.env_profile {resolved['cluster']['env_profile']!r} names no GPU the planner knows: "
+            f"memory not checked (known: {', '.join(GPUS)})")
 
 
 def _text(p: Plan, recipe_path) -> str:
@@ -70,13 +82,14 @@ def _frontier_text(resolved: dict, cands: list) -> str:
     lines = [f"frontier: {len(cands)} layouts the contract accepts on {c['nodes']} node(s) x "
              f"{c['nproc_per_node'] or c['gpus_per_node']} GPU(s), {len(fits)} fit"
              + (f" (the {FRONTIER_ROWS} fastest shown)" if len(fits) > FRONTIER_ROWS else ""),
-             f"  {'layout':26s} {'recompute':16s} {'fp8 weights':11s} {'adapter in':10s} {'peak GiB':>8s} "
+             f"  {'layout':26s} {'recompute':16s} {'fp8 weights':11s} {'fp8 cache':9s} {'adapter in':10s} {'peak GiB':>8s} "
              f"{'tokens/s/GPU':>12s}"]
     for x in fits[:FRONTIER_ROWS]:
         r = x.plan
         rec = _recompute_of(resolved, x.sets)
         lines.append(f"{'*' if x is best else ' '} {x.describe():26s} {rec:16s} "
                      f"{str(_value(resolved, x.sets, 'trainer.precision.fp8_param')).lower():11s} "
+                     f"{_cache_of(resolved, x.sets):9s} "
                      f"{str(_value(resolved, x.sets, 'trainer.recompute.adapter_inputs')).lower():10s} "
                      f"{r.peak_gib:8.1f} {r.tokens_per_s_per_gpu:12,.0f}")
     if best is None:
@@ -89,12 +102,15 @@ def _frontier_text(resolved: dict, cands: list) -> str:
 
 
 def _value(resolved: dict, sets: dict, dotted: str):
-    if dotted in sets:
-        return sets[dotted]
-    node = resolved
-    for part in dotted.split("."):
-        node = node[part]
-    return node
+    return sets[dotted] if dotted in sets else get(resolved, dotted)
+
+
+def _cache_of(resolved: dict, sets: dict) -> str:
+    """TE's FP8 weight cache across micro-batches ('-' where it does not apply: BF16, or FP8 weights)."""
+    t = resolved["trainer"]["precision"]
+    if not t["fp8"] or _value(resolved, sets, "trainer.precision.fp8_param"):
+        return "-"
+    return str(_value(resolved, sets, "trainer.precision.fp8_weight_cache")).lower()
 
 
 def _recompute_of(resolved: dict, sets: dict) -> str:

@@ -1,7 +1,7 @@
 """Time limit -> SIGUSR2 -> SIGTERM -> checkpoint -> requeue -> resume, all inside the podman container.
 
 Attempt 0 (container primus-<job>-0-<node>) is warned before its 2-minute limit: the batch shell's trap sends
-SIGTERM to the step, `podman run` proxies it into the container, the trainer checkpoints and exits 75, and the
+SIGTERM to the step, the node wrapper passes it into the container (`podman kill --signal TERM`), the trainer checkpoints and exits 75, and the
 script requeues the job. Attempt 1 runs in a new container (primus-<job>-1-<node>), loads that checkpoint and
 finishes; no container is left. As in test_reliability_requeue, the trainer is frozen (SIGSTOP, from the host:
 the container shares its pid namespace) while the 45-75 s until the warning pass, so the wait costs no CPU.

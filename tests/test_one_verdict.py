@@ -66,6 +66,21 @@ def test_validate_and_dry_run_give_one_verdict(name, capsys, tmp_path, monkeypat
     assert not (tmp_path / "ws").exists()  # neither wrote anything
 
 
+def test_validate_gives_submits_memory_verdict(capsys, tmp_path, monkeypatch):
+    """The memory refusal (issue 26) is part of the verdict: validate said ok to the 70B on one MI300X at TP=1,
+    which submit --dry-run refuses; --skip-memory-check lifts it in both."""
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
+    recipe = str(ROOT / "recipes" / "llama2_70b_fp8.yaml")
+    sets = _sets(["cluster.gpus_per_node=1", "cluster.nproc_per_node=1", "trainer.parallelism.tensor=1",
+                  "trainer.parallelism.sequence_parallel=false"])
+    v_rc, v_err = _verdict(capsys, ["validate", recipe, *sets])
+    d_rc, d_err = _verdict(capsys, ["submit", recipe, "--dry-run", *sets])
+    assert v_rc == d_rc == 2 and v_err == d_err and v_err.count("\n") == 0, (v_err, d_err)
+    assert "more than the MI300X" in v_err and "largest term: base weights" in v_err, v_err
+    assert run(["validate", recipe, *sets, "--skip-memory-check"]) == 0
+    assert "does NOT fit" in capsys.readouterr().out
+
+
 def test_validate_lists_what_only_the_nodes_see(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
     sets = ["cluster.executor=slurm", "trainer.data.train.path=/primus-compute-only/train.jsonl"]

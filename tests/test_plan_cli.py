@@ -77,7 +77,7 @@ def test_submit_refuses_a_recipe_that_does_not_fit(tmp_path):
         out = run("submit", "recipes/llama2_70b_fp8.yaml", *sets, *extra)
         assert out.returncode == 2, out.stderr
         lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: predicted peak"), lines
+        assert len(lines) == 1 and lines[0].startswith("error: predicted to need"), lines
         assert "largest term: base weights" in lines[0]
         assert "--set trainer.precision.fp8_param=true" in lines[0]
         assert "Traceback" not in out.stderr
@@ -86,6 +86,7 @@ def test_submit_refuses_a_recipe_that_does_not_fit(tmp_path):
     assert forced.returncode == 0, forced.stderr
     unknown = run("submit", "recipes/llama2_70b_fp8.yaml", *sets, "--set", "cluster.env_profile=none", "--dry-run")
     assert unknown.returncode == 0, unknown.stderr
+    assert "note: cluster.env_profile 'none' names no GPU the planner knows: memory not checked" in unknown.stderr
     said = run("plan", "recipes/llama2_70b_fp8.yaml", *sets, "--set", "cluster.env_profile=none")
     assert "GPU unknown" in said.stdout
 

@@ -44,7 +44,8 @@ def _text(v) -> str:
     return str(v)
 
 
-def _get(r: dict, dotted: str):
+def get(r: dict, dotted: str):
+    """The value at a dotted key of a resolved recipe."""
     node = r
     for part in dotted.split("."):
         node = node[part]
@@ -112,7 +113,7 @@ def _try(resolved: dict, want: dict) -> Candidate | None:
         dotted = KEYS[key]
         if key in ("method", "num_layers") and want["granularity"] is None:
             continue  # meaningless without recompute: keep the recipe's
-        if _get(r, dotted) != value:
+        if get(r, dotted) != value:
             sets[dotted] = value
             _set(r, dotted, value)
     try:
