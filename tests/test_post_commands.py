@@ -119,6 +119,8 @@ def test_generate_answers_heldout_prompts_better_than_the_base(run, quickstart_p
     assert t["exact_match"] > b["exact_match"], (t, b)
     rows = records(Path(trained["generations"]))
     assert rows[0]["prompt_text"].endswith("### Response:\n")  # the Alpaca layout the run trained on
+    job_out = (Path(trained["generations"]).parent / "job.out").read_text()  # the job's own stdout + stderr
+    assert "Loading weights" not in job_out and not re.search(r"\d+%\|", job_out), job_out[-2000:]  # no bars
     # sampling: the same seed gives the same answers, and runs through the same path
     one = ["generate", run_id, "--prompt", "Reverse the letters.", "--input", "a b c", "--temperature", "0.8",
            "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "8", "--executor", "local"]  # the README's example
