@@ -13,5 +13,4 @@ check:
 
 # The whole test suite; starts the project's local Slurm cluster when root and apt are available.
 test:
-	scripts/setup-env.sh
-	scripts/run-tests.sh
+	start=$$(date +%s) && scripts/setup-env.sh && PRIMUS_SETUP_S=$$(( $$(date +%s) - start )) scripts/run-tests.sh
