@@ -68,11 +68,15 @@ def fit(rows: list) -> dict:
         lay = layout_of(r)
         f = features(r, lay)
         measured = lay.gbs * lay.seq / row.data["tokens_per_s_per_gpu"] / lay.world
-        scale = [cal.COST[n] for n in names]  # fit multipliers of today's costs: well-conditioned
-        a.append([f[n] * s / measured for n, s in zip(names, scale)])
+        a.append([f[n] / measured for n in names])
         b.append(1.0)
-    x = nnls(np.array(a), np.array(b))
-    return {n: float(v) * cal.COST[n] for n, v in zip(names, x)}
+    a = np.array(a)
+    # fit each column scaled to a largest entry of 1 (well-conditioned; a cost at 0 today can still become
+    # non-zero, which scaling by today's costs would forbid); a feature no row has stays at 0
+    scale = a.max(axis=0)
+    scale[scale <= 0] = 1.0
+    x = nnls(a / scale, np.array(b))
+    return {n: float(v / s) for n, v, s in zip(names, x, scale)}
 
 
 def write(cost: dict, rows: list) -> None:
@@ -94,7 +98,7 @@ def main() -> None:
     rows = calibration_rows(args.exclude)
     cost = fit(rows)
     for n, v in cost.items():
-        rate = v and ("gemm" in n or n in ("attention", "adapter"))
+        rate = v and ("gemm" in n or n == "attention")
         print(f"{n:28s} {v:.4e}" + (f"  (= {1 / v / 1e12:.0f} TFLOP/s)" if rate else ""))
     print(f"{len(rows)} rows")
     if args.write:

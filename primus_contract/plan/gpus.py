@@ -4,6 +4,7 @@ memory_gib: the device's total as nvidia-smi / rocm-smi report it (MiB / 1024), 
 Peak TFLOP/s are the vendors' dense (no sparsity) figures; the planner never uses them raw: achieved rates come
 from calibration.py (measured on the H200), scaled to other GPUs by these peaks' ratio, which the plan says.
 link_gb_s: one GPU's intra-node (NVLink / Infinity Fabric) bandwidth per direction, for tensor-parallel traffic.
+hbm_tb_s: the vendor's peak memory bandwidth, for memory-bound work (elementwise passes, the adapters' GEMMs).
 """
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ class Gpu:
     fp8_tflops: float
     fp4_tflops: float      # 0: no FP4 units (emulation runs BF16 GEMMs)
     link_gb_s: float
+    hbm_tb_s: float
 
 
 GPUS = {
-    "h100": Gpu("H100 SXM 80GB", 81559 / 1024, 989.0, 1979.0, 0.0, 450.0),
-    "h200": Gpu("H200 141GB", 143771 / 1024, 989.0, 1979.0, 0.0, 450.0),
-    "b200": Gpu("B200 180GB", 183359 / 1024, 2250.0, 4500.0, 9000.0, 900.0),
-    "mi300x": Gpu("MI300X 192GB", 196592 / 1024, 1307.0, 2615.0, 0.0, 448.0),
-    "mi355x": Gpu("MI355X 288GB", 294896 / 1024, 2500.0, 5000.0, 10000.0, 576.0),
+    "h100": Gpu("H100 SXM 80GB", 81559 / 1024, 989.0, 1979.0, 0.0, 450.0, 3.35),
+    "h200": Gpu("H200 141GB", 143771 / 1024, 989.0, 1979.0, 0.0, 450.0, 4.8),
+    "b200": Gpu("B200 180GB", 183359 / 1024, 2250.0, 4500.0, 9000.0, 900.0, 8.0),
+    "mi300x": Gpu("MI300X 192GB", 196592 / 1024, 1307.0, 2615.0, 0.0, 448.0, 5.3),
+    "mi355x": Gpu("MI355X 288GB", 294896 / 1024, 2500.0, 5000.0, 10000.0, 576.0, 8.0),
 }
 CALIBRATED_ON = "h200"
 

@@ -3,14 +3,23 @@
     step = (1 + pipeline bubble) x sum over features f of  work_f (per GPU, per step) x cost_f
 
 The work comes from the recipe and primus_contract.flops: base-linear GEMM FLOPs by precision (forward + dgrad,
-and the forward again for recomputed layers), the BF16 output layer, the attention core, the adapters' FLOPs,
-elementwise volume per layer (tokens x hidden: norms, casts, the adapters' small ops; by precision, with
-adapter_inputs' recompute and LoRA dropout as their own), kernel launches per layer and micro-batch, per local
-expert and MoE layer, routed-expert FLOPs, and tensor-parallel bytes over the link. The costs are calibration.COST
-(seconds per unit on the H200, refitted by scripts/plan_calibrate.py from calibration.CALIBRATION_ROWS); on another
-GPU, FLOP costs scale by its vendor peak ratio and link costs by its bandwidth. FLOPs are split evenly over TP and
-PP ranks; 1F1B's bubble is (pp - 1) / micro-batches. Packed sequences are assumed to hold documents like the
-benchmarks' GovReport-like packs (sum of squared lengths PACKED_ATTENTION_FILL x seq^2), unpacked one a sequence.
+and the forward again for recomputed layers), the BF16 output layer, the attention core, the adapters (below),
+elementwise volume per layer (tokens x hidden: norms, casts; by precision, with adapter_inputs' recompute and LoRA
+dropout as their own), FP8 tensorwise (current) scaling's amax pass (a read of every FP8 GEMM operand before its
+cast, which delayed scaling fuses into the cast), kernel launches per layer and micro-batch, per local expert and
+MoE layer, routed-expert FLOPs, and tensor-parallel bytes over the link. The costs are calibration.COST (seconds per
+unit on the H200, refitted by scripts/plan_calibrate.py from calibration.CALIBRATION_ROWS); on another GPU, FLOP
+costs scale by its vendor peak ratio, memory-bound costs (elementwise, adapters) by its HBM bandwidth and link costs
+by its link's. FLOPs are split evenly over TP and PP ranks; 1F1B's bubble is (pp - 1) / micro-batches.
+
+Adapters: A [r, in] and B [out, r] are skinny GEMMs (rank 16-64 against widths of thousands: r FLOPs a byte, far
+under the ~200 a BF16 GEMM needs to be compute-bound), so their time follows the activations they stream, tokens x
+(in + out) per adapted linear and pass (x and the output in forward; the output's gradient, x and dx in backward),
+whatever the rank. That traffic is the feature `adapter`; their FLOPs (2 r (in + out) a token, BF16) are added to
+gemm_bf16 at the base GEMMs' rate, which is what a larger rank adds.
+
+Packed sequences are assumed to hold documents like the benchmarks' GovReport-like packs (sum of squared lengths
+PACKED_ATTENTION_FILL x seq^2), unpacked one a sequence.
 """
 from __future__ import annotations
 
@@ -60,21 +69,24 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     f[f"expert_gemm_{gclass}"] = tokens * expert_fwd * (2 + redo) / split
     f["gemm_bf16"] += tokens * head * 2 / lay.tp / lay.pp
     f["attention"] = flops.attention_fwd_flops(m, n_mb * lay.mbs * fill * lay.seq ** 2) * (3 + redo) / split
-    f["adapter"] = tokens * flops.lora_fwd_flops_per_token(m, lora) * (3 + redo) / split
+    f["gemm_bf16"] += tokens * flops.lora_fwd_flops_per_token(m, lora) * (3 + redo) / split
     stage_layers = layers / lay.pp
     volume = stage_layers * tokens * m["hidden_size"] / lay.seq_shard * (1 + redo)
     f[f"elementwise_{gclass}"] = volume
     if rec["adapter_inputs"]:
         f["adapter_inputs_elementwise"] = volume
-    adapted_in = adapted_io = 0.0
-    if lora["enabled"]:
-        for layer in range(layers):
-            for lin in layer_linears_local(m, lora, lay, layer):
-                if lin.adapted:
-                    adapted_in += lin.in_local * lin.uses
-                    adapted_io += (lin.in_local + lin.out_local) * lin.uses
+    adapted_in = adapted_io = quantized = 0.0
+    for layer in range(layers):
+        for lin in layer_linears_local(m, lora, lay, layer):
+            if lin.short != "router":  # FP8 GEMM operands: the input (each forward), the output's gradient
+                quantized += (lin.in_local * (1 + redo) + lin.out_local) * lin.uses
+            if lin.adapted:
+                adapted_in += lin.in_local * lin.uses
+                adapted_io += (lin.in_local + lin.out_local) * lin.uses
+    f["adapter"] = adapted_io * tokens / lay.pp * (3 + redo)  # activations streamed: forward, backward (2), recompute
+    if gclass == "fp8" and t["precision"]["fp8_recipe"] == "tensorwise":
+        f["current_scaling_elementwise"] = quantized * tokens / lay.pp  # amax pass before each cast
     scale = tokens / lay.pp * (1 + redo)
-    f["adapter_elementwise"] = adapted_io * scale  # casts and adds around each adapter, rank-independent
     if lora["enabled"] and lora["dropout"] > 0:
         f[f"dropout_{lora['dropout_position']}_elementwise"] = adapted_in * scale
     f["layer_calls"] = stage_layers * n_mb * (1 + redo)
@@ -101,11 +113,13 @@ def _scale(name: str, gpu: Gpu | None) -> float:
     ref = GPUS[CALIBRATED_ON]
     if gpu is None or gpu is ref:
         return 1.0
+    if name == "adapter" or "elementwise" in name:
+        return ref.hbm_tb_s / gpu.hbm_tb_s
     if name.endswith("fp8") or name.endswith("fp8_param"):
         return ref.fp8_tflops / gpu.fp8_tflops
     if name == "tp_bytes":
         return ref.link_gb_s / gpu.link_gb_s
-    if name.startswith(("gemm", "expert_gemm", "attention", "adapter")):
+    if name.startswith(("gemm", "expert_gemm", "attention")):
         return ref.bf16_tflops / gpu.bf16_tflops
     return 1.0
 
