@@ -81,7 +81,8 @@ def block(logged: dict[int, float], evals: dict[int, dict], base: tuple[str, dic
     a, b = EVAL_AT
     same = all(f"{evals[i]['eval_loss']:.6E}" == f"{logged[i]:.6E}" for i in EVAL_AT)
     lines = [START, "",
-             f"On the run of `make quickstart` (500 iterations, one trainer thread: `OMP_NUM_THREADS=1`), `eval` gives "
+             f"On the run of `make quickstart` (500 iterations, one trainer thread: `OMP_NUM_THREADS=1`; AVX2 kernels on any "
+             f"x86-64 host, from the recipe's `cluster.env`), `eval` gives "
              f"{evals[a]['eval_loss']:.6E} at iteration {a} and {evals[b]['eval_loss']:.6E} at {b} "
              f"({'both as logged' if same else f'logged: {logged[a]:.6E} and {logged[b]:.6E}'}; token accuracy "
              f"{evals[a]['token_accuracy']:.4f} and {evals[b]['token_accuracy']:.4f}).", "",
