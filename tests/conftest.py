@@ -103,6 +103,14 @@ def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple
     return env, entry, run_dir
 
 
+@pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory) -> tuple[dict, dict, Path]:
+    """The shipped quickstart as `make quickstart` runs it (500 iterations, eval every 25, checkpoints at 250 and
+    500), trained once per session with the local executor: (env, the submit's JSON entry, run directory).
+    test_post_commands (the README's numbers) and test_quickstart_learns (the curve falls) read this one run."""
+    return local_training_run(tmp_path_factory.mktemp("post"))
+
+
 def status_json(env: dict, run_id: str) -> dict:
     out = cli(env, "status", run_id, "--json")
     assert out.returncode == 0, out.stderr

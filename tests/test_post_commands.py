@@ -1,6 +1,6 @@
-"""`primus-slurm export|generate|eval` on a real quickstart run (trained once for this module: the shipped recipe as
-`make quickstart` runs it, 500 iterations, checkpoints at 250 and 500), locally and as jobs on the local Slurm
-cluster; the README's quickstart numbers are this run's (scripts/readme_numbers.py)."""
+"""`primus-slurm export|generate|eval` on a real quickstart run (trained once per session by conftest.quickstart_run:
+the shipped recipe as `make quickstart` runs it, 500 iterations, checkpoints at 250 and 500), locally and as jobs on
+the local Slurm cluster; the README's quickstart numbers are this run's (scripts/readme_numbers.py)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, cli, local_training_run
+from conftest import ROOT, cli
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import readme_numbers  # noqa: E402  (scripts/ is no package)
@@ -23,10 +23,10 @@ ITERS, EVERY = 500, 250  # the shipped recipe's train_iters and save_interval
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """(env, run id, run dir, {iteration: logged eval loss}) of a finished quickstart run."""
-    tmp = tmp_path_factory.mktemp("post")
-    env, entry, run_dir = local_training_run(tmp)  # (what scripts/readme_numbers.py runs)
+def run(quickstart_run):
+    """(env, run id, run dir, {iteration: logged eval loss}) of a finished quickstart run (conftest's session run,
+    which test_quickstart_learns reads too)."""
+    env, entry, run_dir = quickstart_run  # (what scripts/readme_numbers.py runs)
     evals = readme_numbers.logged_evals(run_dir)
     assert {EVERY, ITERS} <= set(evals), sorted(evals)
     return env, entry["run_id"], run_dir, evals

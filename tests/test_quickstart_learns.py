@@ -1,28 +1,18 @@
-"""The shipped quickstart learns: the real `python -m trainer` on recipes/quickstart.yaml as shipped (pretrained
-base from recipes/data/quickstart/base, LoRA, the bundled data), shortened to 120 iterations."""
+"""The shipped quickstart learns: recipes/quickstart.yaml as shipped (pretrained base from
+recipes/data/quickstart/base, LoRA, the bundled data, 500 iterations), submitted with the local executor as
+`make quickstart` runs it; the run is conftest.quickstart_run, trained once per session for this test and
+test_post_commands (it trained a second, 120-iteration run of its own)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
 
-from tests.test_train_support import ROOT, train_curves
+from tests.test_train_support import EVAL_RE, ROOT, log_text, losses
 
 BASE = ROOT / "recipes" / "data" / "quickstart" / "base"
-
-
-
-def _quickstart(tmp_path, *sets: str):
-    from primus_slurm.recipe import load_recipe
-
-    env = dict(os.environ, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
-    data = load_recipe(ROOT / "recipes" / "quickstart.yaml", overrides=list(sets), env=env).resolved
-    data["trainer"]["data"]["cache_dir"] = str(tmp_path / "cache")
-    path = tmp_path / "recipe.resolved.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path, data
+ITERS, EVAL_EVERY, LOG_EVERY = 500, 25, 10  # recipes/quickstart.yaml as shipped
 
 
 def test_shipped_base_matches_the_preset():
@@ -43,17 +33,22 @@ def test_wheel_declares_the_base():  # an installed quickstart.yaml points at da
     assert tool["package-data"]["primus_slurm.recipes.data.quickstart.base"] == ["*"]
 
 
-@pytest.mark.slow  # ~20 s alone on two cores (one trainer thread), much more on a busy machine
-def test_quickstart_loss_and_eval_loss_fall(tmp_path):
-    cfg, data = _quickstart(tmp_path, "trainer.schedule.train_iters=120", "trainer.schedule.eval_interval=20",
-                            "trainer.logging.log_interval=10", "trainer.checkpoint.save_interval=null",
-                            "trainer.checkpoint.export_peft=false")
+@pytest.mark.slow  # reads conftest's session quickstart run (shared with test_post_commands; ~160 s if run alone)
+def test_quickstart_loss_and_eval_loss_fall(quickstart_run):
+    _, _, run_dir = quickstart_run
+    data = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())
     assert data["trainer"]["checkpoint"]["pretrained"] == str(BASE.resolve())
-    curve, evals, text = train_curves(cfg, tmp_path / "run")
-    assert sorted(curve) == list(range(10, 121, 10)) and sorted(evals) == list(range(20, 121, 20)), text[-2000:]
+    assert (data["trainer"]["schedule"]["train_iters"], data["trainer"]["schedule"]["eval_interval"],
+            data["trainer"]["logging"]["log_interval"]) == (ITERS, EVAL_EVERY, LOG_EVERY)  # the shipped schedule
+    text = log_text(run_dir)
+    curve = {it: float(v) for it, v in losses(text).items()}
+    evals = {int(it): float(v) for it, v in EVAL_RE.findall(text)}
+    assert sorted(curve) == list(range(LOG_EVERY, ITERS + 1, LOG_EVERY)), text[-2000:]
+    assert sorted(evals) == list(range(EVAL_EVERY, ITERS + 1, EVAL_EVERY)), text[-2000:]
     # The base never saw the Alpaca template: the first interval starts far above the end of the run.
     assert curve[10] > 3.0, curve
-    assert curve[120] < curve[10] / 3, curve
+    assert curve[120] < curve[10] / 3, curve  # already learnt by iteration 120
     assert max(curve[110], curve[120]) < min(curve[10], curve[20]) / 2, curve
-    assert evals[120] < 0.7 * evals[20], evals
-    assert evals[120] < 1.6, evals
+    assert max(curve[490], curve[500]) < min(curve[10], curve[20]) / 3, curve
+    assert evals[ITERS] < 0.7 * evals[EVAL_EVERY] and evals[125] < 0.7 * evals[EVAL_EVERY], evals
+    assert evals[ITERS] < 1.6, evals
