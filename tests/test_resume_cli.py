@@ -7,16 +7,19 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import cli, status_json, wait_state
+from conftest import CLI, cli, status_json, wait_state
+from primus_slurm.local_executor import LOCAL_CANCELLED
 from primus_slurm.slurm_executor import slurm_listed
 from reliability_support import trainer_recipe, wait_for, wait_text, worker_pids
 from test_train_support import SMALL
 
 pytestmark = pytest.mark.slow
+ITERS = 60
 
 
 def _submit(env, recipe, executor, *sets):
@@ -31,18 +34,27 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     if executor == "slurm":
         request.getfixturevalue("local_slurm")
     recipe = trainer_recipe(tmp_path, f"resume{executor}")
-    entry = _submit(job_env, recipe, executor, "trainer.schedule.train_iters=300")
+    entry = _submit(job_env, recipe, executor, f"trainer.schedule.train_iters={ITERS}")
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     first = run_dir / "logs" / "rank-0" / "debug.log"
     wait_text(first, "] iteration 3/", 240)
     worker = worker_pids(run_dir)[0]
-    os.kill(worker, signal.SIGSTOP)  # however fast the machine, the run is mid-way while resume is refused
+    # however fast the machine, the run is mid-way while resume is refused and until the cancel's SIGTERM is on its
+    # way (so it stops a few iterations after 3 and a short run does; it ran 300 iterations to outlast the cancel)
+    os.kill(worker, signal.SIGSTOP)
     try:
         refused = cli(job_env, "resume", run_id)  # still running
+        assert refused.returncode == 2 and "is RUNNING (job " in refused.stderr, refused.stderr
+        cancel = subprocess.Popen([str(CLI), "cancel", run_id], env=job_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        if executor == "local":  # it marks the run, TERMs the process tree, then waits (30 s) for it to end
+            wait_for(lambda: (run_dir / LOCAL_CANCELLED).exists(), 60, "the local cancel's mark")
+        else:  # scancel: Slurm itself sends the step SIGCONT, then SIGTERM
+            assert cancel.wait(60) == 0, cancel.stderr.read()
     finally:
         os.kill(worker, signal.SIGCONT)
-    assert refused.returncode == 2 and "is RUNNING (job " in refused.stderr, refused.stderr
-    assert cli(job_env, "cancel", run_id).returncode == 0
+    _, err = cancel.communicate(timeout=120)
+    assert cancel.returncode == 0, err
     wait_state(job_env, run_id, {"CANCELLED", "FAILED", "COMPLETED"}, timeout=120, key="scheduler_state")
     stopped = int(re.search(r"training finished \| iterations (\d+) \| exit 75", wait_text(first, "exit 75", 60))[1])
 
@@ -55,11 +67,11 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
     assert "exit 75" not in out.stdout and "attempt 1 |" in out.stdout  # follows the new attempt only
     row = wait_state(job_env, run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300, key="scheduler_state")
     second = (run_dir / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
-    assert row["state"] == "COMPLETED" and row["restarts"] == 1 and row["iteration"] == 300, row
+    assert row["state"] == "COMPLETED" and row["restarts"] == 1 and row["iteration"] == ITERS, row
     assert f"resumed_from checkpoints/iter_{stopped:07d}" in second
-    logged = [int(i) for i in re.findall(r"\] iteration (\d+)/300 ", second)]
-    assert logged and min(logged) > stopped and logged[-1] == 300, logged  # continues, does not start over
-    assert second.rstrip().endswith("training finished | iterations 300 | exit 0")
+    logged = [int(i) for i in re.findall(rf"\] iteration (\d+)/{ITERS} ", second)]
+    assert logged and min(logged) > stopped and logged[-1] == ITERS, logged  # continues, does not start over
+    assert second.rstrip().endswith(f"training finished | iterations {ITERS} | exit 0")
     assert "exit 75" in first.read_text() and "exit 0" not in first.read_text()  # attempt 0's log untouched
     # `logs` shows the latest attempt; --attempt K an earlier one (it showed the latest only, and --rank N
     # always failed: only rank 0 writes a trainer log, so the option went)
@@ -78,7 +90,7 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
         == run_id  # the old job id still finds the run
 
     done = cli(job_env, "resume", run_id)
-    assert done.returncode == 2 and "completed (iteration 300); nothing to resume" in done.stderr, done.stderr
+    assert done.returncode == 2 and f"completed (iteration {ITERS}); nothing to resume" in done.stderr, done.stderr
     shutil.rmtree(run_dir)
     gone = cli(job_env, "resume", run_id)
     assert gone.returncode == 2 and "no longer exists" in gone.stderr, gone.stderr
