@@ -9,7 +9,10 @@ What each run proves, from outside the container:
   - the env profile (TOKENIZERS_PARALLELISM), cluster.env and the secret reach the worker's environment, and the
     secret's value is in no file: not the run directory, the registry, the rendered script, nor the container
     runtime's own storage (`-e NAME` would have put it in the container's config.json);
-  - no container of the job is left once it ended.
+  - no container of the job is left once it ended;
+  - docker runs at podman's speed (issue 28 item 2: a docker job ran 20x slower, 1,444 against 70 ms/iter, while
+    podman's API service, the docker CLI's server here, sat at ~100 % of a core): the docker run's ms/iter is within
+    1.5x of the podman run's, the same recipe minutes apart (bench/container_runtimes.py measures it over rounds).
 """
 from __future__ import annotations
 
@@ -38,6 +41,10 @@ def _grep_tree(folder: str, needle: bytes) -> list[str]:
     return out.stdout.split()
 
 
+MS_PER_ITER: dict[str, float] = {}  # runtime -> the run's ms/iter (podman runs first)
+ITERS = 30
+
+
 @pytest.mark.parametrize("runtime", ["podman", "docker"])
 def test_quickstart_trains_inside_the_image(runtime, image, local_slurm, job_env, tmp_path):  # noqa: F811
     assert shutil.which(runtime), f"{runtime} is not on PATH after scripts/container-image.sh"
@@ -45,7 +52,8 @@ def test_quickstart_trains_inside_the_image(runtime, image, local_slurm, job_env
     env = {**job_env, SECRET_NAME: token}
     recipe = container_recipe(tmp_path, f"in-{runtime}", image, runtime=runtime,
                               env={"OMP_NUM_THREADS": "1", "PRIMUS_TEST_MARK": f"mark-{runtime}"})
-    entry = submit(env, recipe, "trainer.schedule.train_iters=6", "trainer.checkpoint.export_peft=true")
+    entry = submit(env, recipe, f"trainer.schedule.train_iters={ITERS}", "trainer.checkpoint.export_peft=true",
+                   "trainer.schedule.eval_interval=null", "trainer.checkpoint.save_interval=null")
     job, run_dir = entry["job_id"], Path(entry["run_dir"])
     try:
         log = run_dir / "logs" / "rank-0" / "debug.log"
@@ -75,7 +83,10 @@ def test_quickstart_trains_inside_the_image(runtime, image, local_slurm, job_env
         assert len(pre) == 1 and f"container {runtime} (/run/.containerenv)" in pre[0], out[-3000:]
         assert f"image {image}" in pre[0] and "megatron-core 0.16.1" in pre[0]
         text = read(log)
-        assert "] training finished | iterations 6 | exit 0" in text, text[-2000:]
+        assert f"] training finished | iterations {ITERS} | exit 0" in text, text[-2000:]
+        MS_PER_ITER[runtime] = float(re.search(r"\] training summary \|.*\| ms/iter ([0-9.]+)", text).group(1))
+        if runtime == "docker":
+            assert MS_PER_ITER["docker"] <= 1.5 * MS_PER_ITER["podman"], MS_PER_ITER
         assert (run_dir / "adapter").is_dir() and any((run_dir / "adapter").iterdir())  # written by the container
         script = (run_dir / "job.sbatch").read_text()
         assert f"-v {Path(__file__).resolve().parent.parent / 'recipes' / 'data'}" in script  # the recipe's mount
