@@ -4,15 +4,29 @@ shared experts) saved in the Hub layout with the quickstart tokenizer's vocabula
 the family and the experts, and the LoRA loss falls on the bundled data."""
 from __future__ import annotations
 
+import os
+
 import pytest
+import yaml
 
 from tests.hf_tiny import save_tiny
-from tests.test_quickstart_learns import _quickstart
-from tests.test_train_support import train_curves
+from tests.test_train_support import ROOT, train_curves
 
 CASES = {"qwen3_moe": ({}, "linear_qkv,linear_proj,linear_fc1,linear_fc2", "| 4 experts top-2 |"),
          "deepseek_v2": ({"q_lora_rank": 32}, "linear_kv_up_proj,linear_proj,linear_fc1,linear_fc2",
                          "| MLA q_lora 32 | 4 experts top-2 + shared 64 |")}
+
+
+def _quickstart(tmp_path, *sets: str):
+    """The shipped quickstart resolved with `sets`, its dataset cache under tmp_path: (recipe path, resolved)."""
+    from primus_slurm.recipe import load_recipe
+
+    env = dict(os.environ, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+    data = load_recipe(ROOT / "recipes" / "quickstart.yaml", overrides=list(sets), env=env).resolved
+    data["trainer"]["data"]["cache_dir"] = str(tmp_path / "cache")
+    path = tmp_path / "recipe.resolved.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, data
 
 
 @pytest.mark.slow
