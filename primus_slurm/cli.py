@@ -9,7 +9,6 @@ import click
 
 from primus_contract.hf_config import describe
 from primus_contract.machine import at_start
-from primus_contract.plan import plan
 from primus_contract.rules_model import world_size
 from primus_slurm import jobs_cli, plan_cli, post_cli, precision_cli, preflight
 from primus_slurm import submit as submit_mod
@@ -36,7 +35,7 @@ def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bo
     """Check RECIPE (path or name under recipes/) as `submit --dry-run` does (the same verdict) and print a
     summary, or the resolved recipe the job reads with --json; lists the checks only the job's nodes can make."""
     prepared = submit_mod.prepare(recipe, overrides, dry_run=True)
-    plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's memory verdict, in its order
+    planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's verdict, in its order
     unchecked = submit_mod.check(prepared)
     r = prepared.recipe
     if as_json:
@@ -47,7 +46,7 @@ def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bo
     click.echo(f"ok: {r.path} — {t['model']['preset']} on {c['nodes']} node(s), world {world_size(c)}, "
                f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
-    click.echo(f"plan: {plan_cli.summary(plan(r.resolved))}")
+    click.echo(f"plan: {plan_cli.summary(planned)}")
     for name, what in at_start(r.resolved):  # the contract's machine rules: the trainer checks them on the node
         click.echo(f"checked at start on the node: {name}: {what}")
     for what in unchecked:  # paths this machine cannot see

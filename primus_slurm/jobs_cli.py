@@ -34,8 +34,8 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json, sk
     if dry_run and follow:
         raise UserError("--follow has nothing to follow with --dry-run (nothing is submitted)")
     prepared = submit_mod.prepare(recipe, overrides, executor, run_id, dry_run=dry_run)
-    plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)
-    note = plan_cli.unknown_gpu_note(prepared.recipe.resolved)
+    planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)
+    note = plan_cli.unknown_gpu_note(planned, prepared.recipe.resolved)
     if note:
         click.echo(note, err=True)
     if dry_run:

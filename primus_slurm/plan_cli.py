@@ -30,9 +30,8 @@ def summary(p: Plan) -> str:
             f"{1000 * p.step_s:,.0f} ms (TP{lay.tp} PP{lay.pp} EP{lay.ep} DP{lay.dp}, mbs {lay.mbs}, {p.precision})")
 
 
-def refusal(resolved: dict) -> str | None:
-    """The one-line reason submit refuses the recipe, or None (fits, or the GPU is unknown)."""
-    p = plan(resolved)
+def refusal(p: Plan, resolved: dict) -> str | None:
+    """The one-line reason submit refuses the recipe planned as `p`, or None (fits, or the GPU is unknown)."""
     if p.fits is not False:
         return None
     name, gib = p.largest_term
@@ -46,17 +45,18 @@ def refusal(resolved: dict) -> str | None:
             "--skip-memory-check submits anyway")
 
 
-def check_memory(resolved: dict, skip: bool) -> None:
-    """submit's and validate's memory verdict: a UserError when the plan predicts the recipe does not fit."""
-    if not skip:
-        reason = refusal(resolved)
-        if reason:
-            raise UserError(reason)
-
-
-def unknown_gpu_note(resolved: dict) -> str | None:
-    """The note submit prints when the recipe's GPU has no memory table entry (nothing is refused then)."""
+def check_memory(resolved: dict, skip: bool) -> Plan:
+    """submit's and validate's memory verdict: a UserError when the plan predicts the recipe does not fit; else
+    the plan (made once, for the callers' plan line and note)."""
     p = plan(resolved)
+    reason = None if skip else refusal(p, resolved)
+    if reason:
+        raise UserError(reason)
+    return p
+
+
+def unknown_gpu_note(p: Plan, resolved: dict) -> str | None:
+    """The note submit prints when the recipe's GPU has no memory table entry (nothing is refused then)."""
     if p.on_cpu or p.gpu is not None:
         return None
     return (f"note: cluster.env_profile {resolved['cluster']['env_profile']!r} names no GPU the planner knows: "
