@@ -12,7 +12,9 @@ and the embedding's output made to require grad, so backward computes every dgra
 (The ceiling is slightly conservative: it also runs the first layer's dgrad, which a LoRA step skips because
 nothing below the first adapter needs a gradient.) Prints one JSON line per configuration; GPU only.
 
-    python3 bench/lora_ceiling.py bf16 fp8_delayed
+    python3 bench/lora_ceiling.py bf16 fp8_delayed                 # one document per sequence (the anchor's layout)
+    python3 bench/lora_ceiling.py --packed bf16 fp8_delayed        # packed: THD attention over the same synthetic
+                                                                   # packs bench/trainer_throughput.py --docs packed trains
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: trainer.data
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29512")
 
@@ -45,7 +48,33 @@ def _model(seq: int):
                     rotary_base=500000, share_embeddings_and_output_weights=False).cuda()
 
 
-def run(seq: int, fp8: str | None, steps: int = 8, warm: int = 3) -> dict:
+def _packs(seq: int, n: int, vocab: int = 128256, n_file: int = 28) -> list:
+    """(tokens, positions, PackedSeqParams) of the first n packs of the file bench/trainer_throughput.py --docs packed
+    writes for its 20 iterations (trainer.data.mlperf.write_synthetic, 28 packs, seed 1), positions restarting at every
+    document as the trainer's."""
+    import tempfile
+
+    import numpy as np
+
+    from trainer.data.mlperf import write_synthetic
+    from trainer.model.inputs import packed_seq_params
+
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        write_synthetic(d, max(n, n_file), seq, vocab, seed=1)
+        for p in np.load(f"{d}/train.npy", allow_pickle=True)[:n]:
+            ids = torch.tensor(p["input_ids"], dtype=torch.long)
+            starts = list(p["seq_start_id"]) + [len(ids)]
+            pos = torch.cat([torch.arange(b - a) for a, b in zip(starts[:-1], starts[1:])])
+            pad = seq - len(ids)  # the collator pads a pack to seq; the pad is its own segment
+            ids, pos = torch.nn.functional.pad(ids, (0, pad)), torch.cat([pos, torch.arange(pad)])
+            cu = torch.tensor(starts, dtype=torch.int32)
+            psp = packed_seq_params(cu, int(torch.diff(cu).max()), seq, "cuda")
+            out.append((ids.view(1, -1).cuda(), pos.view(1, -1).cuda(), psp))
+    return out
+
+
+def run(seq: int, fp8: str | None, steps: int = 8, warm: int = 3, packed: bool = False) -> dict:
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe
 
@@ -54,8 +83,11 @@ def run(seq: int, fp8: str | None, steps: int = 8, warm: int = 3) -> dict:
         p.requires_grad_(False)
     # the gradient starts at the embedding's output: every layer's dgrad runs, no weight gradient anywhere
     model.embedding.register_forward_hook(lambda mod, args, out: out.detach().requires_grad_(True))
-    ids = torch.randint(0, 128256, (1, seq), device="cuda")
-    pos = torch.arange(seq, device="cuda").unsqueeze(0)
+    if packed:
+        batches = _packs(seq, warm + steps)
+    else:
+        ids = torch.randint(0, 128256, (1, seq), device="cuda")
+        batches = [(ids, torch.arange(seq, device="cuda").unsqueeze(0), None)] * (warm + steps)
     recipes = {"delayed": recipe.DelayedScaling, "current": recipe.Float8CurrentScaling}
     ctx = (lambda: te.autocast(enabled=True, recipe=recipes[fp8]())) if fp8 else contextlib.nullcontext
     torch.cuda.reset_peak_memory_stats()
@@ -63,12 +95,14 @@ def run(seq: int, fp8: str | None, steps: int = 8, warm: int = 3) -> dict:
         if i == warm:
             torch.cuda.synchronize()
             t = time.perf_counter()
+        ids, pos, psp = batches[i]
         with ctx():
-            loss = model(ids, pos, None, labels=ids)
+            loss = model(ids, pos, None, labels=ids, packed_seq_params=psp)
         loss.float().mean().backward()
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t) / steps
     row = {"bench": "lora_ceiling", "mode": "frozen_base_dgrad_only", "seq": seq, "fp8": fp8,
+           "docs": "packed" if packed else "single",
            "tokens_per_s": round(seq / dt), "step_ms": round(dt * 1e3, 1),
            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
     del model
@@ -93,9 +127,10 @@ def main(argv: list[str]) -> int:
     parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     print(json.dumps(versions()), flush=True)
-    for w in argv or ["bf16"]:
+    packed = "--packed" in argv
+    for w in [a for a in argv if a != "--packed"] or ["bf16"]:
         try:
-            print(json.dumps(run(8192, None if w == "bf16" else w.removeprefix("fp8_"))), flush=True)
+            print(json.dumps(run(8192, None if w == "bf16" else w.removeprefix("fp8_"), packed=packed)), flush=True)
         except Exception as e:  # one configuration's failure is a row, the next one still runs
             print(json.dumps({"bench": "lora_ceiling", "config": w, "error": f"{type(e).__name__}: {str(e)[:300]}"}),
                   flush=True)
