@@ -61,7 +61,7 @@ def test_checks_versions_and_te_from_the_recipe(tmp_path):
     fp8.write_text(json.dumps({"trainer": {"precision": {"bf16": True, "fp8": "hybrid"}}}))
     out = _preflight(sys.executable, "--config", str(fp8))  # the suite's venv: torch + megatron-core, no TE
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.strip() == f"preflight: python {sys.executable} lacks transformer-engine (needs " \
+    assert out.stderr.strip() == f"preflight: interpreter {sys.executable} lacks transformer-engine (needs " \
                                  "transformer-engine >=2.9 for fp8: hybrid)", out.stderr
     ok = _preflight(sys.executable, "--", sys.executable, "-c", "print('exec ok')")
     assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == "exec ok"
@@ -76,7 +76,7 @@ def test_bare_metal_job_without_torch_fails_in_one_line(local_slurm, job_env, tm
                      key="scheduler_state")
     out = read(Path(entry["run_dir"]) / "logs" / f"slurm-{entry['job_id']}.out")
     assert row["state"] == "FAILED" and row["trainer_exit_code"] == 2, row
-    assert row["error"].startswith(f"config error | python {venv}/bin/python lacks torch (needs torch >=2.6)"), row
+    assert row["error"].startswith(f"config error | interpreter {venv}/bin/python lacks torch (needs torch >=2.6)"), row
     assert "Traceback" not in out and "torch.distributed.run" not in out, out[-2000:]
 
 

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Optional
 
+from primus_contract.fields import SCHEMA
 from primus_contract.machine import parse_version
 from trainer.signals import EXIT_CONFIG
 
@@ -41,9 +42,9 @@ class Missing(Exception):
 
 
 def where() -> str:
-    """`image IMAGE` inside a container (the job script names it), else `python PATH`."""
+    """`image IMAGE` inside a container (the job script names it), else `interpreter PATH`."""
     image = os.environ.get("PRIMUS_CONTAINER_IMAGE")
-    return f"image {image}" if image and container() != "none" else f"python {sys.executable}"
+    return f"image {image}" if image and container() != "none" else f"interpreter {sys.executable}"
 
 
 def container() -> str:
@@ -92,16 +93,17 @@ def _span(low: tuple, high: Optional[tuple]) -> str:
 
 
 def te_needed(resolved: Optional[dict]) -> Optional[str]:
-    """Why this recipe needs Transformer Engine (FP8, or FP4 not emulated), else None."""
+    """Why this recipe needs Transformer Engine (FP8, or FP4 not emulated), else None. Read from the resolved
+    recipe with the contract's defaults (stdlib): trainer.precision imports torch, which this check must not."""
     if not resolved:
         return None
-    from trainer.precision.settings import PrecisionSettings
-
-    s = PrecisionSettings.from_cfg(resolved)
-    if s.fp8:
-        return f"fp8: {s.fp8}"
-    if s.fp4 and not s.fp4_emulation:
-        return f"fp4: {s.fp4} without fp4_emulation"
+    prec = (resolved.get("trainer") or {}).get("precision") or {}
+    default = SCHEMA["trainer"]["precision"]
+    fp8, fp4, emulated = (prec.get(k, default[k].default) for k in ("fp8", "fp4", "fp4_emulation"))
+    if fp8:
+        return f"fp8: {fp8}"
+    if fp4 and not emulated:
+        return f"fp4: {fp4} without fp4_emulation"
     return None
 
 
