@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from trainer.model.lora_grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
 from trainer.model.adapter_grads import adapter_a
+from trainer.model.lora_fused import fused_adapter
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -83,7 +84,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
                  dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
-                 sequence_parallel: bool, seed: int):
+                 sequence_parallel: bool, seed: int, fused: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -113,6 +114,7 @@ class LoRALinear(nn.Module):
         self.input_act = None
         self.pending_act_input = None
         self.adapter_norm = None  # set by trainer.model.lora_inputs: the adapter norms x itself
+        self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora_fused where the layout allows
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
@@ -180,7 +182,24 @@ class LoRALinear(nn.Module):
                      if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
         return h
 
+    def _take_act_input(self, x: torch.Tensor):
+        """The pending pre-activation u of x = act(u) (trainer.model.lora_inputs), if it matches x; used once."""
+        u, self.pending_act_input = self.pending_act_input, None
+        if u is not None and (u.shape[:-1] != x.shape[:-1] or u.shape[-1] != 2 * x.shape[-1]):
+            return None
+        return u
+
+    def uses_fused_path(self) -> bool:
+        """trainer.model.lora_fused applies: the adapter reads the base's own input, no TP collective between A and
+        B, no dropout."""
+        return (self.fused and self.tp_size == 1 and self.dropout is None and not self.fused_norm
+                and self.adapter_norm is None)
+
     def forward(self, x: torch.Tensor, *args, **kwargs):
+        if self.uses_fused_path():
+            u = self._take_act_input(x)
+            return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
+                                 u=u, act=self.input_act if u is not None else None)
         result = self.base(x, *args, **kwargs)
         if self.fused_norm and self.adapter_norm is None:
             if len(result) == 3:  # TE with return_bias: (out, bias, ln_out)
@@ -190,9 +209,7 @@ class LoRALinear(nn.Module):
         else:
             out, bias = result
             adapter_in = x
-        u, self.pending_act_input = self.pending_act_input, None
-        if u is not None and (u.shape[:-1] != x.shape[:-1] or u.shape[-1] != 2 * x.shape[-1]):
-            u = None
+        u = self._take_act_input(x)
         h = self._adapter_h(adapter_in, u).to(out.dtype)
         b = self.lora_b.to(out.dtype)
         if self.dropout is not None and self.dropout_position == "post":
@@ -255,7 +272,7 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             base, leaf, dim=int(lcfg.dim), alpha=float(lcfg.alpha), dropout=float(lcfg.dropout or 0.0),
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
-            seed=_seed(seed, global_name(name)))
+            seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)))
         setattr(parent, leaf, wrapped)
     return names
 

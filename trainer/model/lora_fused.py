@@ -1,0 +1,113 @@
+"""The fused adapter path of LoRALinear (trainer.lora.fused): one autograd node for the whole adapter, and the
+adapter's input gradient added in place into the frozen base's own input gradient.
+
+The unfused path (trainer/model/lora.py) builds the adapter from autograd ops:
+
+    h = x A^T;  y = out + s h B^T                      (addmm, out is the base linear's output)
+    backward:  dh = s dy B,  dB = s dy^T h,  dA = dh^T x,  dx_a = dh A,  dx = dx_base + dx_a
+
+where autograd writes dx_a ([tokens, in]) and then sums it with the base's dx in a separate pass (read both,
+write one: four passes over a [tokens, in] tensor in all). The fused path keeps every product and its operand
+order, and changes two things:
+
+* backward of the input: the base linear is called on a tap of x (`_InputGradTap`, the identity forward) whose
+  backward adds dh A into the base's dx in place (`dx.addmm_(dh, A)`: read and write dx once, the product never
+  materialised on its own). The adapter node hands dh and A to the tap through a one-use slot; autograd runs the
+  tap's backward after the adapter's (the tap feeds the base, whose output feeds the adapter node).
+* forward: y is written into the base output's storage (`out.addmm_`), so no second [tokens, out] buffer lives
+  beside it (unless the output is a view made by a custom Function, which autograd forbids writing: then a new one).
+
+Numerics: out, h, y, dh, dB and dA are the same ops in the same order as the unfused path (bitwise on CPU and on
+the GPU); dx differs only in where dh A is rounded (added in the GEMM's accumulator instead of rounded to the
+activation dtype first). tests/test_lora_fused.py pins both, and 20 iterations of a small model.
+
+Applies to a base whose adapter input is the base's own input x: linear_proj, linear_fc2 (also with fc2's SwiGLU
+recomputed from fc1's output, trainer.model.lora_inputs), any non-norm linear; TP size 1 (or a whole/duplicated
+linear), no adapter dropout. Elsewhere (TP>1 collectives between A and B, a LayerNormLinear whose adapter reads
+TE's returned norm output, the folded-norm adapter, dropout) LoRALinear keeps the unfused path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class _Slot:
+    """Hands (dh, A) from the adapter node's backward to the tap's backward; used once."""
+    __slots__ = ("dh", "a")
+
+    def __init__(self):
+        self.dh = self.a = None
+
+
+class _InputGradTap(torch.autograd.Function):
+    """Identity on x; in backward, dx += dh A with the slot's dh and A (in place, one GEMM with accumulation)."""
+
+    @staticmethod
+    def forward(ctx, x, slot):
+        ctx.slot = slot
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        slot, ctx.slot = ctx.slot, None
+        dh, a = slot.dh, slot.a
+        slot.dh = slot.a = None
+        if dh is None:  # the adapter node ran no backward (its output was unused): nothing to add
+            return dx, None
+        dx = dx.contiguous()
+        dx.view(-1, dx.shape[-1]).addmm_(dh.view(-1, dh.shape[-1]), a)
+        return dx, None
+
+
+class _AdapterOut(torch.autograd.Function):
+    """out += s (x A^T) B^T in place; backward hands dh = s dy B and A to the tap.
+
+    With (u, act) given, x = act(u) and u is kept instead of x: x is recomputed in backward for dA
+    (trainer.model.lora_inputs)."""
+
+    @staticmethod
+    def forward(ctx, out, x, u, a, b, scale, slot, act):
+        a_c, b_c = a.to(out.dtype), b.to(out.dtype)
+        h = F.linear(x, a_c)
+        h2 = h.reshape(-1, h.shape[-1])
+        if out._is_view():  # an input returned as-is by a custom Function (megatron's TP-1 all-reduce): not in place
+            out = torch.addmm(out.reshape(-1, out.shape[-1]), h2, b_c.t(), alpha=scale).view(out.shape)
+        else:
+            out.view(-1, out.shape[-1]).addmm_(h2, b_c.t(), alpha=scale)
+            ctx.mark_dirty(out)
+        ctx.scale, ctx.slot, ctx.act = scale, slot, act if u is not None else None
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
+        ctx.save_for_backward(u if u is not None else x, h, a_c, b_c)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        kept, h, a_c, b_c = ctx.saved_tensors
+        s = ctx.scale
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        h2 = h.reshape(-1, h.shape[-1])
+        # addmm's own backward: mat1 grad (dy B) * alpha; mat2 = B^T is column-major, so its grad is formed as
+        # (dy^T h)^T: B's grad is dy^T h * alpha
+        dh = dy2.mm(b_c).mul_(s) if s != 1.0 else dy2.mm(b_c)
+        db = dy2.t().mm(h2)
+        db = db.mul_(s) if s != 1.0 else db
+        with torch.no_grad():
+            xin = kept if ctx.act is None else ctx.act(kept)
+        x2 = xin.reshape(-1, xin.shape[-1])
+        da = dh.t().mm(x2)
+        slot, ctx.slot = ctx.slot, None
+        slot.dh, slot.a = dh, a_c
+        return (dy, None, None, da.to(ctx.a_dtype), db.to(ctx.b_dtype), None, None, None)
+
+
+def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
+                  u=None, act=None):
+    """(y, bias) of base(x) + scale * (x A^T) B^T through the fused path; base returns (out, bias)."""
+    slot = _Slot()
+    needs_dx = torch.is_grad_enabled() and x.requires_grad
+    out, bias = base(_InputGradTap.apply(x, slot) if needs_dx else x, *args, **(kwargs or {}))
+    if not out.is_contiguous():
+        out = out.contiguous()
+    y = _AdapterOut.apply(out, x.detach(), None if u is None else u.detach(), a, b, scale, slot, act)
+    return y, bias
