@@ -10,6 +10,7 @@ from __future__ import annotations
 from primus_contract.errors import ContractError
 from primus_contract.rules_data import checkpoint_rules, data_and_schedule_rules
 from primus_contract.rules_model import lora_rules, model_rules, parallel_rules
+from primus_contract.rules_pipeline import pipeline_rules
 from primus_contract.rules_precision import device_rules, recipe_precision_rules
 from primus_contract.rules_shapes import fp8_shape_rules
 from primus_contract.rules_tracking import tracking_rules
@@ -30,6 +31,7 @@ def check(r: dict) -> None:
     lora_rules(t["lora"], t["model"])
     data_and_schedule_rules(t)
     tracking_rules(t)
+    pipeline_rules(r.get("after") or [], t)
 
 
 def resolve(raw: dict) -> dict:

@@ -124,6 +124,10 @@ SCHEMA: dict = {
         "entrypoint": Field("str", "trainer", pattern=re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$"),
                             help="python module torchrun runs with -m"),
         "stall_minutes": Field("float", 30.0, min=0.1, max=10080),
+        "gpu_hour_price": _opt("float", min=0, help="price of one GPU-hour: `status` and the sweep leaderboard "
+                               "show each run's cost (GPU-hours x price) in cluster.currency"),
+        "currency": Field("str", "USD", pattern=re.compile(r"^[A-Z]{3}$"), help="the ISO 4217 code of "
+                          "gpu_hour_price (USD, EUR, ...)"),
         "container": {
             "runtime": Field("str", "none", choices=RUNTIMES),
             "image": _opt("str"),
@@ -263,6 +267,8 @@ SCHEMA: dict = {
 }
 
 
+# the pipeline after training: each step its own job (primus_contract/rules_pipeline.py checks the steps)
+SCHEMA["after"] = Field("list", [], item="step", help="steps run after training: eval, export, generate")
 
 # keys that were accepted once and did nothing: refused as unknown, with what to do instead
 REMOVED = {

@@ -6,6 +6,7 @@ import difflib
 from typing import Any
 
 from primus_contract.errors import ContractError
+from primus_contract.rules_pipeline import coerce_steps
 from primus_contract.fields import ENV_NAME_RE, FLOAT_RE, MAX_STR, MODEL, REMOVED, SCHEMA, TIME_RE, Field
 
 
@@ -62,6 +63,8 @@ def _coerce(path: str, f: Field, value: Any) -> Any:
             raise ContractError(f"`{path}` is {value!r:.80}; expected {f.help or 'a value matching ' + f.pattern.pattern}")
     if f.choices and value not in f.choices:
         raise ContractError(f"`{path}` is {value!r:.60}; expected {f.allowed()}")
+    if f.kind == "list" and f.item == "step":
+        return coerce_steps(path, value)
     if f.kind == "list":
         for i, item in enumerate(value):
             if f.item == "int":

@@ -14,6 +14,7 @@ from primus_slurm import jobs_cli, plan_cli, post_cli, precision_cli, preflight
 from primus_slurm import submit as submit_mod
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
+from primus_slurm.experiments import cli as experiments_cli
 from primus_slurm.executors import concrete_executor, sbatch_absent_note
 from primus_slurm.recipe import find_recipe, load_recipe
 from primus_slurm.render import render_script
@@ -113,7 +114,7 @@ def recipes_show(name: str) -> None:
     click.echo(find_recipe(name).read_text(), nl=False)
 
 
-for _commands in (jobs_cli, precision_cli, post_cli, preflight, plan_cli):  # each module's register(group)
+for _commands in (jobs_cli, precision_cli, post_cli, preflight, plan_cli, experiments_cli):  # each module's register(group)
     _commands.register(main)
 
 

@@ -2,6 +2,8 @@
 the run directory (an exit-code file the wrapper writes, a cancel marker) and the live process."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -12,10 +14,12 @@ import click
 
 from .errors import UserError
 from .executor_base import STOPPING, TERMINAL, Executor
+from .runs import read_run_json
 
 LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
 LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
 LOCAL_CANCELLED = "cancelled"       # written by `cancel` before it signals the process group
+QUEUE_LOCK = ".queue.lock"          # a queued run (a local sweep's): its start and a cancel, one at a time
 
 # >>: a resumed run appends; the trap: `cancel` TERMs this wrapper too, which must live to record the script's code
 _WRAPPER = 'trap : TERM INT; bash "$1" >>"$2" 2>&1; rc=$?; echo $rc >"$3.tmp"; mv "$3.tmp" "$3"'
@@ -68,6 +72,21 @@ def _signal_all(tree: dict, sig) -> None:
             pass
 
 
+@contextlib.contextmanager
+def queue_lock(run_dir: Path):
+    """Held while a local sweep's queue starts this run, and while `cancel` decides whether it has started."""
+    with open(Path(run_dir) / QUEUE_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _alive_pid(pid, start) -> bool:
+    return bool(pid) and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == start
+
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -106,7 +125,9 @@ class LocalExecutor(Executor):
         run_dir = Path(run_dir)
         exit_file = run_dir / LOCAL_EXIT
         pid = info.get("pid")
-        alive = bool(pid) and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == info.get("pid_start")
+        if not pid and info.get("queue_pid"):  # a local sweep's trial its queue has not started yet
+            return self._queued(run_dir, info)
+        alive = _alive_pid(pid, info.get("pid_start"))
         if (run_dir / LOCAL_CANCELLED).exists():  # STOPPING while the cancelled script still runs (a checkpoint)
             code = _read_int(exit_file)
             state = STOPPING if code is None and alive else "CANCELLED"
@@ -119,6 +140,15 @@ class LocalExecutor(Executor):
             return {"state": "RUNNING", "exit_code": None, "nodes": "localhost", "source": "local"}
         return {"state": "FAILED", "exit_code": None, "nodes": "localhost", "source": "local",
                 "reason": "process gone without an exit code (killed?)"}
+
+    @staticmethod
+    def _queued(run_dir: Path, info: dict) -> dict:
+        row = {"state": "PENDING", "exit_code": None, "nodes": None, "source": "local"}
+        if (run_dir / LOCAL_CANCELLED).exists():
+            row["state"] = "CANCELLED"
+        elif not _alive_pid(info["queue_pid"], info.get("queue_pid_start")):
+            row.update(state="CANCELLED", reason="the sweep's local queue ended before it started this trial")
+        return row
 
     def states(self, runs: list[tuple[Path, dict]]) -> list[dict | None]:
         return [self.state(run_dir, info) if run_dir.is_dir() else  # its state lived there
@@ -136,7 +166,12 @@ class LocalExecutor(Executor):
         act on TERM in time (stopped, or in a long save) would outlive a group kill and keep writing into the
         run."""
         run_dir = Path(run_dir)
-        if self.state(run_dir, info)["state"] != "RUNNING":
+        with queue_lock(run_dir):  # a queued run: marked, so its queue never starts it
+            info = {**info, **read_run_json(run_dir)}
+            state = self.state(run_dir, info)["state"]
+            if state == "PENDING":
+                (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+        if state != "RUNNING":
             return
         tree = _process_tree(info.get("pid"))
         (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")

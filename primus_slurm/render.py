@@ -84,12 +84,17 @@ def job_python(resolved: dict, executor: str) -> str:
     return c["python"]
 
 
+def check_run_dir(run_dir: str) -> None:
+    """A run directory lands unquoted in #SBATCH lines (symlinks already resolved): a plain absolute path only."""
+    if not WORKSPACE_RE.match(run_dir):
+        raise UserError(f"the run directory {run_dir!r} must be an absolute path of letters, digits and "
+                        "./_-+@= (check `experiment.workspace` and the symlinks on its way)")
+
+
 def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | None = None, template: str = TEMPLATE,
                   extra: dict | None = None) -> str:
     """The job script; `template` may extend job.sh.j2 (post-training jobs), `extra` adds/overrides context."""
-    if not WORKSPACE_RE.match(str(run_dir)):  # it lands unquoted in #SBATCH lines (symlinks already resolved)
-        raise UserError(f"the run directory {str(run_dir)!r} must be an absolute path of letters, digits and "
-                        "./_-+@= (check `experiment.workspace` and the symlinks on its way)")
+    check_run_dir(str(run_dir))
     c = resolved["cluster"]
     executor = executor or concrete_executor(resolved["cluster"]["executor"])
     runner = executor_for(executor)
@@ -120,3 +125,10 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
     }
     context.update(extra or {})
     return _environment().get_template(template).render(**context)
+
+
+def render_array(sbatch: list[str], run_dirs: list[str], sweep_id: str) -> str:
+    """A sweep's job array script (templates/array.sh.j2): task K execs the job script of `run_dirs[K]`."""
+    for run_dir in run_dirs:
+        check_run_dir(run_dir)
+    return _environment().get_template("array.sh.j2").render(sbatch=sbatch, run_dirs=run_dirs, sweep_id=sweep_id)

@@ -74,12 +74,15 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     states: dict[str, dict] = {}
     batch: dict[str, tuple[str, int | None]] = {}
     out = runner(["sacct", "--parsable2", "--noheader", "-j", ",".join(wanted),
-                  "-o", "JobIDRaw,State,ExitCode,NodeList"], capture_output=True, text=True)
+                  "-o", "JobIDRaw,JobID,State,ExitCode,NodeList"], capture_output=True, text=True)
     if out.returncode == 0:
         for line in out.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) < 4:
+            if len(parts) < 5:
                 continue
+            raw, array_id = parts.pop(0), parts[0]  # a job array's task is known by <array>_<task> (a sweep's)
+            if array_id.split(".")[0] not in wanted:
+                parts[0] = raw
             state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
             if parts[0].endswith(".batch") and parts[0][:-len(".batch")] in wanted:
                 batch[parts[0][:-len(".batch")]] = (state, code)
@@ -92,7 +95,8 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     missing = {j for j in wanted if states.get(j, {}).get("state") in (None, "CANCELLED", *ACTIVE)}
     if not missing:
         return states
-    out = runner(["squeue", "--noheader", "--states=all", "-o", "%i|%T|%N"], capture_output=True, text=True)
+    out = runner(["squeue", "--noheader", "--array", "--states=all", "-o", "%i|%T|%N"], capture_output=True,
+                 text=True)
     if out.returncode == 0:
         for line in out.stdout.splitlines():
             parts = line.strip().split("|")

@@ -64,8 +64,8 @@ def check(p: Prepared) -> list[str]:
     return unchecked
 
 
-def submit(p: Prepared) -> dict:
-    """Create the run dir, start the job, record it. Returns the registry entry."""
+def create(p: Prepared, **fields) -> dict:
+    """The run directory and its run.json (plus `fields`), the job not started yet; returns run.json's dict."""
     check(p)
     try:
         runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
@@ -79,14 +79,27 @@ def submit(p: Prepared) -> dict:
         shutil.rmtree(p.run_dir, ignore_errors=True)
         raise
     info = runs.provenance(p.recipe.resolved, p.recipe.hash, p.run_id, p.executor)
-    info["run_dir"] = str(p.run_dir)
+    info.update(run_dir=str(p.run_dir), **fields)
     runs.write_run_json(p.run_dir, info)
+    return info
+
+
+def record(p: Prepared, info: dict, started: dict, *keys: str) -> dict:
+    """run.json and the registry once the job is queued (`started`: the executor's fields); the entry has the
+    usual keys and `keys` of run.json (a sweep's id)."""
+    info.update(started)
+    runs.write_run_json(p.run_dir, info)
+    entry = {k: info[k] for k in ("run_id", "name", "executor", "job_id", "run_dir", "submit_time", *keys)}
+    registry.record(entry)
+    return entry
+
+
+def submit(p: Prepared) -> dict:
+    """Create the run dir, start the job, record it. Returns the registry entry."""
+    info = create(p)
     try:
-        info.update(executors.executor_for(p.executor).submit(p.run_dir))
+        started = executors.executor_for(p.executor).submit(p.run_dir)
     except Exception:
         shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing was queued: leave no half run behind
         raise
-    runs.write_run_json(p.run_dir, info)
-    entry = {k: info[k] for k in ("run_id", "name", "executor", "job_id", "run_dir", "submit_time")}
-    registry.record(entry)
-    return entry
+    return record(p, info, started)

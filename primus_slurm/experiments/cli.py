@@ -1,0 +1,82 @@
+"""The experiment commands (`sweep`), and the SWEEP forms of status / compare / cancel / resume, which
+jobs_cli and precision_cli hand over here when their argument names a sweep. `cli.py` calls register()."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..cli_options import set_option
+from ..errors import UserError
+from . import sweep as sweep_mod
+
+
+def trial_table(sweep: sweep_mod.Sweep) -> str:
+    keys = sweep.keys
+    head = ["trial"] + keys + ["verdict"]
+    rows = []
+    for t in sweep.trials:
+        values = dict(t.values)
+        verdict = f"refused: {t.error}" if t.error else (f"task {t.task}" if sweep.executor == "slurm"
+                                                         else f"queue {t.task}")
+        rows.append([str(t.index)] + [values.get(k, "-") for k in keys] + [verdict])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    lines = []
+    for r in [head, *rows]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return "\n".join(lines) + "\n"
+
+
+@click.command("sweep")
+@click.argument("recipe")
+@click.option("--grid", "grids", multiple=True, metavar="KEY=V1,V2,...",
+              help="a recipe key and its values; each --grid is an axis of the product (repeatable)")
+@click.option("--zip", "zips", multiple=True, metavar="KEY=V1,V2,...",
+              help="keys that vary together (the i-th values of every --zip make one point of one axis)")
+@set_option
+@click.option("--max-parallel", type=click.IntRange(min=1), default=None, metavar="N",
+              help="at most N trials at once (Slurm: the array's %N; local: default 1, one after another)")
+@click.option("--max-trials", type=click.IntRange(min=1), default=None, metavar="N",
+              help=f"allow up to N trials (default {sweep_mod.grid.MAX_TRIALS})")
+@click.option("--executor", type=click.Choice(["slurm", "local"]), default=None, help="override cluster.executor")
+@click.option("--dry-run", is_flag=True, help="print the trial table and the array script; submit nothing")
+@click.option("--skip-memory-check", is_flag=True, help="as submit's")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def sweep_cmd(recipe, grids, zips, overrides, max_parallel, max_trials, executor, dry_run, skip_memory_check,
+              as_json):
+    """Run RECIPE once per point of a grid: one Slurm job array (or the local queue). Each trial is checked as
+    `submit` checks a recipe; refused trials are listed with their reason and not submitted."""
+    sweep = sweep_mod.plan(recipe, grids, zips, overrides, executor, max_parallel, max_trials,
+                           skip_memory_check, dry_run)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"sweep_id": sweep.sweep_id, "executor": sweep.executor,
+                                   "trials": [t.as_dict() for t in sweep.trials],
+                                   "script": sweep_mod.array_script(sweep) if sweep.executor == "slurm" and
+                                   sweep.accepted else None}, indent=2))
+            return
+        sys.stdout.write(trial_table(sweep))
+        if sweep.executor == "slurm" and sweep.accepted:
+            sys.stdout.write("# ---- the array script ----\n" + sweep_mod.array_script(sweep))
+        return
+    if not as_json:
+        sys.stdout.write(trial_table(sweep))
+    entries = sweep_mod.launch(sweep)
+    if as_json:
+        click.echo(json.dumps({"sweep_id": sweep.sweep_id, "sweep_dir": str(sweep.sweep_dir),
+                               "executor": sweep.executor, "trials": [t.as_dict() for t in sweep.trials],
+                               "runs": entries}, indent=2, sort_keys=True))
+        return
+    job = entries[0]["job_id"].rsplit("_", 1)[0] if sweep.executor == "slurm" else "local queue"
+    click.echo(f"submitted sweep {sweep.sweep_id}: {len(entries)} of {len(sweep.trials)} trials "
+               f"({sweep.executor} {'job array ' + job if sweep.executor == 'slurm' else job})")
+    click.echo(f"sweep dir: {sweep.sweep_dir}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(sweep_cmd)
+
+
+def refuse_unknown(ref: str) -> None:
+    raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory")

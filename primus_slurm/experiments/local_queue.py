@@ -1,0 +1,89 @@
+"""The local executor's queue: a detached process that starts runs (a sweep's trials) N at a time, and runs
+each run's pipeline steps after it (`after:`, each only when the step before succeeded).
+
+`start` spawns it before the runs are recorded; it waits for `release` (queue.json in the queue's folder), so
+its writes to a run's run.json never race the submit's. Its own output: `<folder>/logs/queue.out`.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import registry, runs
+from ..executor_base import TERMINAL
+from ..local_executor import LOCAL_CANCELLED, LocalExecutor, proc_start_ticks, queue_lock
+
+QUEUE_JSON = "queue.json"
+GATE_S = 120.0  # how long the queue waits for its runs to be recorded (a failed submit never releases it)
+POLL_S = 1.0
+
+
+def start(folder: Path, run_dirs: list[Path], parallel: int) -> list[dict]:
+    """Spawn the queue for `run_dirs`; returns each run's run.json fields (PENDING until the queue starts it)."""
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    with open(folder / "logs" / "queue.out", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "primus_slurm.experiments.local_queue", str(folder)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    fields = {"queue_pid": proc.pid, "queue_pid_start": proc_start_ticks(proc.pid), "queue": str(folder)}
+    gate = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel}
+    (folder / (QUEUE_JSON + ".pending")).write_text(json.dumps(gate))
+    return [{"job_id": f"local-queue-{proc.pid}-{i}", **fields} for i in range(len(run_dirs))]
+
+
+def release(folder: Path) -> None:
+    """The runs are recorded: the queue may start them."""
+    (folder / (QUEUE_JSON + ".pending")).replace(folder / QUEUE_JSON)
+
+
+def _start_run(run_dir: Path, executor: LocalExecutor) -> dict | None:
+    """Start one queued run (None when it was cancelled while it waited)."""
+    with queue_lock(run_dir):
+        if (run_dir / LOCAL_CANCELLED).exists():
+            return None
+        info = runs.read_run_json(run_dir)
+        info.update(executor.submit(run_dir))
+        runs.write_run_json(run_dir, info)
+    registry.record({k: info[k] for k in ("run_id", "job_id")})
+    print(f"started {run_dir} as {info['job_id']}", flush=True)
+    return info
+
+
+def run_queue(folder: Path, after=None) -> None:
+    """Start the runs N at a time; `after(run_dir, info)` runs once each started run has ended."""
+    gate = folder / QUEUE_JSON
+    end = time.monotonic() + GATE_S
+    while not gate.exists():
+        if time.monotonic() > end:
+            print("the runs were never recorded (the submit failed?); nothing started", flush=True)
+            return
+        time.sleep(0.2)
+    spec = json.loads(gate.read_text())
+    pending = [Path(d) for d in spec["run_dirs"]]
+    executor, running = LocalExecutor(), []
+    while pending or running:
+        still = []
+        for run_dir, info in running:
+            state = executor.state(run_dir, info)
+            if state["state"] in TERMINAL:
+                print(f"{run_dir}: {state['state']} (exit {state.get('exit_code')})", flush=True)
+                if after is not None:
+                    after(run_dir, state)
+            else:
+                still.append((run_dir, info))
+        running = still
+        while pending and len(running) < spec["parallel"]:
+            run_dir = pending.pop(0)
+            info = _start_run(run_dir, executor)
+            if info is not None:
+                running.append((run_dir, info))
+        if pending or running:
+            time.sleep(POLL_S)
+    print("queue done", flush=True)
+
+
+if __name__ == "__main__":
+    run_queue(Path(sys.argv[1]))

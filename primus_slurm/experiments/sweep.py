@@ -1,0 +1,170 @@
+"""`primus-slurm sweep`: the trials of a grid, each checked as `submit` checks a recipe (the same functions:
+submit.prepare, plan_cli.check_memory, submit.check), the accepted ones started as ONE Slurm job array, or with
+the local executor one after another (N at a time).
+
+A sweep lives in `<workspace>/<experiment.name>/<sweep id>/`: sweep.json (the trials, their values, run ids,
+refusals), and for Slurm array.sbatch, the array script as submitted. Each accepted trial is an ordinary run
+(its own run directory, resolved recipe, job script, registry entry with `sweep`), so status, logs, cancel,
+resume, eval and export take a trial like any run.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import plan_cli, runs
+from .. import submit as submit_mod
+from ..errors import UserError
+from ..render import render_array, sbatch_lines
+from ..slurm_executor import submit_script
+from . import grid, local_queue
+
+SWEEP_JSON = "sweep.json"
+ARRAY_SCRIPT = "array.sbatch"
+PER_RUN_SBATCH = ("--output=", "--open-mode=", "--job-name=")  # the array sets its own
+
+
+@dataclass
+class Trial:
+    index: int
+    values: list[tuple[str, str]]
+    prepared: submit_mod.Prepared | None = None
+    error: str | None = None
+    task: int | None = None  # array task id / queue position of an accepted trial
+
+    def as_dict(self) -> dict:
+        p = self.prepared
+        return {"index": self.index, "values": dict(self.values), "task": self.task, "error": self.error,
+                "run_id": p.run_id if p and self.error is None else None,
+                "run_dir": str(p.run_dir) if p and self.error is None else None}
+
+
+@dataclass
+class Sweep:
+    sweep_id: str
+    recipe: str
+    executor: str | None
+    max_parallel: int | None
+    trials: list[Trial] = field(default_factory=list)
+    sweep_dir: Path | None = None
+
+    @property
+    def accepted(self) -> list[Trial]:
+        return [t for t in self.trials if t.error is None]
+
+    @property
+    def keys(self) -> list[str]:
+        return grid.varying([t.values for t in self.trials])
+
+
+def new_sweep_id() -> str:
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return f"sweep-{now.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor: str | None = None,
+         max_parallel: int | None = None, max_trials: int | None = None, skip_memory_check: bool = False,
+         dry_run: bool = False) -> Sweep:
+    """Every trial prepared and checked; a refused one keeps its one error line."""
+    combos = grid.trials(grids, zips, max_trials)
+    sweep = Sweep(new_sweep_id(), recipe, executor, max_parallel)
+    for i, values in enumerate(combos):
+        trial = Trial(i, values)
+        try:
+            trial.prepared = submit_mod.prepare(recipe, [*overrides, *grid.set_items(values)], executor,
+                                                dry_run=dry_run)
+            plan_cli.check_memory(trial.prepared.recipe.resolved, skip_memory_check)
+            submit_mod.check(trial.prepared)
+        except UserError as exc:
+            trial.error = str(exc)
+        sweep.trials.append(trial)
+    accepted = sweep.accepted
+    for task, trial in enumerate(accepted):
+        trial.task = task
+    if accepted:
+        first = accepted[0].prepared
+        sweep.executor = first.executor
+        sweep.sweep_dir = runs.run_dir_for(first.recipe.resolved, sweep.sweep_id)
+        if len({t.prepared.executor for t in accepted}) > 1:
+            raise UserError("sweep: the trials resolve to different executors; give --executor")
+        if sweep.executor == "slurm":
+            array_lines(sweep)  # one array shares one set of resources: refuse trials that differ
+    return sweep
+
+
+def array_lines(sweep: Sweep) -> list[str]:
+    """The #SBATCH lines of the sweep's array: the trials' own (equal for all), its name, output and range."""
+    shared = None
+    for trial in sweep.accepted:
+        p = trial.prepared
+        lines = [line for line in sbatch_lines(p.recipe.resolved, str(p.run_dir)) if not line.startswith(PER_RUN_SBATCH)]
+        if shared is None:
+            shared, first = lines, trial
+        elif lines != shared:
+            differ = next(a for a, b in zip(lines + [""] * len(shared), shared + [""] * len(lines)) if a != b)
+            raise UserError(f"sweep: trial {trial.index} asks Slurm for {differ or 'other resources'}, trial "
+                            f"{first.index} does not; the tasks of one job array share their resources, so sweep "
+                            "cluster.* keys in separate sweeps")
+    n = len(sweep.accepted)
+    limit = f"%{sweep.max_parallel}" if sweep.max_parallel else ""
+    name = sweep.accepted[0].prepared.recipe.resolved["experiment"]["name"]
+    return [f"--job-name={name}", *shared, f"--output={sweep.sweep_dir}/logs/array-%A_%a.out",
+            "--open-mode=append", f"--array=0-{n - 1}{limit}"]
+
+
+def array_script(sweep: Sweep) -> str:
+    return render_array(array_lines(sweep), [str(t.prepared.run_dir) for t in sweep.accepted], sweep.sweep_id)
+
+
+def record(sweep: Sweep, **fields) -> None:
+    data = {"sweep_id": sweep.sweep_id, "recipe": str(sweep.recipe), "executor": sweep.executor,
+            "max_parallel": sweep.max_parallel, "keys": sweep.keys,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "trials": [t.as_dict() for t in sweep.trials], **fields}
+    tmp = sweep.sweep_dir / (SWEEP_JSON + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(sweep.sweep_dir / SWEEP_JSON)
+
+
+def launch(sweep: Sweep) -> list[dict]:
+    """Create every accepted trial's run directory, start them (one array, or the local queue); the registry
+    entries. Nothing is left behind when the start fails."""
+    if not sweep.accepted:
+        raise UserError(f"sweep: all {len(sweep.trials)} trials were refused; nothing submitted")
+    tag = {"sweep": sweep.sweep_id, "sweep_dir": str(sweep.sweep_dir)}
+    infos = []
+    try:
+        (sweep.sweep_dir / "logs").mkdir(parents=True)
+        for trial in sweep.accepted:
+            infos.append(submit_mod.create(trial.prepared, **tag, sweep_task=trial.task))
+        if sweep.executor == "slurm":
+            script = array_script(sweep)
+            (sweep.sweep_dir / ARRAY_SCRIPT).write_text(script)
+            array_id, _ = submit_script(script, sweep.sweep_dir)
+            started = [{"job_id": f"{array_id}_{t.task}", "array_job_id": array_id} for t in sweep.accepted]
+            record(sweep, array_job_id=array_id)
+        else:
+            record(sweep)
+            started = local_queue.start(sweep.sweep_dir, [t.prepared.run_dir for t in sweep.accepted],
+                                        sweep.max_parallel or 1)
+    except BaseException:
+        for trial in sweep.accepted:
+            shutil.rmtree(trial.prepared.run_dir, ignore_errors=True)
+        shutil.rmtree(sweep.sweep_dir, ignore_errors=True)
+        raise
+    entries = [submit_mod.record(t.prepared, info, s, "sweep", "sweep_dir")
+               for t, info, s in zip(sweep.accepted, infos, started)]
+    if sweep.executor != "slurm":
+        local_queue.release(sweep.sweep_dir)
+    return entries
+
+
+def read(sweep_dir: Path) -> dict:
+    try:
+        return json.loads((Path(sweep_dir) / SWEEP_JSON).read_text())
+    except (OSError, ValueError):
+        raise UserError(f"{sweep_dir} has no readable {SWEEP_JSON} (not a sweep directory?)") from None

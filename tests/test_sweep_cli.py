@@ -1,0 +1,71 @@
+"""`sweep` without a cluster: bad input is one line and exit 2 with nothing written; --dry-run prints the trial
+table (refused trials with their one reason) and the job array script (issue 32)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, cli
+
+QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--grid", "trainer.schedule.lrr=1e-3,2e-3"], "unknown key `trainer.schedule.lrr`"),
+    (["--grid", "trainer.schedule.lr="], "the grid is empty"),
+    ([], "give at least one --grid"),
+    (["--grid", "trainer.lora.dim=4,eight"], "`trainer.lora.dim` is str 'eight'"),
+    (["--grid", "trainer.lora.dim=" + ",".join(map(str, range(1, 51))),
+      "--grid", "trainer.schedule.train_iters=" + ",".join(map(str, range(1, 22)))], "makes 1,050 trials"),
+    (["--grid", "trainer.lora.dim=1,2,3", "--max-trials", "2"], "--max-trials 2 allows fewer"),
+    (["--zip", "trainer.lora.dim=4,8", "--zip", "trainer.lora.alpha=8"], "each needs as many values"),
+    (["--grid", "trainer.lora.dim=4,8", "--zip", "trainer.lora.dim=4,8"], "swept twice"),
+])
+def test_bad_input_is_one_line_and_nothing_submitted(env, tmp_path, args, says):
+    out = cli(env, "sweep", QUICKSTART, "--executor", "local", *args)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "state").exists()
+
+
+def test_many_trials_pass_with_max_trials(env):
+    grid = ["--grid", "trainer.lora.dim=" + ",".join(map(str, range(1, 51))),
+            "--grid", "trainer.schedule.train_iters=" + ",".join(map(str, range(1, 22)))]
+    out = cli(env, "sweep", QUICKSTART, "--executor", "slurm", *grid, "--max-trials", "1050", "--dry-run", "--json",
+              timeout=600)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    accepted = [t for t in data["trials"] if t["error"] is None]
+    assert len(data["trials"]) == 1050 and len(accepted) == 850  # (train_iters 1-4: shorter than the warmup, refused)
+    assert f"#SBATCH --array=0-{len(accepted) - 1}\n" in data["script"]
+
+
+def test_dry_run_prints_table_and_array_script(env, tmp_path):
+    out = cli(env, "sweep", QUICKSTART, "--executor", "slurm", "--grid", "trainer.schedule.lr=1e-3,2e-3",
+              "--grid", "trainer.parallelism.tensor=1,3", "--max-parallel", "2", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    table, _, script = out.stdout.partition("# ---- the array script ----\n")
+    lines = table.splitlines()
+    assert lines[0].split() == ["trial", "trainer.schedule.lr", "trainer.parallelism.tensor", "verdict"]
+    assert lines[1].split() == ["0", "1e-3", "1", "task", "0"] and lines[3].split()[:4] == ["2", "2e-3", "1", "task"]
+    for refused in (lines[2], lines[4]):  # TP 3 on one process: the contract's own one line, not submitted
+        assert "refused: `trainer.parallelism" in refused, refused
+    assert "#SBATCH --array=0-1%2\n" in script and "#SBATCH --job-name=quickstart\n" in script
+    run_dirs = [line.split("RUN_DIR=")[1].split(" ;;")[0] for line in script.splitlines() if "RUN_DIR=/" in line]
+    assert len(run_dirs) == 2 and len(set(run_dirs)) == 2
+    assert 'exec bash "$RUN_DIR/job.sbatch"' in script
+    assert not (tmp_path / "ws").exists()  # a dry run writes nothing
+
+
+def test_array_tasks_share_resources(env):
+    out = cli(env, "sweep", QUICKSTART, "--executor", "slurm", "--grid", "cluster.time=00:10:00,00:20:00",
+              "--dry-run")
+    assert out.returncode == 2 and "--time=00:20:00" in out.stderr and "share their resources" in out.stderr
