@@ -4,6 +4,8 @@
 #                                     single-document) vs HF transformers + PEFT (single-document), GEMM peak
 #   bash bench/gpu_suite.sh fp4       FP4 numerics: bit-exactness vs TE's NVFP4 reference, kernel timings
 #   bash bench/gpu_suite.sh speed     the anchor, the adapter-free ceiling (bench/lora_ceiling.py), ours BF16/FP8, one call
+#   bash bench/gpu_suite.sh fused     issue 31: anchor, ceiling single + packed, ours unfused vs trainer.lora.fused
+#   bash bench/gpu_suite.sh fused-packed   ours packed unfused vs fused, FP8 fused + norm folded, fused FP8 profile
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
@@ -69,6 +71,30 @@ case "${1:-}" in
       $TP --recipe $R8 --docs packed --label 8b-bf16-packed
       $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/speed.jsonl" ;;
+  fused)  # issue 31, one call: the anchor, the adapter-free ceiling single-document AND packed, ours single-document
+          # BF16/FP8 with the unfused adapters and with trainer.lora.fused (trainer/model/lora_fused.py)
+    { python3 .gpu/bin/anchor_mcore_te.py bf16 fp8_delayed
+      python3 bench/lora_ceiling.py bf16 fp8_delayed
+      python3 bench/lora_ceiling.py --packed bf16 fp8_delayed
+      for f in false true; do
+        $TP --recipe $R8 --docs single --label "8b-bf16-single-fused-$f" --set trainer.lora.fused=$f
+        $TP --recipe $R8 --docs single --label "8b-fp8-single-fused-$f" --set trainer.precision.fp8=hybrid \
+            --set trainer.lora.fused=$f
+      done
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/fused.jsonl" ;;
+  fused-packed)  # the second call: ours packed with and without the fused adapters, FP8 with the norm folded into A,
+                 # and a profile of the fused FP8 step
+    { for f in false true; do
+        $TP --recipe $R8 --docs packed --label "8b-bf16-packed-fused-$f" --set trainer.lora.fused=$f
+        $TP --recipe $R8 --docs packed --label "8b-fp8-packed-fused-$f" --set trainer.precision.fp8=hybrid \
+            --set trainer.lora.fused=$f
+      done
+      $TP --recipe $R8 --docs single --label 8b-fp8-single-fused-norm-folded --set trainer.precision.fp8=hybrid \
+          --set trainer.lora.fused=true --set trainer.recompute.adapter_inputs=true \
+          --set trainer.recompute.adapter_inputs_scope=norm
+      $TP --recipe $R8 --docs single --label 8b-fp8-single-fused-profile --profile 8-9 \
+          --set trainer.precision.fp8=hybrid --set trainer.lora.fused=true
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/fused-packed.jsonl" ;;
   8bmem)  # memory switches at the same shape: chunked loss (default) on/off, adapter_inputs scopes, FP8 params
     AI=(--set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-defaults
