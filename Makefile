@@ -1,9 +1,14 @@
 .PHONY: quickstart check test
 
-# Train the tiny quickstart model on CPU with the local executor (no Slurm needed).
+# Train the tiny quickstart model on CPU with the local executor (no Slurm needed). PORTABLE goes into the run's
+# cluster.env: one trainer thread and the AVX2 kernels of PyTorch, MKL and oneDNN, the same digits on every x86-64
+# host for training and for the run's eval/generate jobs (the README's numbers). Not in the recipe itself: there
+# they changed every quickstart-based test job (lr=10 no longer diverged; commit 4eb2dad).
+PORTABLE = --set cluster.env.OMP_NUM_THREADS=1 --set cluster.env.ATEN_CPU_CAPABILITY=avx2 \
+	--set cluster.env.MKL_CBWR=AVX2 --set cluster.env.ONEDNN_MAX_CPU_ISA=AVX2
 quickstart:
 	scripts/setup-env.sh
-	.venv/bin/primus-slurm submit recipes/quickstart.yaml --follow
+	.venv/bin/primus-slurm submit recipes/quickstart.yaml --follow $(PORTABLE)
 
 # The fast loop: unit, contract and small CPU-model tests; no Slurm, no podman, no long runs (markers slurm,
 # container and slow; conftest.py sets the first two from the fixtures a test takes).

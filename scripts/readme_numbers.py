@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's quickstart numbers, from one run: trains the shipped quickstart (as `make quickstart` does, with
+"""The README's quickstart numbers, from one run: trains the shipped quickstart (`make quickstart` itself, with
 the local executor), evaluates its checkpoints 250 and 500 (`primus-slurm eval`), generates from the base and
 from the fine-tuned model on the bundled held-out prompts (`primus-slurm generate`) and rewrites the README
 block between the `readme-numbers` markers.
@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,16 +30,20 @@ EVAL_AT = (250, 500)
 SHOWN_ROWS = 5  # prompts shown per generate
 
 
-# The same kernels on every x86-64 host with AVX2 (PyTorch's, MKL's, oneDNN's): with each host's own code paths the
-# quickstart's eval loss at 250 was 6.828237E-01 on an AVX-512 host and 6.706821E-01 on another host kind.
-PORTABLE_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
-
 def job_env(tmp: Path) -> dict:
-    """One trainer thread, portable kernels, state and workspace under `tmp` (tests/conftest.py's quickstart_run
-    runs the same)."""
-    return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
-                OMP_NUM_THREADS="1", **PORTABLE_KERNELS)
+    """State and workspace under `tmp`; nothing else (tests/conftest.py's quickstart_run runs the same)."""
+    return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"))
+
+
+def make_quickstart(env: dict) -> tuple[str, Path]:
+    """`make quickstart`, the README's command, as a newcomer runs it (its PORTABLE kernels go into the run's
+    cluster.env, so the run's eval and generate jobs use them too): (run id, run directory)."""
+    out = subprocess.run(["make", "-s", "-C", str(ROOT), "quickstart"], env=env, capture_output=True, text=True,
+                         timeout=1800)
+    found = re.search(r"^submitted run (\S+) .*\nrun dir: (\S+)$", out.stdout, re.M)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"make quickstart failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    return found.group(1), Path(found.group(2))
 
 
 def _cli(env: dict, *args: str) -> str:
@@ -81,16 +84,27 @@ def exact_by_task(generations: Path) -> str:
     return " and ".join(f"{'all' if k == n else f'{k} of'} {n} {task}" for task, (k, n) in sorted(counts.items()))
 
 
+def host_cpu() -> str:
+    """The CPU's model name (/proc/cpuinfo): the pinned kernels still differ between CPU makers."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
 def block(logged: dict[int, float], evals: dict[int, dict], base: tuple[str, dict], trained: tuple[str, dict]) -> str:
     """The README block: eval losses as logged and as `eval` reproduces them, then both generates.
     base/trained: (generate's stdout, its result.json)."""
     a, b = EVAL_AT
     same = all(f"{evals[i]['eval_loss']:.6E}" == f"{logged[i]:.6E}" for i in EVAL_AT)
     lines = [START, "",
-             "On the run of `make quickstart` (500 iterations, one trainer thread: `OMP_NUM_THREADS=1`, and AVX2 kernels: "
-             "`ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2`, which give these digits on any x86-64 "
-             "host; each host's own kernels give other digits, 6.706821E-01 or 6.828237E-01 at 250 on two hosts "
-             "measured), `eval` gives "
+             "On the run of `make quickstart` (500 iterations; the Makefile puts one trainer thread, "
+             "`OMP_NUM_THREADS=1`, and AVX2 kernels, `ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2`, "
+             "into the run's `cluster.env`, so its `eval` and `generate` jobs use them too), measured on an x86-64 "
+             f"host whose CPU is `{host_cpu()}` (hosts of one CPU model give these digits; with the same pins an Intel "
+             "AVX-512 host gave 6.380055E-01 at 250, and a plain `primus-slurm submit recipes/quickstart.yaml`, each "
+             "host's own kernels, 6.706821E-01 or 6.828237E-01), `eval` gives "
              f"{evals[a]['eval_loss']:.6E} at iteration {a} and {evals[b]['eval_loss']:.6E} at {b} "
              f"({'both as logged' if same else f'logged: {logged[a]:.6E} and {logged[b]:.6E}'}; token accuracy "
              f"{evals[a]['token_accuracy']:.4f} and {evals[b]['token_accuracy']:.4f}).", "",
@@ -111,14 +125,7 @@ def readme_block(text: str) -> str:
 
 def measure(tmp: Path) -> str:
     env = job_env(tmp)
-    entry = json.loads(_cli(env, "submit", "recipes/quickstart.yaml", "--executor", "local", "--json",
-                            "--set", f"trainer.data.cache_dir={tmp / 'cache'}"))
-    run_dir = Path(entry["run_dir"])
-    while not (run_dir / "exit_code").exists():
-        time.sleep(2)
-    if (run_dir / "exit_code").read_text().strip() != "0":
-        sys.exit(f"the quickstart failed: {(run_dir / 'logs' / 'local.out').read_text()[-3000:]}")
-    run_id = entry["run_id"]
+    run_id, run_dir = make_quickstart(env)
     evals = {i: result_of(_cli(env, "eval", run_id, "--checkpoint", str(i))) for i in EVAL_AT}
     gens = []
     for extra in (["--base-only"], []):

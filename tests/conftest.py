@@ -106,13 +106,15 @@ def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple
 
 @pytest.fixture(scope="session")
 def quickstart_run(tmp_path_factory) -> tuple[dict, dict, Path]:
-    """The shipped quickstart as `make quickstart` runs it (500 iterations, eval every 25, checkpoints at 250 and
-    500), trained once per session with the local executor: (env, the submit's JSON entry, run directory).
+    """`make quickstart` itself, as a newcomer runs it (500 iterations, eval every 25, checkpoints at 250 and 500;
+    state and workspace in a temporary folder), trained once per session: (env, {run_id, run_dir}, run directory).
     test_post_commands (the README's numbers) and test_quickstart_learns (the curve falls) read this one run."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from readme_numbers import PORTABLE_KERNELS  # the README's digits are this run's on any x86-64 host
+    from readme_numbers import job_env, make_quickstart  # what scripts/readme_numbers.py runs
 
-    return local_training_run(tmp_path_factory.mktemp("post"), env_extra=PORTABLE_KERNELS)
+    env = job_env(tmp_path_factory.mktemp("post"))
+    run_id, run_dir = make_quickstart(env)
+    return env, {"run_id": run_id, "run_dir": str(run_dir)}, run_dir
 
 
 def status_json(env: dict, run_id: str) -> dict:

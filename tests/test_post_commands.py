@@ -140,11 +140,15 @@ def test_generate_answers_heldout_prompts_better_than_the_base(run, quickstart_p
 
 def test_the_readme_shows_this_codes_quickstart_numbers(run, quickstart_post):
     """README.md's eval losses and generate scores are this run's: a change that moves them fails here until
-    scripts/readme_numbers.py rewrites the block (they drifted: 6.828237E-01 in the README, 6.706821E-01 run)."""
+    scripts/readme_numbers.py rewrites the block (they drifted: 6.828237E-01 in the README, 6.706821E-01 run).
+    The digits are those of one CPU model (the block names it): on another, the pinned kernels still differ."""
     _, _, run_dir, evals = run
+    shown = readme_numbers.readme_block(readme_numbers.README.read_text())
+    if f"whose CPU is `{readme_numbers.host_cpu()}`" not in shown:
+        pytest.skip(f"the README's digits are another CPU model's, not this host's {readme_numbers.host_cpu()}")
     got = readme_numbers.block(evals, {it: r for it, (r, _) in quickstart_post["eval"].items()},
                                tuple(reversed(quickstart_post["base"])), tuple(reversed(quickstart_post["trained"])))
-    assert readme_numbers.readme_block(readme_numbers.README.read_text()) == got, got
+    assert shown == got, got
 
 
 def _one_error(out) -> str:
