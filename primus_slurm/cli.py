@@ -32,10 +32,12 @@ def main() -> None:
 @set_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
 @click.option("--skip-memory-check", is_flag=True, help="as submit's: accept a recipe the plan predicts will not fit")
-def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bool) -> None:
+@click.option("--executor", type=click.Choice(["slurm", "local"]), default=None,
+              help="as submit's: judge the recipe for this executor (default: the recipe's)")
+def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bool, executor: str | None) -> None:
     """Check RECIPE (path or name under recipes/) as `submit --dry-run` does (the same verdict) and print a
     summary, or the resolved recipe the job reads with --json; lists the checks only the job's nodes can make."""
-    prepared = submit_mod.prepare(recipe, overrides, dry_run=True)
+    prepared = submit_mod.prepare(recipe, overrides, executor, dry_run=True)
     planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's verdict, in its order
     unchecked = submit_mod.check(prepared)
     r = prepared.recipe

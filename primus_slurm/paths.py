@@ -59,10 +59,12 @@ def _host_path(path: str, mounts: list[tuple[str, str]]) -> str | None:
 def _relative(field: str, value: str, in_container: bool) -> UserError:
     hub = f", or {HUB_PREFIX}org/name for a tokenizer on the Hugging Face Hub" if field == TOKENIZER_FIELD else ""
     hub += "; a Hub dataset goes in trainer.data.*.hf_name" if field.startswith("trainer.data.") else ""
-    where = ("a relative path is not taken inside a container" if in_container
-             else f"no such file or directory from {os.getcwd()}")
-    return UserError(f"`{field}` is {value!r:.200}: neither an existing path nor a Hub id ({where}); give an "
-                     f"absolute path{hub}")
+    if in_container:
+        where, give = "a relative path is not taken inside a container", "an absolute path"
+    else:
+        where, give = f"no such file or directory from {os.getcwd()}", "a path that exists (relative to where you " \
+            "run primus-slurm, or absolute)"
+    return UserError(f"`{field}` is {value!r:.200}: neither an existing path nor a Hub id ({where}); give {give}{hub}")
 
 
 def check_paths(resolved: dict, executor: str, run_dir: str | None = None) -> list[str]:

@@ -12,6 +12,7 @@ from . import executors, paths, registry, runs
 from .errors import UserError
 from .recipe import Recipe, dump, load_recipe
 from .render import job_python, render_script
+from .start_checks import check_start
 from .validate import check_time_limit
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
@@ -59,6 +60,7 @@ def check(p: Prepared) -> list[str]:
     """What a submit refuses beyond the recipe itself; a dry run and `validate` check it too, so they print only
     what would run. Returns the checks that could not be made here (paths only the job's nodes see)."""
     unchecked = paths.check_paths(p.recipe.resolved, p.executor, str(p.run_dir))  # data/tokenizer/checkpoint
+    unchecked += check_start(p.recipe.resolved, p.executor)  # the W&B key, a local job's interpreter
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
     return unchecked

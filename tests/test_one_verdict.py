@@ -44,6 +44,9 @@ CASES = {  # name: (--set items, what the one error line says; None: accepted)
     "container-relative": ([*PODMAN, f"cluster.container.mounts=['{DATA}:{DATA}:ro']",
                             "trainer.tokenizer.path=tokenizer"], "a relative path is not taken inside a container"),
     "shipped": ([], None),
+    "wandb-online-no-key": (["trainer.logging.wandb.project=p"], "`trainer.logging.wandb.mode` is online but "
+                            "WANDB_API_KEY is not in this environment (the job's environment comes from it)"),
+    "wandb-offline": (["trainer.logging.wandb.project=p", "trainer.logging.wandb.mode=offline"], None),
 }
 
 
@@ -53,6 +56,7 @@ def test_validate_and_dry_run_give_one_verdict(name, capsys, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("PRIMUS_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     sets, expect = CASES[name]
     for executor in ("local", "slurm"):
         args = [*_sets(sets), "--set", f"cluster.executor={executor}"]
@@ -89,6 +93,29 @@ def test_validate_lists_what_only_the_nodes_see(capsys, tmp_path, monkeypatch):
     assert ("not checked here (the job's nodes see it): `trainer.data.train.path` /primus-compute-only/train.jsonl: "
             "/primus-compute-only is not mounted on this machine") in out, out
     assert run(["validate", QS, *_sets(sets[1:]), "--set", "cluster.executor=local"]) == 2  # the job runs here
+
+
+def test_validate_takes_the_executor_and_refuses_what_submit_refuses(capsys, tmp_path, monkeypatch):
+    """`validate --executor` judges as `submit --executor` does; a local job's missing interpreter and an online
+    W&B run without its key were 'ok' there and failed the job 7 s after the queue (issue 33 item 4)."""
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("PRIMUS_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    nodes_only = ["--set", "trainer.data.train.path=/primus-compute-only/train.jsonl"]
+    assert run(["validate", QS, "--executor", "slurm", *nodes_only]) == 0 and "not checked here" in \
+        capsys.readouterr().out
+    assert _verdict(capsys, ["validate", QS, "--executor", "local", *nodes_only])[0] == 2
+    python = ["--set", f"cluster.python={tmp_path}/no-such/python"]
+    line = (f"error: `cluster.python` is '{tmp_path}/no-such/python', which is not an executable on this machine (a "
+            f"local job runs it here); name an interpreter with the trainer's stack, e.g. {sys.executable}")
+    wandb = ["--set", "trainer.logging.wandb.project=p"]
+    for sets, expect in ((python, line), (wandb, "error: `trainer.logging.wandb.mode` is online but WANDB_API_KEY")):
+        verdicts = [_verdict(capsys, [cmd, QS, "--executor", "local", *sets]) for cmd in ("validate", "submit")]
+        assert verdicts[0] == verdicts[1] and verdicts[0][0] == 2 and verdicts[0][1].startswith(expect), verdicts
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "state" / "runs.jsonl").exists()  # nothing started
+    assert run(["validate", QS, "--executor", "slurm", *python]) == 0  # the nodes run it: listed, not refused
+    assert f"not checked here (the job's nodes see it): `cluster.python` {tmp_path}/no-such/python: not found on " \
+           "this machine" in capsys.readouterr().out
 
 
 def test_validate_json_shows_the_interpreter_the_job_runs(capsys, tmp_path, monkeypatch):
