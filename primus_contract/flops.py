@@ -34,6 +34,7 @@ megatron path (decoder.layers.<i>.self_attention.linear_qkv, decoder.layers.<i>.
 from __future__ import annotations
 
 from fnmatch import fnmatch
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 
@@ -110,11 +111,18 @@ def layer_linears(m, layer: int) -> list[tuple[str, str, int, int, int]]:
     return attn + mlp_linears(m, layer)
 
 
-def is_adapted(short: str, path: str, targets: Iterable[str], excludes: Iterable[str]) -> bool:
-    def hit(patterns):
-        return any(fnmatch(short, p) or fnmatch(path, p) for p in patterns)
+@lru_cache(maxsize=8192)
+def _matches(name: str, patterns: tuple) -> bool:
+    return any(fnmatch(name, p) for p in patterns)
 
-    return short != "router" and hit(targets or ()) and not hit(excludes or ())
+
+def is_adapted(short: str, path: str, targets: Iterable[str], excludes: Iterable[str]) -> bool:
+    """(Cached per name and patterns: the planner asks it for every linear of every layout it tries.)"""
+    def hit(patterns):
+        patterns = tuple(patterns or ())
+        return _matches(short, patterns) or _matches(path, patterns)
+
+    return short != "router" and hit(targets) and not hit(excludes)
 
 
 def base_linear_fwd_flops_per_token(m) -> float:

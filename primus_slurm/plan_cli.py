@@ -7,7 +7,7 @@ import json
 import click
 
 from primus_contract.plan import Plan, calibration, plan
-from primus_contract.plan.frontier import candidates, cheapest_fit, fastest_fit, get
+from primus_contract.plan.frontier import candidates, cheapest_fit_of, fastest_fit, get
 from primus_contract.plan.gpus import GPUS
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
@@ -35,7 +35,7 @@ def refusal(p: Plan, resolved: dict) -> str | None:
     if p.fits is not False:
         return None
     name, gib = p.largest_term
-    fix = cheapest_fit(candidates(resolved))
+    fix = cheapest_fit_of(resolved)
     change = (f"the cheapest change that fits: {' '.join(fix.set_lines())} ({fix.plan.peak_gib:.1f} GiB, "
               f"{fix.plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU)" if fix else
               "no layout of TP/PP/EP, recompute, FP8 weights and micro-batch fits on these GPUs: add GPUs")
