@@ -261,8 +261,8 @@ def compare(refs: list[str], plot_path: Optional[str]) -> str:
     out = table(runs)
     for run in runs:  # planned against measured (primus_slurm.plan_runs)
         peaks = run.series("mem peak GiB").values()
-        out += f"\n{run.label}: " + plan_runs.versus(plan_runs.planned(run.run_dir), max(peaks, default=None),
-                                                     run.average("tokens/s/GPU"))
+        line = plan_runs.versus(plan_runs.planned(run.run_dir), max(peaks, default=None), run.average("tokens/s/GPU"))
+        out += f"\n{run.label}: {line}" if line else ""
     if plot_path:
         out += f"\nplot: {plot(runs, plot_path)}"
     return out

@@ -81,7 +81,9 @@ def status_cmd(run, as_json):
     else:
         status_mod.render_table(rows)
         if run:
-            click.echo(plan_runs.versus(planned, *measured))
+            line = plan_runs.versus(planned, *measured)  # "" for a CPU run
+            if line:
+                click.echo(line)
             post_cli.show_results(rows[0]["run_dir"])
 
 
@@ -137,9 +139,15 @@ def list_cmd(as_json):
     if as_json:
         click.echo(json.dumps(entries, indent=2, sort_keys=True))
         return
-    for e in entries:
-        click.echo(f"{e['run_id']}  {e.get('name', '-'):<20} {e.get('executor', '-'):<6} "
-                   f"{str(e.get('job_id', '-')):<14} {e.get('submit_time', '-')}  {e['run_dir']}")
+    if not entries:
+        click.echo("no runs yet (primus-slurm submit RECIPE)")
+        return
+    rows = [("RUN", "NAME", "EXEC", "JOB", "SUBMITTED", "RUN DIR")]
+    rows += [(e["run_id"], e.get("name", "-"), e.get("executor", "-"), str(e.get("job_id", "-")),
+              e.get("submit_time", "-"), e["run_dir"]) for e in entries]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(5)]
+    for row in rows:
+        click.echo("  ".join(f"{str(v):<{w}}" for v, w in zip(row, widths)) + f"  {row[5]}")
 
 
 def register(group: click.Group) -> None:

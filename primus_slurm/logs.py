@@ -12,6 +12,7 @@ from .errors import UserError
 from .executor_base import TERMINAL
 from .executors import executor_for
 from .progress import attempt_of, rank_logs, read_progress
+from .status import derive_state
 
 POLL_S = 0.5
 
@@ -144,8 +145,9 @@ def follow(entry: dict, stdout: bool = False, out=sys.stdout, err=sys.stderr, mi
         if tail.exists():
             err.write("".join(tail.read_text(errors="replace").splitlines(True)[-40:]))
     code = state.get("exit_code")
-    if state["state"] == "COMPLETED":
+    shown = derive_state(state, read_progress(run_dir), None, 0)  # the state `status` shows (DIVERGED)
+    if shown == "COMPLETED":
         return code or 0
-    err.write(f"primus-slurm: run {entry['run_id']} ended {state['state']}"
+    err.write(f"primus-slurm: run {entry['run_id']} ended {shown}"
               f"{'' if code is None else f' (exit {code})'}\n")
     return code if code else 1

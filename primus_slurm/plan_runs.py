@@ -28,11 +28,13 @@ def _pair(planned_value: float, measured, unit: str, spec: str) -> str:
 
 
 def versus(p, peak_gib, tokens_per_s_gpu) -> str:
-    """One line: planned against measured peak and tokens/s per GPU."""
+    """One line: planned against measured peak and tokens/s per GPU; "" for a CPU run, which no GPU plan describes
+    (`status --json` still carries the numbers)."""
     if p is None:
         return "plan: not available (the run's recipe.resolved.yaml cannot be planned)"
-    cpu = " (a CPU run: the plan is an H200's)" if p.on_cpu else ""
-    return (f"plan vs measured{cpu}: peak {_pair(p.peak_gib, peak_gib, 'GiB', '.1f')}; tokens/s/GPU "
+    if p.on_cpu:
+        return ""
+    return (f"plan vs measured: peak {_pair(p.peak_gib, peak_gib, 'GiB', '.1f')}; tokens/s/GPU "
             f"{_pair(p.tokens_per_s_per_gpu, tokens_per_s_gpu, '', ',.0f').rstrip()}")
 
 

@@ -75,8 +75,8 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
             "restarts": progress.attempt, "seconds_since_log": stalled_for, "stall_minutes": stall_minutes,
             **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime", "exit_code")},
         })
-        if (base or {}).get("state") in TERMINAL:
-            rows[-1]["eta_s"] = None  # an ended job finishes nothing more, whatever its last log line said
+        if (base or {}).get("state") in TERMINAL or rows[-1]["state"] == "STALLED":
+            rows[-1]["eta_s"] = None  # an ended or stalled job: its last log line's pace says nothing of the end
     return rows
 
 

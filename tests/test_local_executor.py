@@ -30,6 +30,7 @@ def test_local_job_completes_with_follow_and_status(job_env, job_recipe):
     dry = cli(job_env, "submit", str(recipe), "--dry-run", "--run-id", run_id, *LOCAL)
     assert dry.returncode == 0 and "#SBATCH" not in dry.stdout and "srun" not in dry.stdout
     assert not list((recipe.parent / "ws").rglob(run_id)) and cli(job_env, "list", "--json").stdout.strip() == "[]"
+    assert cli(job_env, "list").stdout == "no runs yet (primus-slurm submit RECIPE)\n"
     proc = subprocess.Popen([str(CLI), "submit", str(recipe), "--run-id", run_id, "--follow", *LOCAL],
                             env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     line, seen = "", ""
@@ -51,6 +52,8 @@ def test_local_job_completes_with_follow_and_status(job_env, job_recipe):
     run_dir = Path(row["run_dir"])
     assert (run_dir / "job.sbatch").read_text() == dry.stdout.split("# ---- recipe.resolved.yaml")[0]
     assert "world_size 2" in cli(job_env, "logs", run_id).stdout
+    listed = cli(job_env, "list").stdout.splitlines()
+    assert listed[0].split() == ["RUN", "NAME", "EXEC", "JOB", "SUBMITTED", "RUN", "DIR"] and run_id in listed[1]
     assert "training exited with code 0" in cli(job_env, "logs", run_id, "--stdout").stdout
 
 
@@ -68,10 +71,13 @@ def test_local_failed_diverged_stalled_and_cancelled(job_env, job_recipe):
 
     row = wait_state(job_env, diverging["run_id"], {"DIVERGED"}, timeout=120)
     assert row["diverged"] is True
+    followed = cli(job_env, "logs", diverging["run_id"], "-f")  # says what status says
+    assert f"run {diverging['run_id']} ended DIVERGED" in followed.stderr, followed.stderr
 
     # iteration 1 is logged, then the job sleeps 75 s: after 6 s without log progress it is STALLED
     row = wait_state(job_env, sleeper["run_id"], {"STALLED"}, timeout=120)
     assert row["scheduler_state"] == "RUNNING" and row["seconds_since_log"] > 6
+    assert row["eta_s"] is None  # its last window's pace says nothing of when it ends
     run_dir = Path(row["run_dir"])
     assert len(worker_pids(run_dir, "primus_testjob")) == 2
     assert cli(job_env, "cancel", sleeper["run_id"]).returncode == 0

@@ -50,3 +50,23 @@ def test_preflight_decides_by_the_job_not_by_marker_files(monkeypatch):
     markers = [p for p in ("/run/.containerenv", "/.dockerenv") if os.path.exists(p)]
     assert container() == (f"podman ({markers[0]})" if markers else "podman (no container marker file found)")
 
+
+
+def test_the_filtered_line_names_only_what_is_missing(monkeypatch):
+    """With Transformer Engine installed megatron-core warns only that Apex is missing: the line said
+    "without Transformer Engine/Apex" there too (issue 33 item 5). Real warnings through the real filter."""
+    import warnings
+
+    from trainer import quiet
+
+    monkeypatch.setattr(quiet, "_counts", {})
+    monkeypatch.setattr(quiet, "_shown", None)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    quiet.install()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("Apex is not installed. Falling back to Torch Norm")
+        assert quiet.summary() == "warnings filtered | megatron-core without Apex uses its torch fallbacks (1 warnings)"
+        warnings.warn("Transformer Engine and Apex are not installed. Falling back to Torch optimizers.")
+        assert quiet.summary() == ("warnings filtered | megatron-core without Transformer Engine/Apex uses its torch "
+                                   "fallbacks (2 warnings)")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import warnings
 
 NO_TE = "megatron-core without Transformer Engine/Apex uses its torch fallbacks"
-# message prefix -> what it means for this job
+NO_APEX = "megatron-core without Apex uses its torch fallbacks"  # (Transformer Engine is there)
+# message prefix -> what it means for this job: the line names only what is missing
 KNOWN = {
     "Transformer Engine and Apex are not installed": NO_TE,
-    "Apex is not installed": NO_TE,
+    "Apex is not installed": NO_APEX,
     "full scope is deprecated": "megatron-core's default cuda_graph_scope 'full' (no CUDA graphs are captured)",
 }
 _counts: dict[str, int] = {}  # meaning -> warnings filtered
@@ -41,4 +42,7 @@ def summary() -> str | None:
     """The one line for rank 0's log, or None when nothing was filtered."""
     if not _counts:
         return None
-    return "warnings filtered | " + " | ".join(f"{meaning} ({n} warnings)" for meaning, n in _counts.items())
+    counts = dict(_counts)
+    if NO_TE in counts and NO_APEX in counts:  # both missing: one meaning
+        counts[NO_TE] += counts.pop(NO_APEX)
+    return "warnings filtered | " + " | ".join(f"{meaning} ({n} warnings)" for meaning, n in counts.items())
