@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "README.md"
+DOC = ROOT / "docs" / "recipes.md"
 START = "<!-- recipes: start (scripts/doc_recipes.py writes this block from `primus-slurm recipes`) -->"
 END = "<!-- recipes: end -->"
 

@@ -1,7 +1,7 @@
-"""The README's table of planned against measured (every matched GPU row of bench/results/), generated, not typed.
+"""docs/plan.md's table of planned against measured (every matched GPU row of bench/results/), generated, not typed.
 
     .venv/bin/python scripts/plan_table.py            # print the table
-    .venv/bin/python scripts/plan_table.py --write    # replace it in README.md between the plan-table markers
+    .venv/bin/python scripts/plan_table.py --write    # replace it in docs/plan.md between the plan-table markers
     .venv/bin/python scripts/plan_table.py --unmatched  # the rows not planned, each with its reason
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
     if not args.write:
         print(text)
         return
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "plan.md"
     body = readme.read_text()
     head, _, rest = body.partition(START)
     _, _, tail = rest.partition(END)

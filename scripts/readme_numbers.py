@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""The README's quickstart numbers, from one run: trains the shipped quickstart (`make quickstart` itself, with
-the local executor), evaluates its checkpoints 250 and 500 (`primus-slurm eval`), generates from the base and
-from the fine-tuned model on the bundled held-out prompts (`primus-slurm generate`) and rewrites the README
-block between the `readme-numbers` markers.
+"""The quickstart numbers of docs/after-training.md (the README's `make quickstart`), from one run: trains the
+shipped quickstart (`make quickstart` itself, with the local executor), evaluates its checkpoints 250 and 500
+(`primus-slurm eval`), generates from the base and from the fine-tuned model on the bundled held-out prompts
+(`primus-slurm generate`) and rewrites the block between the `readme-numbers` markers.
 
-    .venv/bin/python scripts/readme_numbers.py           # rewrite README.md
-    .venv/bin/python scripts/readme_numbers.py --check   # exit 1 when README.md's block differs
+    .venv/bin/python scripts/readme_numbers.py           # rewrite docs/after-training.md's block
+    .venv/bin/python scripts/readme_numbers.py --check   # exit 1 when that block differs
 
 tests/test_post_commands.py builds the same block (`block`) from the quickstart run it trains anyway and fails
-when README.md's differs, so a change of the code that moves these numbers must rerun this script.
+when the page's differs, so a change of the code that moves these numbers must rerun this script.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+README = ROOT / "docs" / "after-training.md"  # (the block moved there from README.md)
 PROMPTS = "recipes/data/quickstart/prompts.jsonl"
 START = "<!-- readme-numbers: start (scripts/readme_numbers.py writes this block; do not edit by hand) -->"
 END = "<!-- readme-numbers: end -->"
@@ -94,7 +94,7 @@ def host_cpu() -> str:
 
 
 def block(logged: dict[int, float], evals: dict[int, dict], base: tuple[str, dict], trained: tuple[str, dict]) -> str:
-    """The README block: eval losses as logged and as `eval` reproduces them, then both generates.
+    """The page's block: eval losses as logged and as `eval` reproduces them, then both generates.
     base/trained: (generate's stdout, its result.json)."""
     a, b = EVAL_AT
     same = all(f"{evals[i]['eval_loss']:.6E}" == f"{logged[i]:.6E}" for i in EVAL_AT)
@@ -136,7 +136,7 @@ def measure(tmp: Path) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare with README.md instead of rewriting it")
+    ap.add_argument("--check", action="store_true", help="compare with the page instead of rewriting it")
     args = ap.parse_args()
     os.chdir(ROOT)
     with tempfile.TemporaryDirectory(prefix="readme-numbers-") as tmp:
@@ -144,7 +144,7 @@ def main() -> int:
     text = README.read_text()
     old = readme_block(text)
     if args.check:
-        print("README.md's quickstart numbers are current" if old == new else f"README.md differs; now:\n{new}")
+        print(f"{README.name}'s quickstart numbers are current" if old == new else f"{README.name} differs; now:\n{new}")
         return 0 if old == new else 1
     README.write_text(text.replace(old, new))
     print(new)

@@ -1,4 +1,4 @@
-"""The docs' list of shipped recipes is what `primus-slurm recipes` prints (scripts/doc_recipes.py writes it): a
+"""docs/recipes.md's list of shipped recipes is what `primus-slurm recipes` prints (scripts/doc_recipes.py writes it): a
 recipe added to recipes/ and left out of the list fails here (three were missing from the hand-written one)."""
 from __future__ import annotations
 
