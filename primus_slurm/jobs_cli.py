@@ -65,7 +65,9 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json, sk
 @click.command("status")
 @click.argument("run", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status_cmd(run, as_json):
+@click.option("--wide", is_flag=True, help="every column (exec, job, TFLOP/s, peak memory, checkpoint, restarts); "
+              "default: what fits 100 columns")
+def status_cmd(run, as_json, wide):
     """State and training progress of all runs, or of RUN."""
     entries = [registry.find(run)] if run else registry.entries()
     rows = status_mod.collect(entries)
@@ -79,7 +81,7 @@ def status_cmd(run, as_json):
     elif not rows:
         click.echo("no runs yet (primus-slurm submit RECIPE)")
     else:
-        status_mod.render_table(rows)
+        status_mod.render_table(rows, wide=wide)
         if run:
             line = plan_runs.versus(planned, *measured)  # "" for a CPU run
             if line:

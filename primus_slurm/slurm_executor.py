@@ -95,13 +95,14 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     missing = {j for j in wanted if states.get(j, {}).get("state") in (None, "CANCELLED", *ACTIVE)}
     if not missing:
         return states
-    out = runner(["squeue", "--noheader", "--array", "--states=all", "-o", "%i|%T|%N"], capture_output=True,
+    out = runner(["squeue", "--noheader", "--array", "--states=all", "-o", "%i|%T|%N|%r|%S"], capture_output=True,
                  text=True)
     if out.returncode == 0:
         for line in out.stdout.splitlines():
             parts = line.strip().split("|")
-            if len(parts) != 3 or parts[0] not in missing:
+            if len(parts) != 5 or parts[0] not in missing:
                 continue
+            why, start = parts.pop(3), parts.pop(3)
             known = states.get(parts[0], {}).get("state")
             if known == "CANCELLED":
                 if parts[1] in ACTIVE:
@@ -112,7 +113,15 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             if known is not None and parts[1] not in ACTIVE:
                 continue
             states[parts[0]] = {"state": parts[1], "exit_code": None, "nodes": parts[2], "source": "squeue"}
+            if parts[1] == "PENDING":  # why it waits, e.g. a requeued job's BeginTime hold of about two minutes
+                states[parts[0]]["reason"] = _pending_reason(why, start)
     return states
+
+
+def _pending_reason(why: str, start: str) -> str:
+    """`pending: BeginTime, starts 2026-12-03T16:10:00` from squeue's %r and %S."""
+    starts = f", starts {start}" if start and start not in ("N/A", "Unknown", "None") else ""
+    return f"pending: {why or 'None'}{starts}"
 
 
 def slurm_listed(job_id: str, runner=subprocess.run) -> str | None:

@@ -97,26 +97,32 @@ def to_json(rows: list[dict]) -> str:
     return json.dumps(rows, indent=2, sort_keys=True)
 
 
-def render_table(rows: list[dict], console=None) -> None:
+COLUMNS = ("RUN", "NAME", "EXEC", "JOB", "STATE", "EXIT", "ITER", "LOSS", "TOK/S/GPU", "TFLOP/S/GPU", "PEAK GiB", "ETA",
+           "CHECKPOINT", "RESTARTS")
+NARROW = ("RUN", "NAME", "STATE", "EXIT", "ITER", "LOSS", "TOK/S/GPU", "ETA")  # fits 100 columns; --wide: all
+
+
+def render_table(rows: list[dict], console=None, wide: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    shown = COLUMNS if wide else NARROW
     table = Table(box=None, pad_edge=False)
-    for col in ("RUN", "NAME", "EXEC", "JOB", "STATE", "EXIT", "ITER", "LOSS", "TOK/S/GPU", "TFLOP/S/GPU",
-                "PEAK GiB", "ETA", "CHECKPOINT", "RESTARTS"):
+    for col in shown:
         table.add_column(col, no_wrap=True)
     for r in rows:
         it = f"{r['iteration']}/{r['train_iters']}" if r["iteration"] is not None else "-"
         # a finished run shows its average (`training summary`), a running one its last logged window
         tokens = r.get("avg_tokens_per_s_gpu") if r.get("finished") and r.get("avg_tokens_per_s_gpu") else \
             r["tokens_per_s_gpu"]
-        table.add_row(r["run_id"], _fmt(r["name"]), _fmt(r["executor"]), _fmt(r["job_id"]), r["state"],
-                      _fmt(r["exit_code"]), it, _fmt(r["lm_loss"], ".4f"), _fmt(tokens, ".1f"),
-                      _fmt(r["tflops_gpu"], ".2f"), _fmt(r["mem_peak_gib"], ".2f"), _eta(r["eta_s"]),
-                      _fmt(r["last_checkpoint"]), str(r["restarts"]))
-    console = console or Console(width=250)
+        cells = dict(zip(COLUMNS, (
+            r["run_id"], _fmt(r["name"]), _fmt(r["executor"]), _fmt(r["job_id"]), r["state"], _fmt(r["exit_code"]), it,
+            _fmt(r["lm_loss"], ".4f"), _fmt(tokens, ".1f"), _fmt(r["tflops_gpu"], ".2f"), _fmt(r["mem_peak_gib"], ".2f"),
+            _eta(r["eta_s"]), _fmt(r["last_checkpoint"]), str(r["restarts"]))))
+        table.add_row(*(cells[col] for col in shown))
+    console = console or Console(width=250 if wide else 100)
     console.print(table)
-    for r in rows:  # why a run failed, from its trainer log (else what the executor knows)
+    for r in rows:  # why a run failed, from its trainer log (else what the executor knows), or why it waits
         why = r.get("error") or r.get("reason")
-        if why and r["state"] not in ("RUNNING", "PENDING", "COMPLETED"):
-            console.print(f"{r['run_id']}: {why}", markup=False, highlight=False)
+        if why and r["state"] not in ("RUNNING", "COMPLETED"):
+            console.print(f"{r['run_id']}: {why}", markup=False, highlight=False, soft_wrap=True)

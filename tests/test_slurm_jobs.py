@@ -92,3 +92,18 @@ def test_failed_and_cancelled_jobs(local_slurm, job_env, job_recipe):
     assert [e["run_id"] for e in listed] == [failing["run_id"], sleeper["run_id"]]
     table = cli(job_env, "status").stdout
     assert failing["run_id"] in table and "FAILED" in table and "CANCELLED" in table
+
+
+def test_a_pending_job_says_why_it_waits(local_slurm, job_env, job_recipe):
+    """A job held until its begin time, as Slurm holds a requeued job for about two minutes, is PENDING with
+    squeue's reason and start time in `status` (it said nothing); the narrow table fits 100 columns, --wide has all."""
+    entry = submit(job_env, job_recipe("ok", nodes=1, extra_sbatch=["--begin=now+600"]))
+    try:
+        row = wait_state(job_env, entry["run_id"], {"PENDING"}, timeout=60)
+        assert row["reason"].startswith("pending: BeginTime, starts 20"), row
+        table = cli(job_env, "status").stdout
+        assert f"{entry['run_id']}: pending: BeginTime, starts 20" in table, table
+        assert max(len(line) for line in table.splitlines()[:2]) <= 100 and "RESTARTS" not in table
+        assert "RESTARTS" in cli(job_env, "status", "--wide").stdout
+    finally:
+        subprocess.run(["scancel", str(entry["job_id"])], capture_output=True)
