@@ -231,7 +231,7 @@ def table(runs: list[RunLog]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[RunLog], path: str) -> str:
+def plot(runs: list[RunLog], path: str, title: str = "lm loss, same seed / data / GBS / LR") -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,7 +243,7 @@ def plot(runs: list[RunLog], path: str) -> str:
         ax.plot(list(s), list(s.values()), label=run.label, linewidth=1.2)
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
-    ax.set_title("lm loss, same seed / data / GBS / LR")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

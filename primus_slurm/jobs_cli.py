@@ -15,6 +15,8 @@ from . import submit as submit_mod
 from . import plan_cli, plan_runs
 from .errors import UserError
 from .executors import executor_for
+from .experiments import cost, leaderboard
+from .experiments import cli as experiments_cli
 
 
 @click.command("submit")
@@ -68,11 +70,16 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json, sk
 @click.option("--wide", is_flag=True, help="every column (exec, job, TFLOP/s, peak memory, checkpoint, restarts); "
               "default: what fits 100 columns")
 def status_cmd(run, as_json, wide):
-    """State and training progress of all runs, or of RUN."""
+    """State and training progress of all runs, or of RUN; of SWEEP, its leaderboard (a row per trial)."""
+    if run and leaderboard.is_sweep(run):
+        experiments_cli.show_sweep(run, as_json)
+        return
     entries = [registry.find(run)] if run else registry.entries()
     rows = status_mod.collect(entries)
-    if run:  # its exports, generations and evals (primus_slurm.post)
+    if run:  # its exports, generations and evals (primus_slurm.post), what it cost
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
+        rows[0]["cost"] = cost.costs([(Path(entries[0]["run_dir"]),
+                                       {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))})])[0]
         measured = (rows[0]["mem_peak_gib"], rows[0].get("avg_tokens_per_s_gpu") or rows[0]["tokens_per_s_gpu"])
         planned = plan_runs.planned(Path(rows[0]["run_dir"]))
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
@@ -87,6 +94,7 @@ def status_cmd(run, as_json, wide):
             if line:
                 click.echo(line)
             post_cli.show_results(rows[0]["run_dir"])
+            click.echo(cost.line(rows[0]["cost"]))
 
 
 @click.command("logs")
@@ -105,11 +113,22 @@ def logs_cmd(run, follow, attempt, job_stdout):
     logs_mod.show(entry, job_stdout, attempt)
 
 
+def _runs_of(ref: str) -> list[dict]:
+    """RUN's registry entry, or every submitted trial's of SWEEP."""
+    if leaderboard.is_sweep(ref):
+        return leaderboard.trial_entries(leaderboard.find(ref))
+    return [registry.find(ref)]
+
+
 @click.command("cancel")
 @click.argument("run")
 def cancel_cmd(run):
-    """Cancel RUN (scancel, or kill the local process group)."""
-    entry = registry.find(run)
+    """Cancel RUN (scancel, or kill the local process group), or every unfinished trial of SWEEP."""
+    for entry in _runs_of(run):
+        _cancel(entry)
+
+
+def _cancel(entry: dict) -> None:
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
     executor = executor_for(info.get("executor"))
@@ -125,12 +144,27 @@ def cancel_cmd(run):
 @click.argument("run")
 @click.option("--follow", is_flag=True, help="stream the rank-0 log; exit with the job's exit code")
 def resume_cmd(run, follow):
-    """Submit a stopped RUN again (same script, a new job); training resumes from its latest checkpoint."""
-    entry = resume_mod.resume(run)
-    click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
-               f"(attempt {entry['attempt']}, {entry['note']})")
+    """Submit a stopped RUN again (same script, a new job); training resumes from its latest checkpoint. SWEEP:
+    every trial that ended unfinished (a trial that completed, or still runs, is left as it is)."""
+    if leaderboard.is_sweep(run):
+        if follow:
+            raise UserError("resume SWEEP: --follow follows one run; give a trial's run id")
+        for trial in _runs_of(run):
+            try:
+                _resume(trial["run_id"])
+            except UserError as exc:
+                click.echo(f"not resumed: {exc}")
+        return
+    entry = _resume(run)
     if follow:
         sys.exit(logs_mod.follow(entry, min_attempt=entry["attempt"]))
+
+
+def _resume(ref: str) -> dict:
+    entry = resume_mod.resume(ref)
+    click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
+               f"(attempt {entry['attempt']}, {entry['note']})")
+    return entry
 
 
 @click.command("list")

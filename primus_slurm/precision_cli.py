@@ -5,6 +5,8 @@ import click
 
 from .compare import compare
 from .errors import UserError
+from .experiments import leaderboard
+from .experiments.cli import show_sweep
 from .verify_fp4 import verify
 
 
@@ -13,11 +15,18 @@ def register(group: click.Group) -> None:
     @click.argument("runs", nargs=-1, required=True)
     @click.option("--plot", "plot_path", default=None, metavar="PNG",
                   help="Also write a plot of lm loss per iteration to this PNG file (default: no plot).")
-    def compare_cmd(runs: tuple, plot_path: str) -> None:
+    @click.option("--json", "as_json", is_flag=True, help="SWEEP: the leaderboard as JSON")
+    def compare_cmd(runs: tuple, plot_path: str, as_json: bool) -> None:
         """Per-iteration lm loss of RUNS (same seed, data, GBS, LR), and each later run's max/mean divergence
-        from the first RUN (the reference)."""
+        from the first RUN (the reference). One SWEEP: its leaderboard, a row per trial, best eval loss first
+        (--plot: every trial's loss curve)."""
         if plot_path and not plot_path.lower().endswith(".png"):
             raise UserError(f"--plot {plot_path!r}: the plot is a PNG; give a file name ending in .png")
+        if len(runs) == 1 and leaderboard.is_sweep(runs[0]):
+            show_sweep(runs[0], as_json, plot_path)
+            return
+        if as_json:
+            raise UserError("compare --json: only for a SWEEP (its leaderboard)")
         click.echo(compare(list(runs), plot_path or None))
 
     @group.command("verify-fp4")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
+from .. import compare
 from ..cli_options import set_option
 from ..errors import UserError
+from . import leaderboard
 from . import sweep as sweep_mod
 
 
@@ -74,9 +77,22 @@ def sweep_cmd(recipe, grids, zips, overrides, max_parallel, max_trials, executor
     click.echo(f"sweep dir: {sweep.sweep_dir}")
 
 
+def show_sweep(ref: str, as_json: bool, plot_path: str | None = None) -> None:
+    """`status SWEEP` and `compare SWEEP`: the leaderboard (and a PNG of every trial's loss curve)."""
+    data, board = leaderboard.rows(leaderboard.find(ref))
+    if as_json:
+        click.echo(json.dumps({"sweep_id": data["sweep_id"], "executor": data["executor"], "keys": data["keys"],
+                               "trials": board}, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(leaderboard.table(data, board))
+    if plot_path:
+        logged = [compare.load_run(r["run_dir"]) for r in board
+                  if r.get("run_dir") and compare.rank0_logs(Path(r["run_dir"]))]
+        if not logged:
+            raise UserError(f"--plot: no trial of {data['sweep_id']} has logged yet")
+        title = f"lm loss of every trial of {data['sweep_id']}"
+        click.echo(f"plot: {compare.plot(logged, plot_path, title)}", err=as_json)
+
+
 def register(group: click.Group) -> None:
     group.add_command(sweep_cmd)
-
-
-def refuse_unknown(ref: str) -> None:
-    raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory")

@@ -1,0 +1,134 @@
+"""What a run cost: GPU-hours over every attempt, tokens trained per GPU-hour, and a price.
+
+- Slurm: one sacct call for all runs (`--duplicates`: every attempt of a requeued job; `-X`: allocations), each
+  attempt's elapsed seconds x the GPUs it held (AllocTRES gres/gpu); a run's jobs are its current one and those
+  before each `resume` (run.json `jobs`).
+- Local executor: each attempt's wall time (its event stream, first to last event) x cluster.gpus_per_node.
+- Tokens: the last iteration reached x tokens per iteration, as the trainer measured it (metrics event:
+  tokens/s/GPU x world size x ms/iter).
+- Cost: GPU-hours x cluster.gpu_hour_price, in cluster.currency (absent when the recipe sets no price).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from primus_contract import run_files
+
+_GPU_TRES = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
+
+
+def gpus_of(alloc_tres: str) -> int:
+    """GPUs in an AllocTRES text: `gres/gpu=8`, or the typed `gres/gpu:h100=8` where no untyped count is given."""
+    plain = re.search(r"(?:^|,)gres/gpu=(\d+)", alloc_tres or "")
+    if plain:
+        return int(plain.group(1))
+    return sum(int(n) for n in _GPU_TRES.findall(alloc_tres or ""))
+
+
+def slurm_usage(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
+    """{job id: {'elapsed_s', 'gpu_hours', 'attempts'}} over every attempt, from one sacct call."""
+    wanted = sorted({str(j) for j in job_ids if j})
+    if not wanted:
+        return {}
+    out = runner(["sacct", "--parsable2", "--noheader", "--duplicates", "-X", "-j", ",".join(wanted),
+                  "-o", "JobID,JobIDRaw,ElapsedRaw,AllocTRES"], capture_output=True, text=True)
+    usage: dict[str, dict] = {}
+    if out.returncode != 0:
+        return usage
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) < 4 or not parts[2].isdigit():
+            continue
+        job = parts[0] if parts[0] in wanted else parts[1]
+        if job not in wanted:
+            continue
+        row = usage.setdefault(job, {"elapsed_s": 0, "gpu_hours": 0.0, "attempts": 0})
+        row["elapsed_s"] += int(parts[2])
+        row["gpu_hours"] += int(parts[2]) * gpus_of(parts[3]) / 3600
+        row["attempts"] += 1
+    return usage
+
+
+def job_ids(info: dict) -> list[str]:
+    """The run's Slurm jobs: those before each resume, then the current one."""
+    before = [str(j["job_id"]) if isinstance(j, dict) else str(j) for j in info.get("jobs") or ()]
+    return [j for j in (*before, str(info.get("job_id") or "")) if j and j != "None"]
+
+
+def _events(run_dir: Path) -> list[list[dict]]:
+    return [run_files.read_events(p) for p in run_files.attempt_files(run_dir, "jsonl")]
+
+
+def local_usage(run_dir: Path, gpus: int) -> dict:
+    """Each attempt's wall time (first to last event) x `gpus`."""
+    spans = [e[-1]["t"] - e[0]["t"] for e in _events(run_dir) if len(e) > 1 and "t" in e[0] and "t" in e[-1]]
+    elapsed = sum(spans)
+    return {"elapsed_s": round(elapsed), "gpu_hours": elapsed * gpus / 3600, "attempts": len(spans)}
+
+
+def tokens_trained(run_dir: Path) -> float | None:
+    """The last iteration reached x the tokens of one iteration (the newest measurement)."""
+    world, last = None, None
+    for attempt in _events(run_dir):
+        for e in attempt:
+            if e["event"] == "start" and isinstance(e.get("world_size"), int):
+                world = e["world_size"]
+            elif e["event"] == "metrics" and isinstance(e.get("iteration"), int):
+                last = e
+    if not last or not world:
+        return None
+    tps, ms = run_files.number(last.get("tokens_per_s_gpu")), run_files.number(last.get("ms_per_iter"))
+    if tps is None or ms is None:
+        return None
+    return last["iteration"] * tps * world * ms / 1000
+
+
+def _cluster(run_dir: Path) -> dict:
+    try:
+        return yaml.safe_load((Path(run_dir) / run_files.RESOLVED).read_text())["cluster"] or {}
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return {}
+
+
+def price_of(run_dir: Path) -> tuple[float | None, str]:
+    """(cluster.gpu_hour_price, cluster.currency) of the run's resolved recipe."""
+    cluster = _cluster(run_dir)
+    return cluster.get("gpu_hour_price"), cluster.get("currency") or "USD"
+
+
+def _gpus(run_dir: Path) -> int:
+    cluster = _cluster(run_dir)
+    return int(cluster.get("gpus_per_node") or 0) * int(cluster.get("nodes") or 1)
+
+
+def costs(found: list[tuple[Path, dict]], runner=subprocess.run) -> list[dict]:
+    """One dict a run (run dir, run.json merged with its entry): elapsed_s, gpu_hours, attempts, tokens,
+    tokens_per_gpu_hour, price, currency, cost."""
+    slurm = slurm_usage([j for _, info in found if info.get("executor") == "slurm" for j in job_ids(info)], runner)
+    rows = []
+    for run_dir, info in found:
+        if info.get("executor") == "slurm":
+            parts = [slurm[j] for j in job_ids(info) if j in slurm]
+            row = {"elapsed_s": sum(p["elapsed_s"] for p in parts), "gpu_hours": sum(p["gpu_hours"] for p in parts),
+                   "attempts": sum(p["attempts"] for p in parts)}
+        else:
+            row = local_usage(run_dir, _gpus(run_dir))
+        tokens = tokens_trained(run_dir)
+        price, currency = price_of(run_dir)
+        row.update(tokens=tokens, tokens_per_gpu_hour=tokens / row["gpu_hours"] if tokens and row["gpu_hours"] else None,
+                   price=price, currency=currency,
+                   cost=row["gpu_hours"] * price if price is not None else None)
+        rows.append(row)
+    return rows
+
+
+def line(row: dict) -> str:
+    """`status RUN`'s cost line."""
+    per = f", {row['tokens_per_gpu_hour']:,.0f} tokens/GPU-hour" if row["tokens_per_gpu_hour"] else ""
+    cost = f", {row['cost']:,.2f} {row['currency']} at {row['price']:g}/GPU-hour" if row["cost"] is not None else ""
+    return (f"cost: {row['gpu_hours']:.3f} GPU-hours over {row['attempts']} attempt(s), {row['elapsed_s']} s "
+            f"elapsed{per}{cost}")

@@ -1,0 +1,120 @@
+"""One view of a sweep (`status SWEEP`, `compare SWEEP`): a row per trial, best eval loss first.
+
+A row: the trial's swept values, state, exit code, iteration, last and best eval loss, tokens/s/GPU, GPU-hours
+(and cost where the recipe has a price); a refused trial keeps its one error line. States come from status.collect
+(one scheduler query for all trials), costs from cost.costs (one sacct call).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from primus_contract import run_files
+
+from .. import registry, runs
+from .. import status as status_mod
+from ..errors import UserError
+from . import cost
+from . import sweep as sweep_mod
+
+
+def is_sweep(ref: str) -> bool:
+    return ref.startswith("sweep-") or (Path(os.path.expanduser(ref)) / sweep_mod.SWEEP_JSON).is_file()
+
+
+def find(ref: str) -> Path:
+    """The sweep directory of a sweep id (or a unique prefix of one), or of a sweep directory path."""
+    path = Path(os.path.expanduser(ref))
+    if (path / sweep_mod.SWEEP_JSON).is_file():
+        return path.resolve()
+    dirs = {e["sweep"]: e["sweep_dir"] for e in registry.entries() if e.get("sweep", "").startswith(ref)}
+    if len(dirs) > 1 and ref not in dirs:
+        raise UserError(f"SWEEP '{ref}' matches {len(dirs)} sweeps; give more of the sweep id")
+    if not dirs:
+        raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory (`primus-slurm list` shows "
+                        "each run's sweep)")
+    return Path(dirs.get(ref) or next(iter(dirs.values())))
+
+
+def trial_entries(sweep_dir: Path) -> list[dict]:
+    """The registry entries of the sweep's submitted trials (or their run.json where the registry lacks one)."""
+    data = sweep_mod.read(sweep_dir)
+    known = {e["run_id"]: e for e in registry.entries() if e.get("sweep") == data["sweep_id"]}
+    out = []
+    for t in data["trials"]:
+        if t["run_id"]:
+            out.append(known.get(t["run_id"]) or {**runs.read_run_json(Path(t["run_dir"])), "run_dir": t["run_dir"]})
+    return out
+
+
+def eval_losses(run_dir: Path) -> list[float]:
+    """Every eval loss the run logged, all attempts, in order."""
+    values = []
+    for path in run_files.attempt_files(run_dir, "jsonl"):
+        for e in run_files.read_events(path):
+            v = run_files.number(e.get("eval_loss")) if e["event"] == "eval" else None
+            if v is not None:
+                values.append(v)
+    return values
+
+
+def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
+    """(sweep.json, one row a trial, sorted by best eval loss: trials without one, then refused ones, last)."""
+    data = sweep_mod.read(sweep_dir)
+    entries = {e["run_id"]: e for e in trial_entries(sweep_dir)}
+    submitted = [t for t in data["trials"] if t["run_id"] in entries]
+    states = {r["run_id"]: r for r in status_mod.collect([entries[t["run_id"]] for t in submitted])}
+    found = [(Path(t["run_dir"]), {**entries[t["run_id"]], **runs.read_run_json(Path(t["run_dir"]))})
+             for t in submitted]
+    costs = dict(zip((t["run_id"] for t in submitted), cost.costs(found)))
+    out = []
+    for t in data["trials"]:
+        row = {"trial": t["index"], "values": {k: t["values"].get(k) for k in data["keys"]}, "run_id": t["run_id"],
+               "error": t["error"]}
+        s = states.get(t["run_id"])
+        if s is None:
+            row.update(state="REFUSED" if t["error"] else "UNKNOWN")
+            out.append(row)
+            continue
+        evals = eval_losses(Path(t["run_dir"]))
+        finite = [v for v in evals if math.isfinite(v)]
+        tokens = s.get("avg_tokens_per_s_gpu") if s.get("finished") and s.get("avg_tokens_per_s_gpu") else \
+            s.get("tokens_per_s_gpu")
+        row.update(state=s["state"], exit_code=s["exit_code"], job_id=s["job_id"], iteration=s["iteration"],
+                   train_iters=s["train_iters"], lm_loss=s["lm_loss"], last_eval_loss=evals[-1] if evals else None,
+                   best_eval_loss=min(finite) if finite else None, tokens_per_s_gpu=tokens,
+                   run_dir=t["run_dir"], error=t["error"] or s.get("error") or s.get("reason"),
+                   **{k: v for k, v in costs[t["run_id"]].items() if k in ("gpu_hours", "elapsed_s", "attempts",
+                                                                           "tokens_per_gpu_hour", "cost", "currency")})
+        out.append(row)
+    out.sort(key=lambda r: (r["state"] == "REFUSED", r.get("best_eval_loss") is None,
+                            r.get("best_eval_loss") or 0.0, r["trial"]))
+    return data, out
+
+
+def _fmt(value, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def table(data: dict, board: list[dict]) -> str:
+    priced = any(r.get("cost") is not None for r in board)
+    head = ["TRIAL", *data["keys"], "RUN", "JOB", "STATE", "EXIT", "ITER", "EVAL LAST", "EVAL BEST", "TOK/S/GPU",
+            "GPU-H"] + ([f"COST {next(r['currency'] for r in board if r.get('cost') is not None)}"] if priced else [])
+    lines = [head]
+    for r in board:
+        it = f"{r['iteration']}/{r['train_iters']}" if r.get("iteration") is not None else "-"
+        cells = [str(r["trial"]), *(_fmt(v) for v in r["values"].values()), _fmt(r["run_id"]), _fmt(r.get("job_id")),
+                 r["state"], _fmt(r.get("exit_code")), it, _fmt(r.get("last_eval_loss"), ".4f"),
+                 _fmt(r.get("best_eval_loss"), ".4f"), _fmt(r.get("tokens_per_s_gpu"), ",.0f"),
+                 _fmt(r.get("gpu_hours"), ".3f")]
+        lines.append(cells + ([_fmt(r.get("cost"), ",.2f")] if priced else []))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = [f"sweep {data['sweep_id']} ({data['executor']}, {len(board)} trials)"]
+    text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    for r in board:  # why a trial did not run, or failed
+        if r.get("error") and r["state"] not in ("RUNNING", "PENDING", "COMPLETED"):
+            text.append(f"trial {r['trial']}: {r['error']}")
+    return "\n".join(text) + "\n"

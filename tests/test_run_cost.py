@@ -1,0 +1,70 @@
+"""What a run cost (issue 32): GPU-hours over every attempt (Slurm: sacct elapsed x AllocTRES gres/gpu; local:
+wall time x GPUs), tokens per GPU-hour, and cluster.gpu_hour_price/currency, which the contract checks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, cli
+from primus_slurm.experiments import cost
+
+
+@pytest.mark.parametrize("tres, gpus", [("billing=8,cpu=64,gres/gpu=8,mem=1T,node=1", 8),
+                                        ("cpu=2,gres/gpu:h100=4,node=1", 4),
+                                        ("cpu=2,gres/gpu=2,gres/gpu:h100=2,node=1", 2),
+                                        ("billing=1,cpu=1,node=1", 0), ("", 0)])
+def test_gpus_of_alloc_tres(tres, gpus):
+    assert cost.gpus_of(tres) == gpus
+
+
+def test_slurm_usage_sums_every_attempt():
+    rows = "\n".join(["41|41|1800|billing=8,cpu=8,gres/gpu=8,node=1",   # attempt 0 (requeued)
+                      "41|41|900|billing=8,cpu=8,gres/gpu=8,node=1",    # attempt 1
+                      "7_1|9|3600|cpu=2,gres/gpu:h200=2,node=1",       # an array task, by its <array>_<task> id
+                      "50|50|Unknown|cpu=1,node=1"])
+    calls = []
+
+    def runner(cmd, **_):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, rows, "")
+    usage = cost.slurm_usage(["41", "7_1"], runner)
+    assert "--duplicates" in calls[0] and "-X" in calls[0] and len(calls) == 1
+    assert usage["41"] == {"elapsed_s": 2700, "gpu_hours": pytest.approx(6.0), "attempts": 2}
+    assert usage["7_1"]["gpu_hours"] == pytest.approx(2.0)
+
+
+def _run(tmp_path: Path, **cluster) -> Path:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs" / "rank-0").mkdir(parents=True)
+    (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump({"cluster": {"gpus_per_node": 8, "nodes": 1,
+                                                                              **cluster}}))
+    events = [{"event": "start", "t": 1000.0, "attempt": 0, "world_size": 8},
+              {"event": "metrics", "t": 2000.0, "iteration": 100, "tokens_per_s_gpu": 1000.0, "ms_per_iter": 500.0},
+              {"event": "outcome", "t": 4600.0, "status": "training finished", "exit": 0}]
+    (run_dir / "logs" / "rank-0" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
+def test_local_run_cost_uses_the_price(tmp_path):
+    run_dir = _run(tmp_path, gpu_hour_price=2.5, currency="EUR")
+    row = cost.costs([(run_dir, {"executor": "local"})])[0]
+    assert row["gpu_hours"] == pytest.approx(8.0) and row["elapsed_s"] == 3600  # 1 h wall x 8 GPUs
+    assert row["tokens"] == pytest.approx(100 * 1000 * 8 * 0.5)
+    assert row["tokens_per_gpu_hour"] == pytest.approx(50_000)
+    assert row["cost"] == pytest.approx(20.0) and row["currency"] == "EUR"
+    assert "8.000 GPU-hours" in cost.line(row) and "20.00 EUR at 2.5/GPU-hour" in cost.line(row)
+    unpriced = cost.costs([(_run(tmp_path / "b"), {"executor": "local"})])[0]
+    assert unpriced["cost"] is None and "EUR" not in cost.line(unpriced)
+
+
+@pytest.mark.parametrize("item, says", [("cluster.gpu_hour_price=-1", "`cluster.gpu_hour_price` is -1.0"),
+                                        ("cluster.currency=dollars", "`cluster.currency` is 'dollars'")])
+def test_price_keys_are_checked(tmp_path, item, says):
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"))
+    out = cli(env, "validate", str(ROOT / "recipes" / "quickstart.yaml"), "--set", item)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr

@@ -1,0 +1,51 @@
+"""A sweep with the local executor (issue 32): the trials run one after another (--max-parallel 1) from the
+local queue; a trial cancelled while it waits never starts; the leaderboard shows them all."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from conftest import ROOT, cli
+from primus_contract import run_files
+from test_train_support import SMALL
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "DIVERGED"}
+
+
+def test_local_sweep_runs_one_after_another(tmp_path):
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PRIMUS_WORKSPACE=str(tmp_path / "ws"),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    sets = [x for s in (*SMALL, "trainer.schedule.train_iters=6", "trainer.schedule.eval_interval=3",
+                        f"trainer.data.cache_dir={tmp_path / 'cache'}") for x in ("--set", s)]
+    out = cli(env, "sweep", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", *sets,
+              "--grid", "trainer.lora.dim=4,8,16", "--max-parallel", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    runs = data["runs"]
+    assert len(runs) == 3 and all(r["executor"] == "local" for r in runs)
+    board = json.loads(cli(env, "status", data["sweep_id"], "--json").stdout)["trials"]
+    assert {r["trial"]: r["state"] for r in board}[2] == "PENDING"
+    cancel = cli(env, "cancel", runs[2]["run_id"])  # waiting in the queue: marked, never started
+    assert cancel.returncode == 0, cancel.stderr
+
+    end = time.monotonic() + 600
+    while True:
+        board = json.loads(cli(env, "status", data["sweep_id"], "--json").stdout)["trials"]
+        if all(r["state"] in ENDED for r in board):
+            break
+        assert time.monotonic() < end, board
+        time.sleep(2)
+    states = {r["trial"]: r for r in board}
+    for k in (0, 1):
+        assert states[k]["state"] == "COMPLETED" and states[k]["exit_code"] == 0 and states[k]["iteration"] == 6
+        assert states[k]["best_eval_loss"] is not None
+    assert states[2]["state"] == "CANCELLED" and not (Path(runs[2]["run_dir"]) / "logs" / "local.out").exists()
+    assert [r["trial"] for r in board][2] == 2  # no eval loss: after those that have one
+
+    def span(run) -> tuple[float, float]:
+        events = run_files.read_events(Path(run["run_dir"]) / "logs" / "rank-0" / "events.jsonl")
+        return events[0]["t"], events[-1]["t"]
+    assert span(runs[0])[1] <= span(runs[1])[0]  # one after another
+    assert "queue done" in (Path(data["sweep_dir"]) / "logs" / "queue.out").read_text()

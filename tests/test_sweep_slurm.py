@@ -1,0 +1,115 @@
+"""Sweeps on the real local Slurm cluster (issue 32): one job array of the accepted trials, a leaderboard of all of
+them, cancel and resume of one task alone. The trials are the small quickstart trainer (test_train_support.SMALL)."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from reliability_support import trainer_recipe
+from test_train_support import SMALL
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "DIVERGED", "TIMEOUT", "REFUSED"}
+
+
+def sweep(env, recipe, *args) -> dict:
+    sets = [x for s in SMALL for x in ("--set", s)]
+    out = cli(env, "sweep", str(recipe), *sets, *args, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def board(env, ref: str) -> list[dict]:
+    out = cli(env, "status", ref, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["trials"]
+
+
+def wait_board(env, ref: str, done, timeout: float = 300) -> list[dict]:
+    end = time.monotonic() + timeout
+    rows = []
+    while time.monotonic() < end:
+        rows = board(env, ref)
+        if done(rows):
+            return rows
+        time.sleep(1)
+    raise AssertionError(f"sweep {ref} never got there: {rows}")
+
+
+def test_sweep_refused_diverged_completed(local_slurm, job_env, tmp_path):
+    """4 trials: TP 3 on one process is refused before submission, lr 10 diverges (exit 3), two complete."""
+    recipe = trainer_recipe(tmp_path, "sweep")
+    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=12", "--set", "trainer.schedule.eval_interval=6",
+                 "--set", "trainer.checkpoint.save_interval=6", "--set", "trainer.schedule.clip_grad=0",
+                 "--set", "trainer.schedule.warmup_iters=0", "--set", "trainer.schedule.lr_decay=constant",
+                 "--zip", "trainer.schedule.lr=5e-3,10,2e-3,5e-3", "--zip", "trainer.parallelism.tensor=1,1,1,3",
+                 "--max-parallel", "2")
+    trials = data["trials"]
+    assert [t["task"] for t in trials] == [0, 1, 2, None]
+    assert trials[3]["error"].startswith("`trainer.parallelism") and trials[3]["run_id"] is None
+    array = data["runs"][0]["job_id"].split("_")[0]
+    assert [r["job_id"] for r in data["runs"]] == [f"{array}_{k}" for k in range(3)]
+    script = (Path(data["sweep_dir"]) / "array.sbatch").read_text()
+    assert "#SBATCH --array=0-2%2\n" in script and script.count(") RUN_DIR=") == 3
+
+    rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
+    by_trial = {r["trial"]: r for r in rows}
+    assert [r["trial"] for r in rows][:2] in ([0, 2], [2, 0]) and [r["trial"] for r in rows][2:] == [1, 3]
+    assert rows[0]["best_eval_loss"] <= rows[1]["best_eval_loss"]  # best eval loss first
+    for k in (0, 2):
+        r = by_trial[k]
+        assert r["state"] == "COMPLETED" and r["exit_code"] == 0 and r["iteration"] == 12, r
+        assert r["last_eval_loss"] is not None and r["best_eval_loss"] <= r["last_eval_loss"]
+        assert r["tokens_per_s_gpu"] > 0 and r["gpu_hours"] == 0.0 and r["elapsed_s"] > 0  # CPU: no GPU
+    assert by_trial[1]["state"] == "DIVERGED" and by_trial[1]["exit_code"] == 3, by_trial[1]
+    assert by_trial[3]["state"] == "REFUSED" and by_trial[3]["error"] == trials[3]["error"]
+
+    ports = set()
+    for k, entry in enumerate(data["runs"]):  # no file of any trial lost; each its own rendezvous port
+        run_dir = Path(entry["run_dir"])
+        for name in ("job.sbatch", "recipe.resolved.yaml", "run.json", "logs/rank-0/debug.log",
+                     f"logs/slurm-{array}_{k}.out"):
+            assert (run_dir / name).is_file(), (k, name)
+        out = (run_dir / f"logs/slurm-{array}_{k}.out").read_text()
+        ports.add(re.search(r"rendezvous \S+:(\d+)", out).group(1))
+        assert f"lr: {trials[k]['values']['trainer.schedule.lr']}" in (run_dir / "recipe.yaml").read_text()
+    for k in (0, 2):
+        assert (Path(data["runs"][k]["run_dir"]) / "checkpoints" / "iter_0000012").is_dir()
+    assert len(ports) == 3
+
+    text = cli(job_env, "compare", data["sweep_id"], "--plot", str(tmp_path / "sweep.png"))
+    assert text.returncode == 0 and "REFUSED" in text.stdout and (tmp_path / "sweep.png").stat().st_size > 1000
+    assert "already ended" in cli(job_env, "cancel", data["sweep_id"]).stdout
+
+
+def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
+    """Trial 0 cancelled mid-run: trial 1 goes on; `resume SWEEP` restarts trial 0 alone, from its checkpoint."""
+    recipe = trainer_recipe(tmp_path, "sweep2")
+    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=300", "--set", "trainer.checkpoint.save_interval=5",
+                 "--grid", "trainer.schedule.lr=5e-3,2e-3")
+    first, second = data["runs"]
+    wait_board(job_env, data["sweep_id"], lambda rows: all((r.get("iteration") or 0) >= 6 for r in rows))
+    assert cli(job_env, "cancel", first["run_id"]).returncode == 0
+    rows = wait_board(job_env, data["sweep_id"], lambda rows: rows and any(r["state"] == "CANCELLED" for r in rows))
+    assert {r["run_id"]: r["state"] for r in rows}[second["run_id"]] == "RUNNING"
+    out = cli(job_env, "resume", data["sweep_id"])
+    assert out.returncode == 0 and out.stdout.count("resumed run") == 1 and first["run_id"] in out.stdout, out
+    assert "not resumed" in out.stdout and second["run_id"] in out.stdout  # running: left alone
+    events = Path(first["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
+    end = time.monotonic() + 120
+    while not (events.is_file() and '"event": "metrics"' in events.read_text()):
+        assert time.monotonic() < end, "the resumed trial never trained"
+        time.sleep(1)
+    start = json.loads(events.read_text().splitlines()[0])
+    assert start["event"] == "start" and start["resumed_from"], start  # from its own checkpoint
+    assert cli(job_env, "cancel", data["sweep_id"]).returncode == 0  # every unfinished trial
+    rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
+    assert {r["run_id"]: r["state"] for r in rows}[first["run_id"]] == "CANCELLED"
+    resumed = next(r for r in rows if r["run_id"] == first["run_id"])
+    assert resumed["job_id"] != first["job_id"] and "_" not in resumed["job_id"]  # its own job now
+    assert next(r for r in rows if r["run_id"] == second["run_id"])["attempts"] == 1
