@@ -111,10 +111,12 @@ def test_frontier_fastest_layout_validates(gpus):
     ("llama2_70b_mlperf_h200", ["trainer.parallelism.tensor=1", "trainer.parallelism.sequence_parallel=false"]),
     ("llama2_70b_fp8", ["cluster.gpus_per_node=1", "cluster.nproc_per_node=1", "trainer.parallelism.tensor=1",
                         "trainer.parallelism.sequence_parallel=false"]),
-], ids=["70b-tp1-8xh200", "70b-1xmi300x"])
+    ("llama2_70b_mlperf_h200", ["trainer.data.seq_length=1048576", "trainer.model.max_position_embeddings=1048576"]),
+], ids=["70b-tp1-8xh200", "70b-1xmi300x", "70b-seq1m-fits-nowhere"])
 def test_the_refusals_suggestion_plans_only_the_fewest_changes(recipe, sets, monkeypatch):
     """A refusal's cheapest fit is the full search's, found by planning the layouts of the fewest changed keys
-    first: the 70B at TP1 on 8 H200s planned 625 of 720 layouts (4.2 s) before; 7 now (0.28 s)."""
+    first: the 70B at TP1 on 8 H200s planned 625 of 720 layouts (4.2 s) before, 7 now (0.28 s); a recipe that fits
+    in no layout stops once every layout's most memory-saving setting is planned and does not fit."""
     from primus_contract.plan import frontier
 
     r = load_recipe(ROOT / "recipes" / f"{recipe}.yaml", sets).resolved
@@ -122,5 +124,8 @@ def test_the_refusals_suggestion_plans_only_the_fewest_changes(recipe, sets, mon
     planned = []
     monkeypatch.setattr(frontier, "plan", lambda resolved: planned.append(1) or plan(resolved))  # count them
     quick = frontier.cheapest_fit_of(r)
-    assert full is not None and quick.sets == full.sets and quick.plan.peak_gib == full.plan.peak_gib
-    assert len(planned) < 100, len(planned)  # of ~600 layouts
+    if full is None:
+        assert quick is None
+    else:
+        assert quick.sets == full.sets and quick.plan.peak_gib == full.plan.peak_gib
+    assert len(planned) < 150, len(planned)  # of 720 layouts
