@@ -19,7 +19,8 @@ CLI = Path(sys.executable).parent / "primus-slurm"
 # Markers by fixture, so `make check` (-m "not slurm and not container and not slow") cannot drift from what a test
 # needs: a test that takes the local Slurm cluster is `slurm`, one that takes the podman image is `container`
 # (tests that pick the cluster at run time with request.getfixturevalue mark themselves).
-MARK_BY_FIXTURE = {"local_slurm": "slurm", "image": "container", "nomcore_image": "container"}
+MARK_BY_FIXTURE = {"local_slurm": "slurm", "image": "container", "nomcore_image": "container",
+                   "notorch_image": "container"}
 
 
 def pytest_collection_modifyitems(config, items):

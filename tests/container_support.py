@@ -40,6 +40,25 @@ def nomcore_image(image) -> str:
     return image.replace("primus-cpu:", "primus-cpu-nomcore:")
 
 
+@pytest.fixture(scope="session")
+def notorch_image(image) -> str:
+    """The same image without torch, PyYAML and the rest kept: the commonest wrong image. Derived here in seconds
+    (pip uninstall in a container, podman commit) rather than built; older hashes' copies are removed."""
+    tag = image.replace("primus-cpu:", "primus-cpu-notorch:")
+    listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                            text=True, timeout=60).stdout.split()
+    for old in listed:
+        if old.startswith("localhost/primus-cpu-notorch:") and old != tag:
+            subprocess.run(["podman", "rmi", "-f", old], capture_output=True, timeout=120)
+    if tag not in listed:
+        box = f"primus-notorch-build-{os.getpid()}"
+        subprocess.run(["podman", "run", "--name", box, "--network", "none", image, "python3", "-m", "pip",
+                        "uninstall", "-q", "-y", "torch"], check=True, capture_output=True, timeout=300)
+        subprocess.run(["podman", "commit", "-q", box, tag], check=True, capture_output=True, timeout=300)
+        subprocess.run(["podman", "rm", "-f", box], capture_output=True, timeout=60)
+    return tag
+
+
 def container_recipe(tmp_path: Path, name: str, image: str, runtime: str = "podman", **cluster) -> Path:
     """trainer_recipe (one node, one rank, the real trainer) run inside IMAGE by RUNTIME: the image's python3,
     the quickstart's data mounted read-only at the same path."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli, status_json, wait_state
-from container_support import DATA, container_recipe, image, nomcore_image  # noqa: F401 (fixtures)
+from container_support import DATA, container_recipe, image, nomcore_image, notorch_image  # noqa: F401 (fixtures)
 from reliability_support import read, submit, trainer_recipe
 
 pytestmark = [pytest.mark.slurm]
@@ -93,6 +93,18 @@ def test_job_in_an_image_without_megatron_core(nomcore_image, local_slurm, job_e
     shown = cli(job_env, "status", entry["run_id"]).stdout
     assert f"image {nomcore_image} lacks megatron-core" in shown, shown
     assert status_json(job_env, entry["run_id"])["trainer_exit_code"] == 2
+
+
+def test_an_image_without_torch_is_one_line(notorch_image, job_env, tmp_path):  # noqa: F811
+    """The commonest wrong image: PyYAML and the rest, no torch. The preflight read the recipe through
+    trainer.precision, which imported torch: a 17-line traceback and FAILED 1 with no reason (issue 33 item 1)."""
+    recipe = container_recipe(tmp_path, "notorch", notorch_image, executor="local")
+    run = cli(job_env, "submit", str(recipe), "--follow", timeout=300)
+    line = f"config error | image {notorch_image} lacks torch (needs torch >=2.6)"
+    assert run.returncode == 2 and line in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Traceback" not in run.stdout + run.stderr
+    row = status_json(job_env, run.stdout.split()[2])
+    assert row["state"] == "FAILED" and row["trainer_exit_code"] == 2 and row["error"] == line, row
 
 
 @pytest.mark.slow
