@@ -84,13 +84,12 @@ def cli(env: dict, *args: str, timeout: float = 120, wrap: tuple = ()) -> subpro
     return subprocess.run([*wrap, str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple = (),
-                       env_extra: dict | None = None) -> tuple[dict, dict, Path]:
+def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple = ()) -> tuple[dict, dict, Path]:
     """Submit the quickstart with the local executor (`--set` items `sets`; the submit, and so the job, under the
     command `wrap`) and wait until it ends with exit 0: (env, the submit's JSON entry, run directory). State and
     workspace live under `tmp`."""
     env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
-               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env_extra or {}))
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     out = cli(env, "submit", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", "--json",
               *[a for item in sets for a in ("--set", item)], "--set", f"trainer.data.cache_dir={tmp / 'cache'}",
               wrap=wrap)
