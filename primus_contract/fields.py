@@ -196,6 +196,10 @@ SCHEMA: dict = {
             "fp8_param": Field("bool", False, help="keep the frozen base weights as FP8 tensors only (quantized "
                                "once, each with a scale from its own amax: 1 byte a parameter instead of 2, no "
                                "per-step re-quantization); needs fp8; works with checkpoint.pretrained"),
+            "fp8_swiglu_input": Field("bool", False, help="keep the SwiGLU input (fc1's output) for its backward "
+                                      "in FP8 e4m3 instead of 16-bit (megatron activation_func_fp8_input_store): "
+                                      "ffn/tp x tokens bytes a layer less; GPU only, not with adapter_inputs "
+                                      "scope all|fc2"),
             "fp8_dot_product_attention": Field("bool", False, help="refused when true: TE's FP8 attention takes "
                                                "bshd/sbhd only, the trainer runs packed THD"),
             "first_last_layers_bf16": Field("bool", False),
@@ -212,7 +216,7 @@ SCHEMA: dict = {
             "b_init": Field("str", "zero", choices=("zero",)),
             "target_modules": Field("list", ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]),
             "exclude_modules": Field("list", []),
-            "fused": Field("bool", False, help="one autograd node per adapter, its input gradient added in place "
+            "fused": Field("bool", True, help="one autograd node per adapter, its input gradient added in place "
                            "into the frozen base's (trainer/model/lora_fused.py): linear_proj/linear_fc2 and other "
                            "non-norm linears at TP 1 without dropout; elsewhere the unfused path"),
         },

@@ -135,6 +135,8 @@ MACHINE_RULES = {
     "fp4_emulation_path": ("fp4 emulation uses TE's custom recipe with TE >= 2.9 on a GPU, else quantize-dequantize "
                            "around megatron's local linears (chosen, never refused)",
                            lambda p: bool(p["fp4"]) and bool(p["fp4_emulation"])),
+    "fp8_swiglu_gpu": ("fp8_swiglu_input needs a GPU (megatron-core's fused SwiGLU keeps its input in FP8; the "
+                       "unfused CPU path would ignore it)", lambda p: bool(p["fp8_swiglu_input"])),
     "megatron_fields": ("the installed megatron-core's TransformerConfig has every precision field the mode needs",
                         lambda p: bool(p["fp8"] or p["fp4"] or p["first_last_layers_bf16"])),
 }

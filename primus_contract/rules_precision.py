@@ -44,6 +44,9 @@ def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device
     if device == "cpu" and p["fp8"]:  # the trainer's machine rule would say the same on the node
         fail(f"`{P}.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu "
              "(on CPU: bf16, or fp4: e2m1 with fp4_emulation: true)")
+    if device == "cpu" and p["fp8_swiglu_input"]:  # megatron stores it only in its fused (GPU) SwiGLU
+        fail(f"`{P}.fp8_swiglu_input` needs the GPU's fused SwiGLU; `trainer.distributed.device` is cpu "
+             "(megatron-core's unfused SwiGLU would ignore it); set it to false")
     if device == "cpu" and p["fp4"] and not p["fp4_emulation"]:
         fail(f"`{P}.fp4` needs FP4 hardware (compute capability 10.0) with Transformer Engine; "
              f"`trainer.distributed.device` is cpu: set `{P}.fp4_emulation: true` to emulate it")
@@ -86,6 +89,11 @@ def recipe_precision_rules(t: Mapping, profile: str) -> None:
     device = t["distributed"]["device"]
     device = "cpu" if profile == "cpu" and device == "auto" else device  # profile cpu hides the GPUs (device_rules)
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], device)
+    rec = t["recompute"]
+    if t["precision"]["fp8_swiglu_input"] and rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
+        fail(f"`{P}.fp8_swiglu_input` and `trainer.recompute.adapter_inputs` (scope {rec['adapter_inputs_scope']}) "
+             "exclude each other: the fc2 adapter's recompute needs the exact 16-bit SwiGLU input; set "
+             "adapter_inputs_scope: norm, or fp8_swiglu_input: false")
 
 
 def device_rules(t: Mapping, profile: str) -> None:

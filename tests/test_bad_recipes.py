@@ -61,6 +61,9 @@ BAD = [
     ("trainer: {precision: {fp8: hybrid}}",  # quickstart's device is cpu: refused at submit, not at the job's start
      "`trainer.precision.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu"),
     ("trainer: {precision: {fp4: e2m1, bf16: true}}", "set `trainer.precision.fp4_emulation: true` to emulate it"),
+    ("trainer: {precision: {fp8_swiglu_input: true}}", "`trainer.precision.fp8_swiglu_input` needs the GPU's fused"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8_swiglu_input: true}, "
+     "recompute: {adapter_inputs: true}}", "`trainer.precision.fp8_swiglu_input` and `trainer.recompute.adapter_inputs`"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
     ("cluster: {nproc_per_node: 3}\ntrainer: {parallelism: {tensor: 3}}", "`trainer.parallelism.tensor`"),

@@ -72,6 +72,19 @@ def test_fused_adapter_matches_unfused(dtype, recompute):
     assert dx0.abs().sum() > 0
 
 
+def test_fused_recompute_keeps_the_preactivation_not_the_input():
+    """With fc2's SwiGLU recomputed (trainer.model.lora_inputs), the fused node keeps u, never x = swiglu(u)."""
+    torch.manual_seed(3)
+    base, a, b = _Base(torch.randn(6, 5)), torch.randn(2, 5, requires_grad=True), torch.randn(6, 2)
+    u = torch.randn(4, 10, requires_grad=True)
+    x = _swiglu(u)
+    ptrs = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: ptrs.append(t.untyped_storage().data_ptr()) or t,
+                                                  lambda t: t):
+        fused_adapter(base, x, a, b, 1.0, u=u, act=_swiglu)
+    assert u.untyped_storage().data_ptr() in ptrs and x.untyped_storage().data_ptr() not in ptrs
+
+
 def test_fused_adapter_dx_is_the_full_input_gradient():
     """dx = dy W + s (dy B) A: the tap really adds the adapter's part (a tap that dropped it would pass the
     base-only check)."""

@@ -67,8 +67,8 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
     adapter = 0.0
     fp8 = bool(t["precision"]["fp8"])
     for lin in linears:
-        if lin.short == "linear_fc1":
-            kept = lin.out_local * 2 * lin.uses
+        if lin.short == "linear_fc1":  # the SwiGLU input: 2 bytes, or 1 kept in FP8 (precision.fp8_swiglu_input)
+            kept = lin.out_local * (1 if t["precision"]["fp8_swiglu_input"] else 2) * lin.uses
             if lin.expert or ".shared_experts." in f".{lin.path}":
                 moe_bytes += kept
             else:

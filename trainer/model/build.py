@@ -45,6 +45,9 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optio
     bf16 = bool(pcfg.bf16)
     dtype = torch.bfloat16 if bf16 else torch.float32
     on_gpu = device.type == "cuda"
+    if pcfg.fp8_swiglu_input and not on_gpu:  # megatron-core's unfused (CPU) SwiGLU would silently ignore it
+        raise ConfigError("trainer.precision.fp8_swiglu_input needs the GPU's fused SwiGLU; this run is on "
+                          f"{device.type}: set it to false")
     kwargs = dict(
         num_layers=int(m.num_layers), hidden_size=int(m.hidden_size),
         ffn_hidden_size=int(m.ffn_hidden_size), num_attention_heads=int(m.num_attention_heads),
@@ -69,6 +72,8 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optio
         batch_p2p_comm=on_gpu,  # batched isend/irecv needs torch.cuda.synchronize
         # TE keeps FP8/FP4 copies of the frozen base weights between steps unless told not to
         disable_parameter_transpose_cache=not bool(pcfg.fp8_weight_cache),
+        # the SwiGLU input kept in FP8 for its backward (megatron's fused bias_swiglu; refused on CPU by the contract)
+        activation_func_fp8_input_store=bool(pcfg.fp8_swiglu_input),
     )
     kwargs.update(arch.moe_kwargs(m, use_te, on_gpu, par))
     kwargs.update(arch.mla_kwargs(m))

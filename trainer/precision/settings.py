@@ -47,6 +47,7 @@ class PrecisionSettings:
     fp4_recipe: str = _DEFAULTS["fp4_recipe"].default
     fp4_param: bool = _DEFAULTS["fp4_param"].default
     fp8_param: bool = _DEFAULTS["fp8_param"].default
+    fp8_swiglu_input: bool = _DEFAULTS["fp8_swiglu_input"].default
     fp8_dot_product_attention: bool = _DEFAULTS["fp8_dot_product_attention"].default
     fp4_param_gather: bool = _DEFAULTS["fp4_param_gather"].default
     fp4_emulation: bool = _DEFAULTS["fp4_emulation"].default
