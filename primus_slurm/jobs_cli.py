@@ -15,11 +15,11 @@ from . import submit as submit_mod
 from . import plan_cli, plan_runs
 from .errors import UserError
 from .executors import executor_for
-from .experiments import cost, leaderboard
+from .experiments import cost, leaderboard, pipeline
 from .experiments import cli as experiments_cli
 
 
-@click.command("submit")
+@click.command("submit", cls=pipeline.ThenCommand)
 @click.argument("recipe")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a recipe field, e.g. --set trainer.schedule.lr=1e-4 (repeatable)")
@@ -31,11 +31,18 @@ from .experiments import cli as experiments_cli
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--skip-memory-check", is_flag=True, help="submit even if the plan predicts the GPU's memory is "
               "exceeded (`primus-slurm plan` shows why)")
-def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json, skip_memory_check):
-    """Render RECIPE into a job script and submit it."""
+@click.option("--then", "then", multiple=True, metavar="STEP [OPTIONS]",
+              help="a step after training, its own job (repeatable, in order): eval [--data F], export "
+                   "[--merged] [--no-adapter], generate --prompts F | --prompt T [--max-new-tokens N]; "
+                   "--afterany: run it whatever the step before did (the recipe's `after:` key, replaced)")
+@click.pass_context
+def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_json, skip_memory_check, then):
+    """Render RECIPE into a job script and submit it (with --then / `after:`, and the steps after it)."""
     if dry_run and follow:
         raise UserError("--follow has nothing to follow with --dry-run (nothing is submitted)")
+    overrides = (*overrides, *pipeline.override(ctx.meta.get("then") or []))
     prepared = submit_mod.prepare(recipe, overrides, executor, run_id, dry_run=dry_run)
+    steps = prepared.recipe.resolved["after"]
     planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)
     note = plan_cli.unknown_gpu_note(planned, prepared.recipe.resolved)
     if note:
@@ -49,9 +56,9 @@ def submit_cmd(recipe, overrides, dry_run, executor, run_id, follow, as_json, sk
                                    "executor": prepared.executor, "script": prepared.script,
                                    "resolved": prepared.recipe.resolved}, indent=2))
         else:
-            sys.stdout.write(submit_mod.dry_run_text(prepared))
+            sys.stdout.write(submit_mod.dry_run_text(prepared) + (pipeline.dry_run_text(prepared) if steps else ""))
         return
-    entry = submit_mod.submit(prepared)
+    entry = pipeline.submit(prepared) if steps else submit_mod.submit(prepared)
     if executor_for(prepared.executor).container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"]):
         click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)
@@ -78,8 +85,9 @@ def status_cmd(run, as_json, wide):
     rows = status_mod.collect(entries)
     if run:  # its exports, generations and evals (primus_slurm.post), what it cost
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
-        rows[0]["cost"] = cost.costs([(Path(entries[0]["run_dir"]),
-                                       {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))})])[0]
+        info = {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))}
+        rows[0]["cost"] = cost.costs([(Path(info["run_dir"]), info)])[0]
+        rows[0]["pipeline"] = pipeline.chain_states(info)
         measured = (rows[0]["mem_peak_gib"], rows[0].get("avg_tokens_per_s_gpu") or rows[0]["tokens_per_s_gpu"])
         planned = plan_runs.planned(Path(rows[0]["run_dir"]))
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
@@ -95,6 +103,8 @@ def status_cmd(run, as_json, wide):
                 click.echo(line)
             post_cli.show_results(rows[0]["run_dir"])
             click.echo(cost.line(rows[0]["cost"]))
+            if rows[0]["pipeline"]:
+                click.echo(pipeline.chain_line(rows[0], rows[0]["pipeline"]))
 
 
 @click.command("logs")

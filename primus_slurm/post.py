@@ -86,8 +86,12 @@ def new_job(kind: str, ref: str, executor: str | None) -> PostJob:
     entry, run_dir, resolved = open_run(ref)
     info = {**entry, **runs.read_run_json(run_dir)}
     chosen = executors.resolve_executor(executor or info.get("executor") or resolved["cluster"]["executor"])
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return PostJob(kind, entry, run_dir, resolved, chosen, f"{stamp}-{secrets.token_hex(3)}")
+    return PostJob(kind, entry, run_dir, resolved, chosen, new_id())
+
+
+def new_id() -> str:
+    """A post job's id: `<UTC yyyymmdd-HHMMSS>-<6 random hex>`."""
+    return f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def output_dir(job: PostJob, value: str | None, default_name: str, option: str) -> str | None:
@@ -104,14 +108,15 @@ def output_dir(job: PostJob, value: str | None, default_name: str, option: str) 
     return str(path)
 
 
-def script(job: PostJob) -> str:
-    """The job script: the run's recipe on one node, no requeue, its output in the job directory."""
+def script(job: PostJob, sbatch_extra: tuple = (), gpus: int | None = None) -> str:
+    """The job script: the run's recipe on one node, no requeue, its output in the job directory; `sbatch_extra`
+    (a pipeline step's dependency) and `gpus` (per node, where the step needs other than the run's) for Slurm."""
     resolved = copy.deepcopy(job.resolved)
     c = resolved["cluster"]
-    c.update(nodes=1, requeue=False)
+    c.update(nodes=1, requeue=False, **({} if gpus is None else {"gpus_per_node": gpus}))
     resolved["experiment"]["name"] = f"{resolved['experiment']['name']}-{job.kind}"[:64]
     lines = [f"--output={job.post_dir}/slurm-%j.out" if line.startswith("--output=") else line
-             for line in sbatch_lines(resolved, str(job.run_dir))]
+             for line in sbatch_lines(resolved, str(job.run_dir))] + list(sbatch_extra)
     extra = {"post_dir": str(job.post_dir), "post_kind": job.kind, "post_args": [str(a) for a in job.args],
              "requeue": False, "nproc_per_node": 1}
     if job.runner.sbatch:
@@ -129,7 +134,21 @@ def _write_json(path: Path, data: dict) -> None:
 def launch(job: PostJob, out=sys.stdout) -> tuple[int, dict]:
     """Create the job directory, run the job (local: in the foreground; Slurm: submit and follow its output),
     record its exit code. Returns (exit code, result.json or {})."""
-    text = script(job)
+    record = create(job, script(job))
+
+    def submitted(job_id: str) -> None:  # a queued job: its id is on record while it waits and runs
+        set_job_id(job, record, job_id)
+        out.write(f"submitted {job.kind} job {job_id} for run {job.entry['run_id']} ({job.post_dir})\n")
+        out.flush()
+
+    record["job_id"], rc = job.runner.run_post(job.post_dir, out, submitted)
+    record["exit_code"] = rc
+    _write_json(job.post_dir / "post.json", record)
+    return rc, read_json(job.post_dir / "result.json")
+
+
+def create(job: PostJob, text: str) -> dict:
+    """The job directory: the trainer snapshot, the copied inputs, job.sh (`text`), post.json; its record."""
     d = job.post_dir
     try:
         d.mkdir(parents=True)
@@ -143,17 +162,12 @@ def launch(job: PostJob, out=sys.stdout) -> tuple[int, dict]:
     record = {"kind": job.kind, "id": job.post_id, "run_id": job.entry["run_id"], "executor": job.executor,
               "args": job.args, "submit_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     _write_json(d / "post.json", record)
+    return record
 
-    def submitted(job_id: str) -> None:  # a queued job: its id is on record while it waits and runs
-        record["job_id"] = job_id
-        _write_json(d / "post.json", record)
-        out.write(f"submitted {job.kind} job {job_id} for run {job.entry['run_id']} ({d})\n")
-        out.flush()
 
-    record["job_id"], rc = job.runner.run_post(d, out, submitted)
-    record["exit_code"] = rc
-    _write_json(d / "post.json", record)
-    return rc, read_json(d / "result.json")
+def set_job_id(job: PostJob, record: dict, job_id: str) -> None:
+    record["job_id"] = job_id
+    _write_json(job.post_dir / "post.json", record)
 
 
 def read_json(path: Path) -> dict:

@@ -69,3 +69,32 @@ def test_array_tasks_share_resources(env):
     out = cli(env, "sweep", QUICKSTART, "--executor", "slurm", "--grid", "cluster.time=00:10:00,00:20:00",
               "--dry-run")
     assert out.returncode == 2 and "--time=00:20:00" in out.stderr and "share their resources" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["submit", "sweep"])
+@pytest.mark.parametrize("then, says", [(["--then", "foo"], "--then 'foo': unknown step"),
+                                        (["--then"], "--then: name a step"),
+                                        (["--then", "generate"], "needs exactly one of prompts"),
+                                        (["--then", "eval", "--data", "/no/such.jsonl"], "which does not exist")])
+def test_bad_then_is_one_line(env, tmp_path, command, then, says):
+    grid = ["--grid", "trainer.lora.dim=4,8"] if command == "sweep" else []
+    out = cli(env, command, QUICKSTART, "--executor", "local", *grid, *then)
+    # (a sweep lists a recipe a step makes invalid as each trial's refusal, then says none can go)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr + out.stdout, out.stderr
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "state").exists()
+
+
+def test_pipeline_dry_run_shows_every_script(env):
+    prompts = ROOT / "recipes" / "data" / "quickstart" / "validation.jsonl"
+    out = cli(env, "submit", QUICKSTART, "--executor", "slurm", "--set", "cluster.gpus_per_node=2",
+              "--set", "cluster.env_profile=h200", "--set", "trainer.distributed.device=auto",
+              "--set", "trainer.distributed.backend=auto", "--dry-run", "--then", "eval", "--then", "export",
+              "--merged", "--then", "generate", "--prompts", str(prompts), "--afterany")
+    assert out.returncode == 0, out.stderr
+    parts = out.stdout.split("# ---- after[")
+    assert len(parts) == 4 and "#SBATCH --gpus-per-node=2\n" in parts[0]
+    assert "#SBATCH --dependency=afterok:TRAIN_JOB\n#SBATCH --kill-on-invalid-dep=yes\n" in parts[1]
+    assert "--gpus-per-node=1\n" in parts[1] and "--gpus-per-node" not in parts[2]  # export needs no GPU
+    assert "--dependency=afterok:STEP_0_JOB" in parts[2] and "--merged" in parts[2]
+    assert "--dependency=afterany:STEP_1_JOB" in parts[3] and "prompts.jsonl" in parts[3]
+    assert "- step: generate\n#   when: afterany\n" in parts[0]  # the resolved recipe's after:

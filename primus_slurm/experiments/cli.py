@@ -11,7 +11,7 @@ import click
 from .. import compare
 from ..cli_options import set_option
 from ..errors import UserError
-from . import leaderboard
+from . import leaderboard, pipeline
 from . import sweep as sweep_mod
 
 
@@ -31,7 +31,7 @@ def trial_table(sweep: sweep_mod.Sweep) -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command("sweep")
+@click.command("sweep", cls=pipeline.ThenCommand)
 @click.argument("recipe")
 @click.option("--grid", "grids", multiple=True, metavar="KEY=V1,V2,...",
               help="a recipe key and its values; each --grid is an axis of the product (repeatable)")
@@ -46,10 +46,13 @@ def trial_table(sweep: sweep_mod.Sweep) -> str:
 @click.option("--dry-run", is_flag=True, help="print the trial table and the array script; submit nothing")
 @click.option("--skip-memory-check", is_flag=True, help="as submit's")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def sweep_cmd(recipe, grids, zips, overrides, max_parallel, max_trials, executor, dry_run, skip_memory_check,
-              as_json):
+@click.option("--then", "then", multiple=True, metavar="STEP [OPTIONS]", help="as submit's: steps after each trial")
+@click.pass_context
+def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, executor, dry_run, skip_memory_check,
+              as_json, then):
     """Run RECIPE once per point of a grid: one Slurm job array (or the local queue). Each trial is checked as
     `submit` checks a recipe; refused trials are listed with their reason and not submitted."""
+    overrides = (*overrides, *pipeline.override(ctx.meta.get("then") or []))
     sweep = sweep_mod.plan(recipe, grids, zips, overrides, executor, max_parallel, max_trials,
                            skip_memory_check, dry_run)
     if dry_run:

@@ -25,7 +25,7 @@ def start(folder: Path, run_dirs: list[Path], parallel: int) -> list[dict]:
     """Spawn the queue for `run_dirs`; returns each run's run.json fields (PENDING until the queue starts it)."""
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     with open(folder / "logs" / "queue.out", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "primus_slurm.experiments.local_queue", str(folder)],
+        proc = subprocess.Popen([sys.executable, "-m", "primus_slurm.experiments.queue_main", str(folder)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     fields = {"queue_pid": proc.pid, "queue_pid_start": proc_start_ticks(proc.pid), "queue": str(folder)}
@@ -83,7 +83,3 @@ def run_queue(folder: Path, after=None) -> None:
         if pending or running:
             time.sleep(POLL_S)
     print("queue done", flush=True)
-
-
-if __name__ == "__main__":
-    run_queue(Path(sys.argv[1]))

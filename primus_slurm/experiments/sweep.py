@@ -21,7 +21,7 @@ from .. import submit as submit_mod
 from ..errors import UserError
 from ..render import render_array, sbatch_lines
 from ..slurm_executor import submit_script
-from . import grid, local_queue
+from . import grid, local_queue, pipeline
 
 SWEEP_JSON = "sweep.json"
 ARRAY_SCRIPT = "array.sbatch"
@@ -83,6 +83,8 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
             trial.error = str(exc)
         sweep.trials.append(trial)
     accepted = sweep.accepted
+    if accepted:
+        pipeline.check_paths(accepted[0].prepared.recipe.resolved["after"])
     for task, trial in enumerate(accepted):
         trial.task = task
     if accepted:
@@ -140,7 +142,8 @@ def launch(sweep: Sweep) -> list[dict]:
     try:
         (sweep.sweep_dir / "logs").mkdir(parents=True)
         for trial in sweep.accepted:
-            infos.append(submit_mod.create(trial.prepared, **tag, sweep_task=trial.task))
+            chain = pipeline.local_chain(trial.prepared.recipe.resolved) if sweep.executor != "slurm" else []
+            infos.append(submit_mod.create(trial.prepared, **tag, sweep_task=trial.task, pipeline=chain))
         if sweep.executor == "slurm":
             script = array_script(sweep)
             (sweep.sweep_dir / ARRAY_SCRIPT).write_text(script)
@@ -160,6 +163,10 @@ def launch(sweep: Sweep) -> list[dict]:
                for t, info, s in zip(sweep.accepted, infos, started)]
     if sweep.executor != "slurm":
         local_queue.release(sweep.sweep_dir)
+    for trial, entry in zip(sweep.accepted, entries):  # each trial followed by its own steps (`after:`)
+        if sweep.executor == "slurm" and trial.prepared.recipe.resolved["after"]:
+            pipeline.submit_chain(trial.prepared.run_dir, runs.read_run_json(trial.prepared.run_dir),
+                                  trial.prepared.recipe.resolved)
     return entries
 
 

@@ -1,0 +1,221 @@
+"""Pipelines: `submit RECIPE --then eval --then export --merged --then generate --prompts FILE`, or the recipe's
+`after:` (primus_contract/rules_pipeline.py checks the steps).
+
+Each step is a post job (primus_slurm.post: export, eval, generate) of the run, its outputs in the run directory
+as the single commands leave them.
+- Slurm: every step is its own job, submitted at once behind the step before it (`--dependency=afterok:<job>`, or
+  afterany where the step says so) with `--kill-on-invalid-dep=yes`, so a step whose dependency can never be met
+  is removed at once, never left pending. Export needs no GPU (--gpus-per-node is dropped); eval and generate
+  take one.
+- Local executor: the local queue (local_queue.py) runs the steps in order once training has ended, each only
+  when the step before succeeded (or, `when: afterany`, whatever its end).
+run.json's `pipeline` lists the steps (step, when, job id, directory; locally also their state).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+import yaml
+
+from primus_contract import run_files
+from primus_contract.rules_pipeline import STEPS
+
+from .. import post, runs
+from .. import submit as submit_mod
+from ..errors import UserError
+from ..executor_base import TERMINAL
+from ..slurm_executor import slurm_states, submit_script
+from . import local_queue
+
+# --then STEP's own options: option -> the step key it sets, and whether it takes a value
+THEN_OPTIONS = {"eval": {"--data": ("data", True)},
+                "export": {"--merged": ("merged", False), "--adapter": ("adapter", False),
+                           "--no-adapter": ("adapter", False)},
+                "generate": {"--prompts": ("prompts", True), "--prompt": ("prompt", True),
+                             "--max-new-tokens": ("max_new_tokens", True)}}
+ANY_STEP = {"--afterany": ("when", False)}
+PATHS = ("data", "prompts")
+GPUS = {"export": 0, "eval": 1, "generate": 1}  # per step job (0 where the run itself has no GPU)
+
+
+def parse_then(args: list[str]) -> tuple[list[str], list[dict]]:
+    """Take every `--then STEP [its options]` out of `args`: (the rest, the steps as `after:` entries)."""
+    rest, steps, i = [], [], 0
+    while i < len(args):
+        if args[i] != "--then":
+            rest.append(args[i])
+            i += 1
+            continue
+        if i + 1 >= len(args):
+            raise UserError("--then: name a step (eval, export or generate)")
+        name, i = args[i + 1], i + 2
+        if name not in STEPS:
+            raise UserError(f"--then {name!r}: unknown step; one of {', '.join(STEPS)}")
+        step, options = {"step": name}, {**THEN_OPTIONS[name], **ANY_STEP}
+        while i < len(args) and args[i] in options:
+            key, takes = options[args[i]]
+            if takes and i + 1 >= len(args):
+                raise UserError(f"--then {name} {args[i]}: needs a value")
+            value = args[i + 1] if takes else {"--afterany": "afterany", "--no-adapter": False}.get(args[i], True)
+            if key in PATHS:
+                value = os.path.abspath(os.path.expanduser(value))
+            elif key == "max_new_tokens":
+                value = _int(name, args[i], value)
+            step[key] = value
+            i += 2 if takes else 1
+        steps.append(step)
+    return rest, steps
+
+
+def _int(step: str, option: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--then {step} {option} {text!r}: expected an integer") from None
+
+
+def override(steps: list[dict]) -> list[str]:
+    """The `--set after=...` item that puts --then's steps into the recipe (checked there like any key)."""
+    return [f"after={json.dumps(steps)}"] if steps else []
+
+
+class ThenCommand(click.Command):
+    """A command that takes `--then STEP [options]` groups (ctx.meta['then'] holds them as `after:` entries)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest, ctx.meta["then"] = parse_then(list(args))
+        return super().parse_args(ctx, rest)
+
+
+def check_paths(after: list[dict]) -> None:
+    """A step's input file must exist when the pipeline is submitted (its job reads it later)."""
+    for i, step in enumerate(after):
+        for key in PATHS:
+            if step.get(key) and not os.path.exists(step[key]):
+                raise UserError(f"`after[{i}].{key}` is {step[key]!r:.200}, which does not exist")
+
+
+def step_job(step: dict, run_id: str, run_dir: Path, resolved: dict, executor: str) -> post.PostJob:
+    """The post job of one step, its arguments as `export`/`eval`/`generate` would give them."""
+    job = post.PostJob(step["step"], {"run_id": run_id}, Path(run_dir), resolved, executor, post.new_id())
+    if step["step"] == "eval" and step["data"]:
+        job.args += ["--data", step["data"]]
+    elif step["step"] == "export":
+        job.args += [a for key in ("adapter", "merged") if step[key] for a in (f"--{key}", str(job.post_dir / key))]
+    elif step["step"] == "generate":
+        if step["prompts"]:
+            job.copies["prompts.jsonl"] = step["prompts"]
+            job.args += ["--prompts", str(job.post_dir / "prompts.jsonl")]
+        else:
+            job.args += ["--prompt", step["prompt"]]
+        job.args += ["--max-new-tokens", step["max_new_tokens"]]
+    return job
+
+
+def _gpus(step: dict, resolved: dict) -> int:
+    return min(GPUS[step["step"]], resolved["cluster"]["gpus_per_node"])
+
+
+def chain(run_id: str, run_dir: Path, resolved: dict, executor: str, first_job: str, start) -> list:
+    """Each step's post job and script, behind the job before it: `start(step, job, script, k)` returns the
+    job id the next step waits for (submitting it, or a dry run's placeholder); returns start's answers."""
+    out, previous = [], first_job
+    for k, step in enumerate(resolved.get("after") or []):
+        job = step_job(step, run_id, run_dir, resolved, executor)
+        deps = (f"--dependency={step['when']}:{previous}", "--kill-on-invalid-dep=yes")
+        previous = start(step, job, post.script(job, deps, _gpus(step, resolved)), k)
+        out.append(previous)
+    return out
+
+
+def dry_run_text(p) -> str:
+    """The scripts of a prepared run's steps, as `submit --dry-run` prints them after the training script."""
+    texts = []
+
+    def show(step, job, text, k):
+        texts.append(f"# ---- after[{k}]: {step['step']} ({job.post_dir}) ----\n{text}")
+        return f"STEP_{k}_JOB"
+    chain(p.run_id, p.run_dir, p.recipe.resolved, p.executor, "TRAIN_JOB", show)
+    return "".join(texts)
+
+
+def submit_chain(run_dir: Path, info: dict, resolved: dict) -> list[dict]:
+    """Slurm: every step's job, each behind the one before; recorded in run.json's `pipeline`."""
+    def start(step, job, text, k):
+        record = post.create(job, text)
+        job_id, _ = submit_script(text, job.post_dir)
+        post.set_job_id(job, record, job_id)
+        info.setdefault("pipeline", []).append({"step": step["step"], "when": step["when"], "job_id": job_id,
+                                                "dir": str(job.post_dir)})
+        runs.write_run_json(run_dir, info)
+        return job_id
+    info["pipeline"] = []
+    chain(info["run_id"], run_dir, resolved, "slurm", str(info["job_id"]), start)
+    return info["pipeline"]
+
+
+def local_chain(resolved: dict) -> list[dict]:
+    """The local queue's record of the steps before they run."""
+    return [{"step": s["step"], "when": s["when"], "job_id": None, "dir": None, "state": "PENDING"}
+            for s in resolved.get("after") or []]
+
+
+def run_local(run_dir: Path, trained: dict) -> None:
+    """The local queue's `after`: the run's steps in order, once its training ended as `trained` says."""
+    info = runs.read_run_json(run_dir)
+    chain = info.get("pipeline") or []
+    if not chain:
+        return
+    resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
+    ok = trained.get("state") == "COMPLETED"
+    for entry, step in zip(chain, resolved["after"]):
+        if not ok and step["when"] == "afterok":
+            entry["state"] = "CANCELLED"  # as Slurm removes a step whose dependency can never be met
+        else:
+            job = step_job(step, info["run_id"], run_dir, resolved, "local")
+            entry.update(state="RUNNING", dir=str(job.post_dir), job_id="local")
+            runs.write_run_json(run_dir, info)
+            print(f"{run_dir}: {step['step']} ({job.post_dir})", flush=True)
+            with open(os.devnull, "w") as quiet:  # (its output is in the step's own directory)
+                rc, _ = post.launch(job, out=quiet)
+            entry["state"], entry["exit_code"] = ("COMPLETED" if rc == 0 else "FAILED"), rc
+            ok = rc == 0
+        runs.write_run_json(run_dir, info)
+
+
+def chain_states(info: dict) -> list[dict]:
+    """run.json's pipeline with each step's state (Slurm: one sacct/squeue query)."""
+    chain = [dict(step) for step in info.get("pipeline") or []]
+    if info.get("executor") == "slurm" and chain:
+        found = slurm_states([s["job_id"] for s in chain])
+        for s in chain:
+            row = found.get(str(s["job_id"])) or {}
+            s.update(state=row.get("state", "UNKNOWN"),
+                     exit_code=row.get("exit_code") if row.get("state") in TERMINAL else None)
+    return chain
+
+
+def chain_line(train: dict, chain: list[dict]) -> str:
+    """`status RUN`'s pipeline line: train job STATE -> eval job STATE -> ..."""
+    parts = [f"train {train.get('job_id')} {train.get('state')}"]
+    parts += [f"{s['step']}{' (afterany)' if s['when'] == 'afterany' else ''} {s.get('job_id') or '-'} "
+              f"{s.get('state', 'UNKNOWN')}" for s in chain]
+    return "pipeline: " + " -> ".join(parts)
+
+
+def submit(p) -> dict:
+    """Submit a prepared run that has steps (`after:`): Slurm, the training job then the chain; local, the local
+    queue (training, then the steps). Returns the run's registry entry."""
+    check_paths(p.recipe.resolved["after"])
+    if p.executor == "slurm":
+        entry = submit_mod.submit(p)
+        submit_chain(p.run_dir, runs.read_run_json(p.run_dir), p.recipe.resolved)
+        return entry
+    info = submit_mod.create(p, pipeline=local_chain(p.recipe.resolved))
+    started = local_queue.start(p.run_dir, [p.run_dir], 1)[0]
+    entry = submit_mod.record(p, info, started)
+    local_queue.release(p.run_dir)
+    return entry
