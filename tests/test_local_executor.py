@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -98,14 +97,9 @@ def test_cancel_ends_a_worker_that_cannot_act_on_term(job_env, job_recipe, monke
     monkeypatch.setattr(LocalExecutor, "cancel_grace_s", 5.0)
     entry = submit(job_env, job_recipe("sleep:300"))
     run_dir = Path(entry["run_dir"])
-    wait_state(job_env, entry["run_id"], {"RUNNING"}, timeout=60)
-    workers = {}
-    for _ in range(300):
-        workers = worker_pids(run_dir, "primus_testjob")
-        if len(workers) == 2:
-            break
-        time.sleep(0.1)
-    assert len(workers) == 2
+    wait_state(job_env, entry["run_id"], {"RUNNING"}, timeout=120)
+    workers = wait_for(lambda: (lambda w: w if len(w) == 2 else None)(worker_pids(run_dir, "primus_testjob")), 180,
+                       "both workers to start")  # (torch's start on two loaded cores)
     os.kill(workers[1], signal.SIGSTOP)
     # SIGSTOP takes effect when the worker is next scheduled; a TERM that arrives before that kills it at once
     # (the flake under load: the cancel then had nothing to wait for). Cancel only once it is really stopped.
