@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -113,3 +114,27 @@ def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
     resumed = next(r for r in rows if r["run_id"] == first["run_id"])
     assert resumed["job_id"] != first["job_id"] and "_" not in resumed["job_id"]  # its own job now
     assert next(r for r in rows if r["run_id"] == second["run_id"])["attempts"] == 1
+
+
+def test_sweep_task_requeued_alone(local_slurm, job_env, tmp_path):
+    """The time-limit warning (USR2, as slurmctld sends it) reaches trial 0's task only: that task checkpoints and
+    requeues itself (its own job id, SLURM_RESTART_COUNT 1), resumes, and completes; trial 1 runs once."""
+    recipe = trainer_recipe(tmp_path, "sweep3")
+    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=60", "--set", "trainer.checkpoint.save_interval=5",
+                 "--grid", "trainer.schedule.lr=5e-3,2e-3")
+    first, second = data["runs"]
+    wait_board(job_env, data["sweep_id"], lambda rows: all((r.get("iteration") or 0) >= 6 for r in rows))
+    subprocess.run(["scancel", "--batch", "--signal=USR2", first["job_id"]], check=True)
+    wait_board(job_env, data["sweep_id"],
+               lambda rows: {r["run_id"]: r["state"] for r in rows}[first["run_id"]] in ("PENDING", "REQUEUED"))
+    # a requeued job waits ~2.5 min for its begin time here; the test need not
+    subprocess.run(["scontrol", "update", f"JobId={first['job_id']}", "StartTime=now"], check=True)
+    rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
+    assert all(r["state"] == "COMPLETED" and r["iteration"] == 60 for r in rows), rows
+    by_run = {r["run_id"]: r for r in rows}
+    assert by_run[first["run_id"]]["attempts"] == 2 and by_run[second["run_id"]]["attempts"] == 1
+    assert by_run[first["run_id"]]["job_id"] == first["job_id"]  # the same task, requeued
+    out = (Path(first["run_dir"]) / "logs" / f"slurm-{first['job_id']}.out").read_text()
+    assert "requeueing job" in out and "attempt 1" in out
+    events = Path(first["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
+    assert json.loads(events.read_text().splitlines()[0])["resumed_from"]
