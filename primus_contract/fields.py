@@ -254,6 +254,8 @@ SCHEMA: dict = {
                 "entity": _opt("str", pattern=WANDB_NAME_RE, help="a W&B team or user name (no / \\ # ? % :)"),
                 "name": _opt("str", help="the W&B run's display name (null: the run directory's name)"),
                 "tags": Field("list", []),
+                "group": _opt("str", pattern=WANDB_NAME_RE, help="the W&B group of the run (a sweep sets its "
+                              "id here: its trials are one group)"),
                 "mode": _opt("str", choices=("online", "offline"), help="null: online; offline writes the run "
                              "under <run_dir>/wandb/ without network (`wandb sync` uploads it later)"),
             },

@@ -10,7 +10,7 @@ MAX_TAG = 64  # W&B refuses longer tags
 def tracking_rules(t: dict) -> None:
     w = t["logging"]["wandb"]
     if w["project"] is None:  # W&B is off: a key of the section set without it would be accepted and ignored
-        for key in ("entity", "name", "mode", "tags"):
+        for key in ("entity", "name", "mode", "tags", "group"):
             if w[key]:
                 fail(f"`{W}.{key}` is set but `{W}.project` is not; W&B logs only to a project: set "
                      f"`{W}.project` or remove `{W}.{key}`")

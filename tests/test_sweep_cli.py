@@ -98,3 +98,8 @@ def test_pipeline_dry_run_shows_every_script(env):
     assert "--dependency=afterok:STEP_0_JOB" in parts[2] and "--merged" in parts[2]
     assert "--dependency=afterany:STEP_1_JOB" in parts[3] and "prompts.jsonl" in parts[3]
     assert "- step: generate\n#   when: afterany\n" in parts[0]  # the resolved recipe's after:
+
+
+def test_wandb_group_needs_a_project(env):
+    out = cli(env, "validate", QUICKSTART, "--set", "trainer.logging.wandb.group=g")
+    assert out.returncode == 2 and "`trainer.logging.wandb.group` is set but" in out.stderr, out.stderr

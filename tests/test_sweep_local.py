@@ -1,5 +1,6 @@
 """A sweep with the local executor (issue 32): the trials run one after another (--max-parallel 1) from the
-local queue; a trial cancelled while it waits never starts; the leaderboard shows them all."""
+local queue; a trial cancelled while it waits never starts; the leaderboard shows them all; with W&B on, the
+trials are one W&B group, the sweep id (offline W&B, read back by wandb itself)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from conftest import ROOT, cli
 from primus_contract import run_files
+from test_trackers import WANDB_OFFLINE, wandb_runs
 from test_train_support import SMALL
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "DIVERGED"}
@@ -17,7 +19,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "DIVERGED"}
 def test_local_sweep_runs_one_after_another(tmp_path):
     env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PRIMUS_WORKSPACE=str(tmp_path / "ws"),
                OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    sets = [x for s in (*SMALL, "trainer.schedule.train_iters=6", "trainer.schedule.eval_interval=3",
+    sets = [x for s in (*SMALL, *WANDB_OFFLINE, "trainer.schedule.train_iters=6", "trainer.schedule.eval_interval=3",
                         f"trainer.data.cache_dir={tmp_path / 'cache'}") for x in ("--set", s)]
     out = cli(env, "sweep", str(ROOT / "recipes" / "quickstart.yaml"), "--executor", "local", *sets,
               "--grid", "trainer.lora.dim=4,8,16", "--max-parallel", "1", "--json")
@@ -48,4 +50,8 @@ def test_local_sweep_runs_one_after_another(tmp_path):
         events = run_files.read_events(Path(run["run_dir"]) / "logs" / "rank-0" / "events.jsonl")
         return events[0]["t"], events[-1]["t"]
     assert span(runs[0])[1] <= span(runs[1])[0]  # one after another
+    for k in (0, 1):
+        (records,) = wandb_runs(Path(runs[k]["run_dir"]))
+        (run,) = [r["run"] for r in records if r["type"] == "run"]
+        assert run["run_group"] == data["sweep_id"], run
     assert "queue done" in (Path(data["sweep_dir"]) / "logs" / "queue.out").read_text()

@@ -79,6 +79,9 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
                                                 dry_run=dry_run)
             plan_cli.check_memory(trial.prepared.recipe.resolved, skip_memory_check)
             submit_mod.check(trial.prepared)
+            wandb = trial.prepared.recipe.resolved["trainer"]["logging"]["wandb"]
+            if wandb["project"] and wandb["group"] is None:  # the sweep's trials are one W&B group
+                wandb["group"] = sweep.sweep_id
         except UserError as exc:
             trial.error = str(exc)
         sweep.trials.append(trial)
