@@ -216,9 +216,9 @@ SCHEMA: dict = {
             "b_init": Field("str", "zero", choices=("zero",)),
             "target_modules": Field("list", ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]),
             "exclude_modules": Field("list", []),
-            "fused": Field("bool", True, help="one autograd node per adapter, its input gradient added in place "
+            "fused": Field("bool", True, help="two autograd nodes per adapter, its input gradient added in place "
                            "into the frozen base's (trainer/model/lora_fused.py): linear_proj/linear_fc2 and other "
-                           "non-norm linears at TP 1 without dropout; elsewhere the unfused path"),
+                           "non-norm linears, any TP/SP layout, without dropout; elsewhere the unfused path"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),

@@ -135,12 +135,12 @@ def test_tiny_model_trains_the_same_fused_and_unfused():
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref), rtol=1e-5, atol=1e-6)
 
 
-def test_tp_layout_keeps_the_unfused_path():
+def test_which_layouts_take_the_fused_path():
     from trainer.model.lora import LoRALinear
 
-    base = _Base(torch.randn(6, 5))
     kw = dict(leaf_name="linear_proj", dim=2, alpha=4.0, dropout=0.0, dropout_position="pre", a_init="xavier",
               b_init="zero", tp_rank=0, sequence_parallel=False, seed=0, fused=True)
-    assert LoRALinear(base, tp_size=1, **kw).uses_fused_path()
-    assert not LoRALinear(_Base(torch.randn(6, 5)), tp_size=2, **kw).uses_fused_path()
+    assert LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **kw).uses_fused_path()
+    assert LoRALinear(_Base(torch.randn(6, 5)), tp_size=2, **kw).uses_fused_path()  # the collective sits between
     assert not LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **{**kw, "dropout": 0.1}).uses_fused_path()
+    assert not LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **{**kw, "fused": False}).uses_fused_path()

@@ -51,6 +51,9 @@ def _tp_run(rank, world, port, sp, full, batch):
         model = built.model
         assert built.line("chunked loss")  # installed (not megatron's output layer + loss)
         assert (model.decoder.layers[0].mlp.linear_fc2.input_act is not None) == sp
+        # trainer.lora.fused (the default) with the TP/SP collectives between A and B (tests/test_lora_fused.py pins
+        # it against the unfused path at TP 1)
+        assert all(m.uses_fused_path() for m in model.modules() if type(m).__name__ == "LoRALinear")
         load_full_state_dict(model, full)
         losses = _run(model, batch)
         marked = [n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)

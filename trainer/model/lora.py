@@ -164,8 +164,6 @@ class LoRALinear(nn.Module):
 
     def _adapter_h(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """h = A(drop(x)), rank-sized, laid out like the base output (TP/SP collectives applied)."""
-        from megatron.core.tensor_parallel import mappings as tpm
-
         if self.dropout is not None and self.dropout_position == "pre":
             x = self._drop(x, sharded=self.mode == ROW or self.sequence_parallel)
         a = self.lora_a.to(x.dtype)
@@ -173,14 +171,17 @@ class LoRALinear(nn.Module):
             h = self.adapter_norm(x, a)
         else:
             h = adapter_a(x, a, act_input, self.input_act)
-        if self.tp_size > 1:
-            if self.mode == COLUMN:
-                h = (tpm.gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True)
-                     if self.sequence_parallel else tpm.copy_to_tensor_model_parallel_region(h))
-            else:
-                h = (tpm.reduce_scatter_to_sequence_parallel_region(h)
-                     if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
-        return h
+        return self._collective(h) if self.tp_size > 1 else h
+
+    def _collective(self, h: torch.Tensor) -> torch.Tensor:
+        """The TP/SP mapping of the rank-sized h between A and B, laid out like the base output."""
+        from megatron.core.tensor_parallel import mappings as tpm
+
+        if self.mode == COLUMN:
+            return (tpm.gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True)
+                    if self.sequence_parallel else tpm.copy_to_tensor_model_parallel_region(h))
+        return (tpm.reduce_scatter_to_sequence_parallel_region(h)
+                if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
 
     def _take_act_input(self, x: torch.Tensor):
         """The pending pre-activation u of x = act(u) (trainer.model.lora_inputs), if it matches x; used once."""
@@ -190,16 +191,15 @@ class LoRALinear(nn.Module):
         return u
 
     def uses_fused_path(self) -> bool:
-        """trainer.model.lora_fused applies: the adapter reads the base's own input, no TP collective between A and
-        B, no dropout."""
-        return (self.fused and self.tp_size == 1 and self.dropout is None and not self.fused_norm
-                and self.adapter_norm is None)
+        """trainer.model.lora_fused applies: the adapter reads the base's own input, no dropout."""
+        return self.fused and self.dropout is None and not self.fused_norm and self.adapter_norm is None
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
         if self.uses_fused_path():
             u = self._take_act_input(x)
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
-                                 u=u, act=self.input_act if u is not None else None)
+                                 u=u, act=self.input_act if u is not None else None,
+                                 collective=self._collective if self.tp_size > 1 else None)
         result = self.base(x, *args, **kwargs)
         if self.fused_norm and self.adapter_norm is None:
             if len(result) == 3:  # TE with return_bias: (out, bias, ln_out)

@@ -1,5 +1,6 @@
-"""The fused adapter path of LoRALinear (trainer.lora.fused): one autograd node for the whole adapter, and the
-adapter's input gradient added in place into the frozen base's own input gradient.
+"""The fused adapter path of LoRALinear (trainer.lora.fused): two autograd nodes for the whole adapter (A, then B;
+the TP/SP collective between them, if any), and the adapter's input gradient added in place into the frozen base's
+own input gradient.
 
 The unfused path (trainer/model/lora.py) builds the adapter from autograd ops:
 
@@ -13,7 +14,8 @@ order, and changes two things:
 * backward of the input: the base linear is called on a tap of x (`_InputGradTap`, the identity forward) whose
   backward adds dh A into the base's dx in place (`dx.addmm_(dh, A)`: read and write dx once, the product never
   materialised on its own). The adapter node hands dh and A to the tap through a one-use slot; autograd runs the
-  tap's backward after the adapter's (the tap feeds the base, whose output feeds the adapter node).
+  tap's backward after A's: A reads the tapped x as well (giving it no gradient), so autograd holds the tap's
+  backward until both of its consumers, the base and A, have run theirs.
 * forward: y is written into the base output's storage (`out.addmm_`), so no second [tokens, out] buffer lives
   beside it (unless the output is a view made by a custom Function, which autograd forbids writing: then a new one).
 
@@ -22,9 +24,10 @@ the GPU); dx differs only in where dh A is rounded (added in the GEMM's accumula
 activation dtype first). tests/test_lora_fused.py pins both, and 20 iterations of a small model.
 
 Applies to a base whose adapter input is the base's own input x: linear_proj, linear_fc2 (also with fc2's SwiGLU
-recomputed from fc1's output, trainer.model.lora_inputs), any non-norm linear; TP size 1 (or a whole/duplicated
-linear), no adapter dropout. Elsewhere (TP>1 collectives between A and B, a LayerNormLinear whose adapter reads
-TE's returned norm output, the folded-norm adapter, dropout) LoRALinear keeps the unfused path.
+recomputed from fc1's output, trainer.model.lora_inputs), any non-norm linear, at any TP size with or without
+sequence parallelism (the same collectives as the unfused path, between A and B), without adapter dropout.
+Elsewhere (a LayerNormLinear whose adapter reads TE's returned norm output, the folded-norm adapter, dropout)
+LoRALinear keeps the unfused path.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import torch.nn.functional as F
 
 
 class _Slot:
-    """Hands (dh, A) from the adapter node's backward to the tap's backward; used once."""
+    """Hands (dh, A) from the adapter's A node's backward to the tap's backward; used once."""
     __slots__ = ("dh", "a")
 
     def __init__(self):
@@ -60,54 +63,73 @@ class _InputGradTap(torch.autograd.Function):
         return dx, None
 
 
-class _AdapterOut(torch.autograd.Function):
-    """out += s (x A^T) B^T in place; backward hands dh = s dy B and A to the tap.
+class _AdapterA(torch.autograd.Function):
+    """h = x A^T. Backward: dA = dh^T x, and (dh, A) handed to the tap instead of a gradient for x.
 
     With (u, act) given, x = act(u) and u is kept instead of x: x is recomputed in backward for dA
     (trainer.model.lora_inputs)."""
 
     @staticmethod
-    def forward(ctx, out, x, u, a, b, scale, slot, act):
-        a_c, b_c = a.to(out.dtype), b.to(out.dtype)
-        h = F.linear(x, a_c)
+    def forward(ctx, x, u, a, dtype, slot, act):
+        a_c = a.to(dtype)
+        ctx.slot, ctx.act, ctx.a_dtype = slot, act if u is not None else None, a.dtype
+        ctx.save_for_backward(u if u is not None else x, a_c)
+        return F.linear(x, a_c)
+
+    @staticmethod
+    def backward(ctx, dh):
+        kept, a_c = ctx.saved_tensors
+        with torch.no_grad():
+            xin = kept if ctx.act is None else ctx.act(kept)
+        dh2 = dh.reshape(-1, dh.shape[-1])
+        da = dh2.t().mm(xin.reshape(-1, xin.shape[-1]))
+        slot, ctx.slot = ctx.slot, None
+        slot.dh, slot.a = dh2, a_c
+        return None, None, da.to(ctx.a_dtype), None, None, None
+
+
+class _AdapterB(torch.autograd.Function):
+    """out += s h B^T, in place. Backward: d(out) = dy, dh = s dy B, dB = s dy^T h (addmm's own products)."""
+
+    @staticmethod
+    def forward(ctx, out, h, b, scale):
+        b_c = b.to(out.dtype)
         h2 = h.reshape(-1, h.shape[-1])
         if out._is_view():  # an input returned as-is by a custom Function (megatron's TP-1 all-reduce): not in place
             out = torch.addmm(out.reshape(-1, out.shape[-1]), h2, b_c.t(), alpha=scale).view(out.shape)
         else:
             out.view(-1, out.shape[-1]).addmm_(h2, b_c.t(), alpha=scale)
             ctx.mark_dirty(out)
-        ctx.scale, ctx.slot, ctx.act = scale, slot, act if u is not None else None
-        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
-        ctx.save_for_backward(u if u is not None else x, h, a_c, b_c)
+        ctx.scale, ctx.b_dtype = scale, b.dtype
+        ctx.save_for_backward(h, b_c)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        kept, h, a_c, b_c = ctx.saved_tensors
+        h, b_c = ctx.saved_tensors
         s = ctx.scale
         dy2 = dy.reshape(-1, dy.shape[-1])
-        h2 = h.reshape(-1, h.shape[-1])
         # addmm's own backward: mat1 grad (dy B) * alpha; mat2 = B^T is column-major, so its grad is formed as
         # (dy^T h)^T: B's grad is dy^T h * alpha
-        dh = dy2.mm(b_c).mul_(s) if s != 1.0 else dy2.mm(b_c)
-        db = dy2.t().mm(h2)
-        db = db.mul_(s) if s != 1.0 else db
-        with torch.no_grad():
-            xin = kept if ctx.act is None else ctx.act(kept)
-        x2 = xin.reshape(-1, xin.shape[-1])
-        da = dh.t().mm(x2)
-        slot, ctx.slot = ctx.slot, None
-        slot.dh, slot.a = dh, a_c
-        return (dy, None, None, da.to(ctx.a_dtype), db.to(ctx.b_dtype), None, None, None)
+        dh = dy2.mm(b_c)
+        db = dy2.t().mm(h.reshape(-1, h.shape[-1]))
+        if s != 1.0:
+            dh, db = dh.mul_(s), db.mul_(s)
+        return dy, dh.view(h.shape), db.to(ctx.b_dtype), None
 
 
 def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
-                  u=None, act=None):
-    """(y, bias) of base(x) + scale * (x A^T) B^T through the fused path; base returns (out, bias)."""
+                  u=None, act=None, collective=None):
+    """(y, bias) of base(x) + scale * collective(x A^T) B^T through the fused path; base returns (out, bias).
+    `collective`: the TP/SP mapping between A and B (megatron's autograd functions), None at TP 1."""
     slot = _Slot()
     needs_dx = torch.is_grad_enabled() and x.requires_grad
-    out, bias = base(_InputGradTap.apply(x, slot) if needs_dx else x, *args, **(kwargs or {}))
+    # A reads the tapped x too (and gives it no gradient): the tap's backward then waits for A's, whose dh it adds
+    x_in = _InputGradTap.apply(x, slot) if needs_dx else x
+    out, bias = base(x_in, *args, **(kwargs or {}))
     if not out.is_contiguous():
         out = out.contiguous()
-    y = _AdapterOut.apply(out, x.detach(), None if u is None else u.detach(), a, b, scale, slot, act)
-    return y, bias
+    h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act)
+    if collective is not None:
+        h = collective(h)
+    return _AdapterB.apply(out, h, b, scale), bias
