@@ -231,16 +231,17 @@ def table(runs: list[RunLog]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[RunLog], path: str, title: str = "lm loss, same seed / data / GBS / LR") -> str:
+def plot(runs: list[RunLog], path: str, title: str = "lm loss, same seed / data / GBS / LR",
+         labels: Optional[list] = None) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for run in runs:
+    for i, run in enumerate(runs):
         s = run.series("lm loss")
-        ax.plot(list(s), list(s.values()), label=run.label, linewidth=1.2)
+        ax.plot(list(s), list(s.values()), label=labels[i] if labels else run.label, linewidth=1.2)
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
     ax.set_title(title)

@@ -67,6 +67,8 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
     else:
         click.echo(f"submitted run {entry['run_id']} ({entry['executor']} job {entry['job_id']})")
         click.echo(f"run dir: {entry['run_dir']}")
+        if steps:
+            click.echo(pipeline.submitted_line(Path(entry["run_dir"])))
     if follow:
         sys.exit(logs_mod.follow(entry, out=sys.stdout if not as_json else sys.stderr))
 
@@ -88,6 +90,7 @@ def status_cmd(run, as_json, wide):
         info = {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))}
         rows[0]["cost"] = cost.costs([(Path(info["run_dir"]), info)])[0]
         rows[0]["pipeline"] = pipeline.chain_states(info)
+        pipeline.step_states(rows[0]["post"], rows[0]["pipeline"])
         measured = (rows[0]["mem_peak_gib"], rows[0].get("avg_tokens_per_s_gpu") or rows[0]["tokens_per_s_gpu"])
         planned = plan_runs.planned(Path(rows[0]["run_dir"]))
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
@@ -101,7 +104,7 @@ def status_cmd(run, as_json, wide):
             line = plan_runs.versus(planned, *measured)  # "" for a CPU run
             if line:
                 click.echo(line)
-            post_cli.show_results(rows[0]["run_dir"])
+            post_cli.show_results(rows[0]["run_dir"], rows=rows[0]["post"])
             click.echo(cost.line(rows[0]["cost"]))
             if rows[0]["pipeline"]:
                 click.echo(pipeline.chain_line(rows[0], rows[0]["pipeline"]))

@@ -153,9 +153,9 @@ def eval_cmd(run, iteration, executor, data):
     _finish(job)
 
 
-def show_results(run_dir, out=sys.stdout) -> None:
-    """The post jobs of a run, one line each (under `status RUN`)."""
-    for r in post.results(run_dir):
+def show_results(run_dir, out=sys.stdout, rows: list | None = None) -> None:
+    """The post jobs of a run (`rows`: post.results' already read), one line each (under `status RUN`)."""
+    for r in post.results(run_dir) if rows is None else rows:
         out.write(f"{r['kind']:<8} {r['id']}  {r['state']:<9} {r['summary'] or '-'}\n")
 
 

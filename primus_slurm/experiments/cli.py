@@ -74,9 +74,9 @@ def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, exe
                                "executor": sweep.executor, "trials": [t.as_dict() for t in sweep.trials],
                                "runs": entries}, indent=2, sort_keys=True))
         return
-    job = entries[0]["job_id"].rsplit("_", 1)[0] if sweep.executor == "slurm" else "local queue"
-    click.echo(f"submitted sweep {sweep.sweep_id}: {len(entries)} of {len(sweep.trials)} trials "
-               f"({sweep.executor} {'job array ' + job if sweep.executor == 'slurm' else job})")
+    where = (f"slurm job array {entries[0]['job_id'].rsplit('_', 1)[0]}" if sweep.executor == "slurm" else
+             f"the local queue, {sweep.max_parallel or 1} at a time")
+    click.echo(f"submitted sweep {sweep.sweep_id}: {len(entries)} of {len(sweep.trials)} trials ({where})")
     click.echo(f"sweep dir: {sweep.sweep_dir}")
 
 
@@ -89,12 +89,14 @@ def show_sweep(ref: str, as_json: bool, plot_path: str | None = None) -> None:
     else:
         sys.stdout.write(leaderboard.table(data, board))
     if plot_path:
-        logged = [compare.load_run(r["run_dir"]) for r in board
-                  if r.get("run_dir") and compare.rank0_logs(Path(r["run_dir"]))]
-        if not logged:
+        shown = [r for r in board if r.get("run_dir") and compare.rank0_logs(Path(r["run_dir"]))]
+        if not shown:
             raise UserError(f"--plot: no trial of {data['sweep_id']} has logged yet")
+        labels = [f"trial {r['trial']}: " + ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r["values"].items())
+                  for r in shown]
+        logged = [compare.load_run(r["run_dir"]) for r in shown]
         title = f"lm loss of every trial of {data['sweep_id']}"
-        click.echo(f"plot: {compare.plot(logged, plot_path, title)}", err=as_json)
+        click.echo(f"plot: {compare.plot(logged, plot_path, title, labels)}", err=as_json)
 
 
 def register(group: click.Group) -> None:

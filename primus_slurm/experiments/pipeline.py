@@ -198,6 +198,23 @@ def chain_states(info: dict) -> list[dict]:
     return chain
 
 
+def step_states(post_rows: list[dict], chain: list[dict]) -> None:
+    """A queued step's post job has no exit code of its own until it runs (Slurm may remove it unrun): its row
+    takes the chain's state where it has no result."""
+    by_dir = {s.get("dir"): s for s in chain}
+    for row in post_rows:
+        step = by_dir.get(row["path"])
+        if step and row["state"] == "RUNNING" and step.get("state"):
+            row.update(state=step["state"], exit_code=step.get("exit_code"))
+
+
+def submitted_line(run_dir: Path) -> str:
+    """`submit`'s line about the steps it queued behind the run."""
+    chain = runs.read_run_json(run_dir).get("pipeline") or []
+    return "then: " + " -> ".join(f"{s['step']} " + (f"job {s['job_id']} ({s['when']})" if s.get("job_id") else
+                                                    f"({s['when']}, the local queue)") for s in chain)
+
+
 def chain_line(train: dict, chain: list[dict]) -> str:
     """`status RUN`'s pipeline line: train job STATE -> eval job STATE -> ..."""
     parts = [f"train {train.get('job_id')} {train.get('state')}"]
