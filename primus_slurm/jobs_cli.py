@@ -73,18 +73,26 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
         sys.exit(logs_mod.follow(entry, out=sys.stdout if not as_json else sys.stderr))
 
 
+ALL_RUNS = click.option("--all", "show_all", is_flag=True, help="every run in the registry (default: the runs of the "
+                        "git checkout holding the current directory, else of the current directory)")
+
+
 @click.command("status")
 @click.argument("run", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--wide", is_flag=True, help="every column (exec, job, TFLOP/s, peak memory, checkpoint, restarts); "
               "default: what fits 100 columns")
-def status_cmd(run, as_json, wide):
-    """State and training progress of all runs, or of RUN; of SWEEP, its leaderboard (a row per trial)."""
+@ALL_RUNS
+def status_cmd(run, as_json, wide, show_all):
+    """State and training progress of this checkout's runs (--all: every run), or of RUN; of SWEEP, its
+    leaderboard (a row per trial). RUN and SWEEP are found from any directory."""
+    if run and show_all:
+        raise UserError("--all: lists every run; not with RUN")
     if run and leaderboard.is_sweep(run):
         experiments_cli.show_sweep(run, as_json)
         return
-    entries = [registry.find(run)] if run else registry.entries()
-    rows = status_mod.collect(entries)
+    entries, hidden = ([registry.find(run)], "") if run else registry.scoped(show_all)
+    rows = status_mod.collect(entries)  # (the scheduler is asked about these runs only)
     if run:  # its exports, generations and evals (primus_slurm.post), what it cost
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
         info = {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))}
@@ -96,9 +104,7 @@ def status_cmd(run, as_json, wide):
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
     if as_json:
         click.echo(status_mod.to_json(rows[0] if run else rows))
-    elif not rows:
-        click.echo("no runs yet (primus-slurm submit RECIPE)")
-    else:
+    elif rows:
         status_mod.render_table(rows, wide=wide)
         if run:
             line = plan_runs.versus(planned, *measured)  # "" for a CPU run
@@ -108,6 +114,16 @@ def status_cmd(run, as_json, wide):
             click.echo(cost.line(rows[0]["cost"]))
             if rows[0]["pipeline"]:
                 click.echo(pipeline.chain_line(rows[0], rows[0]["pipeline"]))
+    _listed(bool(rows), hidden, as_json)
+
+
+def _listed(shown: bool, hidden: str, as_json: bool) -> None:
+    """The last line of a bare `status`/`list`: how many runs it left out (registry.scoped; on stderr under
+    --json, which stays one document), or that there are none at all."""
+    if not shown and not as_json:
+        click.echo(hidden or "no runs yet (primus-slurm submit RECIPE)")
+    elif hidden:
+        click.echo(hidden, err=as_json)
 
 
 @click.command("logs")
@@ -182,21 +198,20 @@ def _resume(ref: str) -> dict:
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def list_cmd(as_json):
-    """All submitted runs (from the registry; no scheduler query)."""
-    entries = registry.entries()
+@ALL_RUNS
+def list_cmd(as_json, show_all):
+    """This checkout's submitted runs (--all: every run; from the registry, no scheduler query)."""
+    entries, hidden = registry.scoped(show_all)
     if as_json:
         click.echo(json.dumps(entries, indent=2, sort_keys=True))
-        return
-    if not entries:
-        click.echo("no runs yet (primus-slurm submit RECIPE)")
-        return
-    rows = [("RUN", "NAME", "EXEC", "JOB", "SUBMITTED", "RUN DIR")]
-    rows += [(e["run_id"], e.get("name", "-"), e.get("executor", "-"), str(e.get("job_id", "-")),
-              e.get("submit_time", "-"), e["run_dir"]) for e in entries]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(5)]
-    for row in rows:
-        click.echo("  ".join(f"{str(v):<{w}}" for v, w in zip(row, widths)) + f"  {row[5]}")
+    elif entries:
+        rows = [("RUN", "NAME", "EXEC", "JOB", "SUBMITTED", "RUN DIR")]
+        rows += [(e["run_id"], e.get("name", "-"), e.get("executor", "-"), str(e.get("job_id", "-")),
+                  e.get("submit_time", "-"), e["run_dir"]) for e in entries]
+        widths = [max(len(str(row[i])) for row in rows) for i in range(5)]
+        for row in rows:
+            click.echo("  ".join(f"{str(v):<{w}}" for v, w in zip(row, widths)) + f"  {row[5]}")
+    _listed(bool(entries), hidden, as_json)
 
 
 def register(group: click.Group) -> None:

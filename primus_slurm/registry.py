@@ -87,6 +87,38 @@ def entries() -> list[dict]:
     return list(merged.values())
 
 
+def here() -> Path:
+    """Where `status` and `list` look by default: the git checkout holding the current directory (its nearest
+    ancestor with a `.git`), else the current directory."""
+    try:
+        cwd = Path(os.getcwd()).resolve()
+    except OSError:  # the current directory was removed
+        raise UserError("the current directory no longer exists: cd somewhere, or give --all") from None
+    return next((d for d in (cwd, *cwd.parents) if (d / ".git").exists()), cwd)
+
+
+def belongs(entry: dict, root: Path) -> bool:
+    """Whether a run is `root`'s: it was submitted from `root` or below (`submit_dir`), or its run directory
+    lies there (all a run recorded before `submit_dir` existed has)."""
+    places = (entry.get("submit_dir"), entry.get("run_dir"))
+    return any(isinstance(p, str) and Path(os.path.realpath(p)).is_relative_to(root) for p in places)
+
+
+def scoped(everything: bool = False) -> tuple[list[dict], str]:
+    """The runs a bare `status`/`list` shows (`here()`'s; every run with `everything`), and the one line that
+    says how many it left out ("" when none)."""
+    runs = entries()
+    if everything:
+        return runs, ""
+    root = here()
+    shown = [r for r in runs if belongs(r, root)]
+    hidden = len(runs) - len(shown)
+    if not hidden:
+        return shown, ""
+    return shown, (f"{hidden} run{'s' if hidden != 1 else ''} submitted outside {root} not shown "
+                   f"(--all lists every run)")
+
+
 def find(ref: str) -> dict:
     """The run named by `ref`: a run id, a unique run-id prefix, a job id, or a run directory path."""
     runs = entries()
@@ -109,7 +141,7 @@ def find(ref: str) -> dict:
     unrecorded = _from_run_dir(as_path) if os.path.isdir(as_path) else None
     if unrecorded:
         return unrecorded
-    raise UserError(f"RUN '{ref}' is not a known run id, job id or run directory (see `primus-slurm list`)")
+    raise UserError(f"RUN '{ref}' is not a known run id, job id or run directory (see `primus-slurm list --all`)")
 
 
 def _from_run_dir(run_dir: str) -> dict | None:

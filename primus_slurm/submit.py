@@ -1,6 +1,7 @@
 """`submit`: recipe → rendered script → run directory → executor → registry."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -88,10 +89,12 @@ def create(p: Prepared, **fields) -> dict:
 
 def record(p: Prepared, info: dict, started: dict, *keys: str) -> dict:
     """run.json and the registry once the job is queued (`started`: the executor's fields); the entry has the
-    usual keys and `keys` of run.json (a sweep's id)."""
+    usual keys, `keys` of run.json (a sweep's id) and `submit_dir`, where it was submitted from (`status` and
+    `list` show the runs of the checkout they run in: registry.scoped)."""
     info.update(started)
     runs.write_run_json(p.run_dir, info)
     entry = {k: info[k] for k in ("run_id", "name", "executor", "job_id", "run_dir", "submit_time", *keys)}
+    entry["submit_dir"] = os.getcwd()
     registry.record(entry)
     return entry
 
