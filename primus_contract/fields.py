@@ -219,6 +219,10 @@ SCHEMA: dict = {
             "fused": Field("bool", True, help="two autograd nodes per adapter, its input gradient added in place "
                            "into the frozen base's (trainer/model/lora_fused.py): linear_proj/linear_fc2 and other "
                            "non-norm linears, any TP/SP layout, without dropout; elsewhere the unfused path"),
+            # trainer/model/lora_swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
+            # ops on CPU); not with precision.fp8_swiglu_input or recompute.adapter_inputs scope all|fc2
+            "fused_swiglu": Field("bool", False, help="fold fc1's adapter into dense MLPs' SwiGLU kernels (not "
+                                  "yet measured on a GPU)"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),

@@ -90,7 +90,14 @@ def recipe_precision_rules(t: Mapping, profile: str) -> None:
     device = "cpu" if profile == "cpu" and device == "auto" else device  # profile cpu hides the GPUs (device_rules)
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], device)
     rec = t["recompute"]
-    if t["precision"]["fp8_swiglu_input"] and rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
+    fc2_recompute = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2")
+    if t["lora"]["fused_swiglu"] and (t["precision"]["fp8_swiglu_input"] or fc2_recompute):
+        other = (f"`{P}.fp8_swiglu_input` (megatron's own FP8-storing SwiGLU)" if t["precision"]["fp8_swiglu_input"]
+                 else f"`trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} (fc2's adapter "
+                      "recomputes its input from fc1's full output, which the fused SwiGLU never writes)")
+        fail(f"`trainer.lora.fused_swiglu` and {other} exclude each other; set one of them to false "
+             "(or adapter_inputs_scope: norm)")
+    if t["precision"]["fp8_swiglu_input"] and fc2_recompute:
         fail(f"`{P}.fp8_swiglu_input` and `trainer.recompute.adapter_inputs` (scope {rec['adapter_inputs_scope']}) "
              "exclude each other: the fc2 adapter's recompute needs the exact 16-bit SwiGLU input; set "
              "adapter_inputs_scope: norm, or fp8_swiglu_input: false")

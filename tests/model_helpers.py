@@ -97,6 +97,28 @@ def models_with_same_adapters(configs, seed: int):
             yield info, model
 
 
+def train_losses(cfg, iters: int, seed: int, check_model=None) -> list[float]:
+    """Per-iteration losses of `iters` AdamW steps (lr 1e-2) of the model `cfg` builds, with randomly perturbed
+    adapters (seed), alternating two fixed packed batches (memorised: the loss falls); check_model(model) runs
+    once before training."""
+    from trainer.model import forward_losses
+
+    losses = []
+    for _, model in models_with_same_adapters([cfg], seed=seed):
+        if check_model is not None:
+            check_model(model)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        for it in range(iters):
+            batch = packed_batch(2, 32, [30, 9, 21], vocab=128, seed=it % 2)
+            per_token = forward_losses(model, batch)
+            loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
 def free_port() -> int:
     """A free TCP port for a rendezvous, picked BELOW the kernel's ephemeral range: a port the kernel hands
     out itself (bind to 0) can be taken by one of gloo's own outgoing connections before the rendezvous

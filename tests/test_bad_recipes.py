@@ -62,6 +62,8 @@ BAD = [
      "`trainer.precision.fp8` needs a GPU with Transformer Engine; `trainer.distributed.device` is cpu"),
     ("trainer: {precision: {fp4: e2m1, bf16: true}}", "set `trainer.precision.fp4_emulation: true` to emulate it"),
     ("trainer: {precision: {fp8_swiglu_input: true}}", "`trainer.precision.fp8_swiglu_input` needs the GPU's fused"),
+    ("trainer: {lora: {fused_swiglu: true}, recompute: {adapter_inputs: true}}",
+     "`trainer.lora.fused_swiglu` and `trainer.recompute.adapter_inputs` scope all"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8_swiglu_input: true}, "
      "recompute: {adapter_inputs: true}}", "`trainer.precision.fp8_swiglu_input` and `trainer.recompute.adapter_inputs`"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),

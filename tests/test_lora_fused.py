@@ -6,8 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.model_helpers import models_with_same_adapters, packed_batch, tiny_cfg
-from trainer.model import forward_losses
+from tests.model_helpers import tiny_cfg, train_losses
 from trainer.model.lora_fused import fused_adapter
 
 
@@ -109,22 +108,11 @@ def test_fused_adapter_without_grad_is_the_forward():
 
 
 def _train_losses(fused: bool, iters: int = 20):
-    cfg = tiny_cfg(trainer={"lora": {"fused": fused}})
-    losses = []
-    for _, model in models_with_same_adapters([cfg], seed=3):
+    def check(model):
         wrapped = [m for m in model.modules() if type(m).__name__ == "LoRALinear"]
         assert wrapped and all(m.uses_fused_path() == fused for m in wrapped)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-2)
-        for it in range(iters):
-            batch = packed_batch(2, 32, [30, 9, 21], vocab=128, seed=it % 2)  # two batches, memorised
-            per_token = forward_losses(model, batch)
-            loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    return losses
+
+    return train_losses(tiny_cfg(trainer={"lora": {"fused": fused}}), iters, seed=3, check_model=check)
 
 
 def test_tiny_model_trains_the_same_fused_and_unfused():

@@ -183,6 +183,25 @@ class LoRALinear(nn.Module):
         return (tpm.reduce_scatter_to_sequence_parallel_region(h)
                 if self.sequence_parallel else tpm.reduce_from_tensor_model_parallel_region(h))
 
+    def _base_and_h(self, x: torch.Tensor, args=(), kwargs=None):
+        """(base output, bias, h): the frozen base's result and the adapter's rank-sized h (unfused A path)."""
+        result = self.base(x, *args, **(kwargs or {}))
+        if self.fused_norm and self.adapter_norm is None:
+            if len(result) == 3:  # TE with return_bias: (out, bias, ln_out)
+                out, bias, adapter_in = result
+            else:  # megatron wrapper: ((out, ln_out), None)
+                (out, adapter_in), bias = result
+        else:
+            out, bias = result
+            adapter_in = x
+        return out, bias, self._adapter_h(adapter_in, self._take_act_input(x)).to(out.dtype)
+
+    def forward_parts(self, x: torch.Tensor):
+        """(base output, h) without B's product, for a consumer that applies B itself (trainer.model.lora_swiglu:
+        fc1 of a dense MLP without a bias)."""
+        out, _, h = self._base_and_h(x)
+        return out, h
+
     def _take_act_input(self, x: torch.Tensor):
         """The pending pre-activation u of x = act(u) (trainer.model.lora_inputs), if it matches x; used once."""
         u, self.pending_act_input = self.pending_act_input, None
@@ -200,17 +219,7 @@ class LoRALinear(nn.Module):
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
                                  collective=self._collective if self.tp_size > 1 else None)
-        result = self.base(x, *args, **kwargs)
-        if self.fused_norm and self.adapter_norm is None:
-            if len(result) == 3:  # TE with return_bias: (out, bias, ln_out)
-                out, bias, adapter_in = result
-            else:  # megatron wrapper: ((out, ln_out), None)
-                (out, adapter_in), bias = result
-        else:
-            out, bias = result
-            adapter_in = x
-        u = self._take_act_input(x)
-        h = self._adapter_h(adapter_in, u).to(out.dtype)
+        out, bias, h = self._base_and_h(x, args, kwargs)
         b = self.lora_b.to(out.dtype)
         if self.dropout is not None and self.dropout_position == "post":
             delta = F.linear(h * self.scale, b)

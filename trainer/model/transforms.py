@@ -97,6 +97,16 @@ def _adapter_inputs(model, ctx: BuildContext) -> str:
     return f"adapter inputs | scope {scope} | fc2 {wired['fc2']} | norm {wired['norm']}"
 
 
+def _fused_swiglu(model, ctx: BuildContext) -> str:
+    """trainer.lora.fused_swiglu: dense MLPs whose fc1 adapter is folded into the activation."""
+    from trainer.model.lora_swiglu import triton, wire_fused_swiglu
+
+    wired = wire_fused_swiglu(model)
+    how = ("Triton kernels" if triton is not None and ctx.device.type == "cuda"
+           else "the unfused ops (no GPU Triton here: same numerics, no saving)")
+    return f"fused swiglu | fc1 adapters folded into the activation | {wired} MLPs | {how}"
+
+
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
     if not install_chunked_loss(model):
         return None  # megatron's own output layer + loss stays (trainer.model.chunked_loss says when)
@@ -115,6 +125,7 @@ TRANSFORMS = (
     Transform("lora", lambda ctx: True, _lora),
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
+    Transform("fused swiglu", lambda ctx: bool(ctx.cfg.trainer.lora.fused_swiglu), _fused_swiglu),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
               lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),
     Transform("chunked loss", lambda ctx: bool(ctx.cfg.trainer.recompute.chunked_loss), _chunked_loss),

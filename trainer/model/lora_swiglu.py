@@ -1,0 +1,178 @@
+"""fc1's adapter folded into the SwiGLU that reads its output (trainer.lora.fused_swiglu; off by default).
+
+A dense gated-SiLU MLP computes act = swiglu(u) with u = fc1(x) = u_base + s h B^T (h = x A^T, the rank-sized
+adapter activation). Unfused, u is formed by an addmm over fc1's [tokens, 2 ffn] output (read u_base, write u) and
+then read again by the activation: for Llama-3-8B at 8192 tokens that is two passes of 470 MB a layer more than the
+frozen base makes. Here the activation kernel reads u_base and forms u tile by tile in registers (the rank-16 product
+h B^T is a K=16 tensor-core dot inside the kernel): u is never written. Backward recomputes u the same way from the
+kept u_base and h (the memory kept is the same: megatron keeps u) and writes du, from which dh = s du B and
+dB = s du^T h are formed as in the unfused path.
+
+    act = swiglu_lora(u_base, h, B, s)        # differentiable in u_base, h and B
+
+On a GPU with Triton: the two kernels below (u in fp32 registers: the result differs from the unfused path only by
+u's rounding to the activation dtype, which the unfused addmm makes). Elsewhere (CPU): the unfused ops themselves,
+so the path is bit-identical there and only the wiring is exercised. tests/test_lora_swiglu.py runs the kernels in
+Triton's CPU interpreter against the ops they replace.
+
+`wire_fused_swiglu(model)` makes each eligible dense MLP (trainer.model.lora_inputs.swiglu_of holds, fc1 a LoRALinear
+without post-dropout, not an expert) call fc1 for (u_base, h) and the fused activation instead of fc1's addmm and
+megatron's swiglu; the MLP's other paths are megatron's own forward.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+
+def _swiglu(u: torch.Tensor) -> torch.Tensor:
+    g, v = torch.chunk(u, 2, dim=-1)
+    return F.silu(g) * v
+
+
+def swiglu_lora_reference(u_base, h, b, scale: float) -> torch.Tensor:
+    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora.py), then megatron's swiglu."""
+    u = torch.addmm(u_base.reshape(-1, u_base.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=scale)
+    return _swiglu(u.view(u_base.shape))
+
+
+if triton is not None:
+    @triton.jit
+    def _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP: tl.constexpr):
+        """(g, v): the gate and up halves of u = u_base + s h B^T for rows rt, columns rn, in fp32."""
+        rk = tl.arange(0, RP)
+        mt, mn, mk = rt < T, rn < N, rk < R
+        h = tl.load(h_ptr + rt[:, None] * sh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+        bg = tl.load(b_ptr + rn[None, :] * sb + rk[:, None], mask=mn[None, :] & mk[:, None], other=0.0)
+        bu = tl.load(b_ptr + (rn[None, :] + N) * sb + rk[:, None], mask=mn[None, :] & mk[:, None], other=0.0)
+        m = mt[:, None] & mn[None, :]
+        ug = tl.load(u_ptr + rt[:, None] * su + rn[None, :], mask=m, other=0.0).to(tl.float32)
+        uv = tl.load(u_ptr + rt[:, None] * su + rn[None, :] + N, mask=m, other=0.0).to(tl.float32)
+        return ug + scale * tl.dot(h, bg), uv + scale * tl.dot(h, bu)
+
+    @triton.jit
+    def _fwd_kernel(u_ptr, h_ptr, b_ptr, o_ptr, T, N, R, su, sh, sb, so, scale,
+                    BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
+        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
+        act = g * tl.sigmoid(g) * v
+        m = (rt < T)[:, None] & (rn < N)[None, :]
+        tl.store(o_ptr + rt[:, None] * so + rn[None, :], act.to(o_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _bwd_kernel(u_ptr, h_ptr, b_ptr, d_ptr, du_ptr, T, N, R, su, sh, sb, sd, sdu, scale,
+                    BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
+        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
+        m = (rt < T)[:, None] & (rn < N)[None, :]
+        d = tl.load(d_ptr + rt[:, None] * sd + rn[None, :], mask=m, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(g)
+        dg = d * v * sig * (1.0 + g * (1.0 - sig))
+        dv = d * g * sig
+        out_ty = du_ptr.dtype.element_ty
+        tl.store(du_ptr + rt[:, None] * sdu + rn[None, :], dg.to(out_ty), mask=m)
+        tl.store(du_ptr + rt[:, None] * sdu + rn[None, :] + N, dv.to(out_ty), mask=m)
+
+
+_BT, _BN = 64, 64
+
+
+def _launch(kernel, u2, h2, b, tensors, scale):
+    """kernel over (rows of u, columns of one half): u2 [T, 2N], h2 [T, R], b [2N, R]; `tensors`: the kernel's
+    further [T, *] arguments, each followed in the signature by its row stride."""
+    t, n2 = u2.shape
+    n, r = n2 // 2, h2.shape[1]
+    rp = max(16, triton.next_power_of_2(r))
+    grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
+    kernel[grid](u2, h2, b, *tensors, t, n, r, u2.stride(0), h2.stride(0), b.stride(0),
+                 *[x.stride(0) for x in tensors], float(scale), BT=_BT, BN=_BN, RP=rp)
+
+
+class _SwigluLoRA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u_base, h, b, scale):
+        u2 = u_base.reshape(-1, u_base.shape[-1]).contiguous()
+        h2 = h.reshape(-1, h.shape[-1]).contiguous()
+        b_c = b.to(u2.dtype).contiguous()
+        out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
+        _launch(_fwd_kernel, u2, h2.to(u2.dtype), b_c, (out,), scale)
+        ctx.scale, ctx.b_dtype, ctx.shape = scale, b.dtype, u_base.shape
+        ctx.save_for_backward(u2, h2, b_c)
+        return out.view(*u_base.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, dact):
+        u2, h2, b_c = ctx.saved_tensors
+        d2 = dact.reshape(-1, dact.shape[-1]).contiguous()
+        du = torch.empty_like(u2)
+        _launch(_bwd_kernel, u2, h2.to(u2.dtype), b_c, (d2, du), ctx.scale)
+        s = ctx.scale
+        dh = du.mm(b_c).mul_(s)
+        db = du.t().mm(h2.to(du.dtype)).mul_(s)
+        return du.view(ctx.shape), dh.view(*ctx.shape[:-1], -1).to(h2.dtype), db.to(ctx.b_dtype), None
+
+
+def kernels_usable(t: torch.Tensor) -> bool:
+    """The Triton kernels run here: on a CUDA tensor with Triton, or in Triton's CPU interpreter."""
+    import os
+
+    return triton is not None and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def swiglu_lora(u_base: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float,
+                kernels: bool | None = None) -> torch.Tensor:
+    """swiglu(u_base + scale * h B^T) without writing the sum (kernels), or by the unfused ops (no kernels)."""
+    if kernels is None:
+        kernels = kernels_usable(u_base)
+    if not kernels:
+        return swiglu_lora_reference(u_base, h, b.to(u_base.dtype), scale)
+    return _SwigluLoRA.apply(u_base, h, b, scale)
+
+
+def _mlp_forward(self, hidden_states, per_token_scale=None, **kwargs):
+    """megatron's dense MLP forward with fc1's adapter folded into the activation (no bias, gated SiLU: checked when
+    wired). Per-token scales (MoE routing) go to megatron's own forward; the other keywords a TransformerLayer passes
+    (padding_mask) megatron's dense MLP ignores too."""
+    if per_token_scale is not None:
+        return self._primus_megatron_forward(hidden_states, per_token_scale, **kwargs)
+    fc1 = self.linear_fc1
+    u_base, h = fc1.forward_parts(hidden_states)
+    act = swiglu_lora(u_base, h, fc1.lora_b, fc1.scale)
+    return self.linear_fc2(act)
+
+
+def eligible(mlp, lora_cls) -> bool:
+    from trainer.model.lora_inputs import swiglu_of
+
+    fc1 = getattr(mlp, "linear_fc1", None)
+    return (isinstance(fc1, lora_cls) and not fc1.is_expert and swiglu_of(mlp.config) is not None
+            and not (fc1.dropout is not None and fc1.dropout_position == "post"))
+
+
+def wire_fused_swiglu(model) -> int:
+    """Route every eligible dense MLP through swiglu_lora; returns how many were wired."""
+    from megatron.core.transformer.mlp import MLP
+
+    from trainer.model.lora import LoRALinear
+
+    wired = 0
+    for name, module in model.named_modules():
+        if type(module) is not MLP or "experts" in name.split(".") or not eligible(module, LoRALinear):
+            continue
+        fc2 = getattr(module, "linear_fc2", None)
+        if getattr(fc2, "input_act", None) is not None:  # fc2's adapter recomputes swiglu(u): it needs u itself
+            continue
+        module._primus_megatron_forward = module.forward
+        module.forward = types.MethodType(_mlp_forward, module)
+        wired += 1
+    return wired
