@@ -6,6 +6,7 @@
 #   bash bench/gpu_suite.sh speed     the anchor, the adapter-free ceiling (bench/lora_ceiling.py), ours BF16/FP8, one call
 #   bash bench/gpu_suite.sh fused     issue 31: anchor, ceiling single + packed, ours unfused vs trainer.lora.fused
 #   bash bench/gpu_suite.sh fused-packed   ours packed unfused vs fused, FP8 fused + norm folded, fused FP8 profile
+#   bash bench/gpu_suite.sh swiglu    trainer.lora.fused_swiglu vs the default, single + packed, BF16/FP8, anchor + ceiling
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
@@ -95,6 +96,18 @@ case "${1:-}" in
       $TP --recipe $R8 --docs single --label 8b-fp8-single-fused-profile --profile 8-9 \
           --set trainer.precision.fp8=hybrid --set trainer.lora.fused=true
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/fused-packed.jsonl" ;;
+  swiglu)  # the next device session's first question (issue 31): trainer.lora.fused_swiglu (Triton, never run on a GPU
+           # yet) against the default, single-document and packed, BF16 and FP8, with the anchor and the ceiling
+    { python3 .gpu/bin/anchor_mcore_te.py bf16 fp8_delayed
+      python3 bench/lora_ceiling.py bf16 fp8_delayed
+      for docs in single packed; do
+        for f in false true; do
+          $TP --recipe $R8 --docs $docs --label "8b-bf16-$docs-swiglu-$f" --set trainer.lora.fused_swiglu=$f
+          $TP --recipe $R8 --docs $docs --label "8b-fp8-$docs-swiglu-$f" --set trainer.precision.fp8=hybrid \
+              --set trainer.lora.fused_swiglu=$f
+        done
+      done
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/swiglu.jsonl" ;;
   8bmem)  # memory switches at the same shape: chunked loss (default) on/off, adapter_inputs scopes, FP8 params
     AI=(--set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-defaults
