@@ -43,13 +43,14 @@ def wait_board(env, ref: str, done, timeout: float = 300) -> list[dict]:
 
 
 def test_sweep_refused_diverged_completed(local_slurm, job_env, tmp_path):
-    """4 trials: TP 3 on one process is refused before submission, lr 10 diverges (exit 3), two complete."""
+    """4 trials: TP 3 on one process is refused before submission, lr 10 diverges (exit 3), two complete; each
+    trial is followed by its own eval job (--then eval), which Slurm removes behind the diverged one."""
     recipe = trainer_recipe(tmp_path, "sweep")
     data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=12", "--set", "trainer.schedule.eval_interval=6",
                  "--set", "trainer.checkpoint.save_interval=6", "--set", "trainer.schedule.clip_grad=0",
                  "--set", "trainer.schedule.warmup_iters=0", "--set", "trainer.schedule.lr_decay=constant",
                  "--zip", "trainer.schedule.lr=5e-3,10,2e-3,5e-3", "--zip", "trainer.parallelism.tensor=1,1,1,3",
-                 "--max-parallel", "2")
+                 "--max-parallel", "2", "--then", "eval")
     trials = data["trials"]
     assert [t["task"] for t in trials] == [0, 1, 2, None]
     assert trials[3]["error"].startswith("`trainer.parallelism") and trials[3]["run_id"] is None
@@ -82,6 +83,16 @@ def test_sweep_refused_diverged_completed(local_slurm, job_env, tmp_path):
     for k in (0, 2):
         assert (Path(data["runs"][k]["run_dir"]) / "checkpoints" / "iter_0000012").is_dir()
     assert len(ports) == 3
+
+    def steps(k):  # each trial followed by its own eval job, behind its array task
+        return json.loads(cli(job_env, "status", data["runs"][k]["run_id"], "--json").stdout)["pipeline"]
+    end = time.monotonic() + 120
+    while any(steps(k)[0]["state"] not in ENDED for k in (0, 1, 2)):
+        assert time.monotonic() < end, [steps(k) for k in (0, 1, 2)]
+        time.sleep(1)
+    assert [steps(k)[0]["state"] for k in (0, 1, 2)] == ["COMPLETED", "CANCELLED", "COMPLETED"]
+    script = next(Path(data["runs"][0]["run_dir"]).glob("evals/*/job.sh")).read_text()
+    assert f"#SBATCH --dependency=afterok:{array}_0\n" in script
 
     text = cli(job_env, "compare", data["sweep_id"], "--plot", str(tmp_path / "sweep.png"))
     assert text.returncode == 0 and "REFUSED" in text.stdout and (tmp_path / "sweep.png").stat().st_size > 1000
