@@ -87,6 +87,10 @@ def _alive_pid(pid, start) -> bool:
     return bool(pid) and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == start
 
 
+def _mark_cancelled(run_dir: Path) -> None:
+    (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -166,15 +170,17 @@ class LocalExecutor(Executor):
         act on TERM in time (stopped, or in a long save) would outlive a group kill and keep writing into the
         run."""
         run_dir = Path(run_dir)
-        with queue_lock(run_dir):  # a queued run: marked, so its queue never starts it
+        info = {**info, **read_run_json(run_dir)}
+        queued = info.get("queue_pid") is not None  # a local sweep's or pipeline's run: its queue may start it now
+        with queue_lock(run_dir) if queued else contextlib.nullcontext():
             info = {**info, **read_run_json(run_dir)}
             state = self.state(run_dir, info)["state"]
-            if state == "PENDING":
-                (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+            if state == "PENDING":  # marked, so its queue never starts it
+                _mark_cancelled(run_dir)
         if state != "RUNNING":
             return
         tree = _process_tree(info.get("pid"))
-        (run_dir / LOCAL_CANCELLED).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+        _mark_cancelled(run_dir)
         _signal_all(tree, signal.SIGTERM)
         deadline = time.monotonic() + self.cancel_grace_s
         while time.monotonic() < deadline:
