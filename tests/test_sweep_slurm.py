@@ -46,7 +46,8 @@ def test_sweep_refused_diverged_completed(local_slurm, job_env, tmp_path):
     """4 trials: TP 3 on one process is refused before submission, lr 10 diverges (exit 3), two complete; each
     trial is followed by its own eval job (--then eval), which Slurm removes behind the diverged one."""
     recipe = trainer_recipe(tmp_path, "sweep")
-    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=12", "--set", "trainer.schedule.eval_interval=6",
+    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=12",
+                 "--set", "trainer.schedule.eval_interval=6",
                  "--set", "trainer.checkpoint.save_interval=6", "--set", "trainer.schedule.clip_grad=0",
                  "--set", "trainer.schedule.warmup_iters=0", "--set", "trainer.schedule.lr_decay=constant",
                  "--zip", "trainer.schedule.lr=5e-3,10,2e-3,5e-3", "--zip", "trainer.parallelism.tensor=1,1,1,3",
@@ -102,7 +103,8 @@ def test_sweep_refused_diverged_completed(local_slurm, job_env, tmp_path):
 def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
     """Trial 0 cancelled mid-run: trial 1 goes on; `resume SWEEP` restarts trial 0 alone, from its checkpoint."""
     recipe = trainer_recipe(tmp_path, "sweep2")
-    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=300", "--set", "trainer.checkpoint.save_interval=5",
+    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=300",
+                 "--set", "trainer.checkpoint.save_interval=5",
                  "--grid", "trainer.schedule.lr=5e-3,2e-3")
     first, second = data["runs"]
     wait_board(job_env, data["sweep_id"], lambda rows: all((r.get("iteration") or 0) >= 6 for r in rows))
@@ -131,7 +133,8 @@ def test_sweep_task_requeued_alone(local_slurm, job_env, tmp_path):
     """The time-limit warning (USR2, as slurmctld sends it) reaches trial 0's task only: that task checkpoints and
     requeues itself (its own job id, SLURM_RESTART_COUNT 1), resumes, and completes; trial 1 runs once."""
     recipe = trainer_recipe(tmp_path, "sweep3")
-    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=60", "--set", "trainer.checkpoint.save_interval=5",
+    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=60",
+                 "--set", "trainer.checkpoint.save_interval=5",
                  "--grid", "trainer.schedule.lr=5e-3,2e-3")
     first, second = data["runs"]
     wait_board(job_env, data["sweep_id"], lambda rows: all((r.get("iteration") or 0) >= 6 for r in rows))

@@ -119,7 +119,8 @@ def costs(found: list[tuple[Path, dict]], runner=subprocess.run) -> list[dict]:
             row = local_usage(run_dir, _gpus(run_dir))
         tokens = tokens_trained(run_dir)
         price, currency = price_of(run_dir)
-        row.update(tokens=tokens, tokens_per_gpu_hour=tokens / row["gpu_hours"] if tokens and row["gpu_hours"] else None,
+        per_hour = tokens / row["gpu_hours"] if tokens and row["gpu_hours"] else None
+        row.update(tokens=tokens, tokens_per_gpu_hour=per_hour,
                    price=price, currency=currency,
                    cost=row["gpu_hours"] * price if price is not None else None)
         rows.append(row)

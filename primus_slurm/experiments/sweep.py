@@ -106,7 +106,8 @@ def array_lines(sweep: Sweep) -> list[str]:
     shared = None
     for trial in sweep.accepted:
         p = trial.prepared
-        lines = [line for line in sbatch_lines(p.recipe.resolved, str(p.run_dir)) if not line.startswith(PER_RUN_SBATCH)]
+        lines = [line for line in sbatch_lines(p.recipe.resolved, str(p.run_dir))
+                 if not line.startswith(PER_RUN_SBATCH)]
         if shared is None:
             shared, first = lines, trial
         elif lines != shared:
