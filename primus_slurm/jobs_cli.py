@@ -193,6 +193,9 @@ def _resume(ref: str) -> dict:
     entry = resume_mod.resume(ref)
     click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
                f"(attempt {entry['attempt']}, {entry['note']})")
+    again = pipeline.after_resume(Path(entry["run_dir"]))
+    if again:
+        click.echo(again)
     return entry
 
 

@@ -78,3 +78,11 @@ def test_failed_training_leaves_no_pending_step(local_slurm, job_env, job_recipe
         time.sleep(0.5)
     row = chain_when(job_env, entry["run_id"], lambda r: all(s["state"] == "CANCELLED" for s in r["pipeline"]), 30)
     assert row["exit_code"] == 3
+
+    # `resume` queues the chain again behind the new job (Slurm removed the old steps with the job they waited on)
+    out = cli(job_env, "resume", entry["run_id"])
+    assert out.returncode == 0 and "then: eval job " in out.stdout, out
+    new = json.loads((Path(entry["run_dir"]) / "run.json").read_text())
+    assert [s["job_id"] for s in new["pipeline"]] != steps and len(new["pipeline_before"]) == 2
+    assert f"--dependency=afterok:{new['job_id']}" in (Path(new["pipeline"][0]["dir"]) / "job.sh").read_text()
+    chain_when(job_env, entry["run_id"], lambda r: all(s["state"] == "CANCELLED" for s in r["pipeline"]), 120)

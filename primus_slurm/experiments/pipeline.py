@@ -157,6 +157,22 @@ def submit_chain(run_dir: Path, info: dict, resolved: dict) -> list[dict]:
     return info["pipeline"]
 
 
+def after_resume(run_dir: Path) -> str | None:
+    """A resumed run whose steps did not all complete: on Slurm its chain again, behind the new job (Slurm removed
+    the old steps with the job they waited on); the line to print, or None (no steps, or all done)."""
+    info = runs.read_run_json(run_dir)
+    chain = chain_states(info)
+    if not chain or all(s.get("state") == "COMPLETED" for s in chain):
+        return None
+    if info.get("executor") != "slurm":
+        return ("note: the local queue ran (or skipped) this run's steps when its training ended; run them with "
+                "`primus-slurm eval|export|generate` once the resumed training has ended")
+    resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
+    info["pipeline_before"] = [*info.get("pipeline_before", []), *chain]
+    submit_chain(run_dir, info, resolved)
+    return submitted_line(run_dir)
+
+
 def local_chain(resolved: dict) -> list[dict]:
     """The local queue's record of the steps before they run."""
     return [{"step": s["step"], "when": s["when"], "job_id": None, "dir": None, "state": "PENDING"}
