@@ -103,3 +103,19 @@ def test_pipeline_dry_run_shows_every_script(env):
 def test_wandb_group_needs_a_project(env):
     out = cli(env, "validate", QUICKSTART, "--set", "trainer.logging.wandb.group=g")
     assert out.returncode == 2 and "`trainer.logging.wandb.group` is set but" in out.stderr, out.stderr
+
+
+def test_a_trial_that_does_not_fit_is_refused_with_the_plan(env):
+    out = cli(env, "sweep", str(ROOT / "recipes" / "llama3_8b_bf16_alpaca_lora.yaml"), "--executor", "slurm",
+              "--set", "cluster.gpus_per_node=1", "--set", "trainer.parallelism.tensor=1",
+              "--set", "trainer.parallelism.sequence_parallel=false",
+              "--grid", "trainer.schedule.micro_batch_size=1,16", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].split()[-2:] == ["task", "0"]
+    assert "refused: predicted to need" in lines[2] and "GiB/GPU" in lines[2] and "#SBATCH --array=0-0\n" in out.stdout
+    with_skip = cli(env, "sweep", str(ROOT / "recipes" / "llama3_8b_bf16_alpaca_lora.yaml"), "--executor", "slurm",
+                    "--set", "cluster.gpus_per_node=1", "--set", "trainer.parallelism.tensor=1",
+                    "--set", "trainer.parallelism.sequence_parallel=false",
+                    "--grid", "trainer.schedule.micro_batch_size=1,16", "--dry-run", "--skip-memory-check")
+    assert "#SBATCH --array=0-1\n" in with_skip.stdout
