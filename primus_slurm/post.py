@@ -113,7 +113,9 @@ def script(job: PostJob, sbatch_extra: tuple = (), gpus: int | None = None) -> s
     (a pipeline step's dependency) and `gpus` (per node, where the step needs other than the run's) for Slurm."""
     resolved = copy.deepcopy(job.resolved)
     c = resolved["cluster"]
-    c.update(nodes=1, requeue=False, **({} if gpus is None else {"gpus_per_node": gpus}))
+    if gpus is not None:  # a step without a GPU (export) takes no whole node either
+        c.update(gpus_per_node=gpus, exclusive=c["exclusive"] and gpus > 0)
+    c.update(nodes=1, requeue=False)
     resolved["experiment"]["name"] = f"{resolved['experiment']['name']}-{job.kind}"[:64]
     lines = [f"--output={job.post_dir}/slurm-%j.out" if line.startswith("--output=") else line
              for line in sbatch_lines(resolved, str(job.run_dir))] + list(sbatch_extra)
