@@ -80,7 +80,9 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
             assert row["exit_code"] == want and row["trainer_exit_code"] == want, row
             assert row["scheduler_state"] == "FAILED", row
             assert f"launch | rank 0 exited with code {want}" in text, text[-3000:]
-            assert f"ended FAILED (exit {want})" in err, err[-2000:]
+            # the follow names the state status shows (DIVERGED for exit 3, FAILED otherwise)
+            assert row["state"] == ("DIVERGED" if want == EXIT_DIVERGED else "FAILED"), row
+            assert f"ended {row['state']} (exit {want})" in err, err[-2000:]
             assert "Traceback" not in text and "ChildFailedError" not in text, text[-3000:]
             if executor == "local":
                 assert (Path(row["run_dir"]) / "exit_code").read_text().strip() == str(want)
