@@ -109,4 +109,7 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
             if proc.poll() is None:
                 proc.kill()
         subprocess.run(["scancel", "--name", f"codes-{executor}"], capture_output=True)
+        # a local job outlives its follow: end whatever still runs from this test's workspace (a failed assert
+        # above would otherwise leave the 100000-iteration run training)
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], capture_output=True)
 
