@@ -17,7 +17,7 @@ from test_train_support import SMALL
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def chain_when(env, run_id: str, done, timeout: float = 300) -> dict:
+def chain_when(env, run_id: str, done, timeout: float = 600) -> dict:
     end = time.monotonic() + timeout
     row = {}
     while time.monotonic() < end:
