@@ -31,7 +31,7 @@ def board(env, ref: str) -> list[dict]:
     return json.loads(out.stdout)["trials"]
 
 
-def wait_board(env, ref: str, done, timeout: float = 300) -> list[dict]:
+def wait_board(env, ref: str, done, timeout: float = 600) -> list[dict]:
     end = time.monotonic() + timeout
     rows = []
     while time.monotonic() < end:
