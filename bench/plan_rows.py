@@ -113,7 +113,7 @@ def era(file: str) -> tuple[str, list | None]:
 def match(row: Row):
     """(resolved recipe, era description) or (None, the reason the row is not planned)."""
     from primus_slurm.errors import UserError
-    from primus_slurm.recipe import load_recipe
+    from primus_slurm.config.recipe import load_recipe
 
     d = row.data
     if d.get("bench") != "trainer_throughput":

@@ -37,7 +37,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="primus-bench-"))
     os.environ["PRIMUS_SLURM_STATE_DIR"] = str(work / "state")
     sys.path.insert(0, str(ROOT))
-    from primus_slurm import registry, submit
+    from primus_slurm.jobs import registry, submit
 
     recipe = work / "bench.yaml"
     recipe.write_text(json.dumps({

@@ -23,9 +23,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from primus_slurm.progress import read_progress  # noqa: E402
-from primus_slurm.recipe import dump, load_recipe  # noqa: E402
-from primus_slurm.render import job_env  # noqa: E402
+from primus_slurm.jobs.progress import read_progress  # noqa: E402
+from primus_slurm.config.recipe import dump, load_recipe  # noqa: E402
+from primus_slurm.config.render import job_env  # noqa: E402
 from trainer.data.mlperf import write_synthetic  # noqa: E402
 
 

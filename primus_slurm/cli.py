@@ -10,14 +10,16 @@ import click
 from primus_contract.hf_config import describe
 from primus_contract.machine import at_start
 from primus_contract.rules_model import world_size
-from primus_slurm import jobs_cli, plan_cli, post_cli, precision_cli, preflight
-from primus_slurm import submit as submit_mod
+from primus_slurm.jobs import jobs_cli, preflight
+from primus_slurm.planning import plan_cli, precision_cli
+from primus_slurm.post_training import post_cli
+from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.experiments import cli as experiments_cli
-from primus_slurm.executors import concrete_executor, sbatch_absent_note
-from primus_slurm.recipe import find_recipe, load_recipe
-from primus_slurm.render import render_script
+from primus_slurm.jobs.executors import concrete_executor, sbatch_absent_note
+from primus_slurm.config.recipe import find_recipe, load_recipe
+from primus_slurm.config.render import render_script
 from primus_slurm.resources import recipes_dir
 
 

@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 
 from primus_contract.rules_data import HUB_PREFIX
 
-from .errors import UserError
-from .executors import executor_for
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executors import executor_for
 
 FIELDS = ("trainer.data.train.path", "trainer.data.validation.path", "trainer.tokenizer.path",
           "trainer.checkpoint.pretrained")

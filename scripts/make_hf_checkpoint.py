@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from primus_contract.hf_config import to_hf_config  # noqa: E402
-from primus_slurm.recipe import load_recipe  # noqa: E402
+from primus_slurm.config.recipe import load_recipe  # noqa: E402
 
 
 def main() -> None:

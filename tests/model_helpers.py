@@ -1,11 +1,11 @@
 """Shared helpers for the model/LoRA/HF/TP tests: a tiny resolved-recipe Config."""
 from __future__ import annotations
 
-from primus_slurm.recipe import deep_merge
-from primus_slurm.schema import apply_schema
+from primus_slurm.config.recipe import deep_merge
+from primus_slurm.config.schema import apply_schema
 from trainer.config import Config
 
-# Only what differs from the schema's defaults (primus_slurm/schema.py is the one source of defaults).
+# Only what differs from the schema's defaults (primus_slurm/config/schema.py is the one source of defaults).
 TINY = {
     "experiment": {"name": "t"},
     "trainer": {

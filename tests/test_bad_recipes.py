@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from primus_slurm.cli import run
-from primus_slurm.recipe import load_recipe
-from primus_slurm.render import render_script
+from primus_slurm.config.recipe import load_recipe
+from primus_slurm.config.render import render_script
 from primus_slurm.resources import recipes_dir
 
 QS = str(recipes_dir() / "quickstart.yaml")

@@ -131,7 +131,7 @@ def test_verify_refuses_fp8_run_of_another_recipe(tmp_path, capsys):
 def test_cli_modules_do_not_import_torch(tmp_path):
     import subprocess
 
-    code = "import sys, primus_slurm.compare, primus_slurm.verify_fp4, primus_slurm.precision_cli; " \
+    code = "import sys, primus_slurm.post_training.compare, primus_slurm.post_training.verify_fp4, primus_slurm.planning.precision_cli; " \
            "assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 

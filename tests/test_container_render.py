@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from primus_slurm.recipe import load_recipe
-from primus_slurm.render import render_script
+from primus_slurm.config.recipe import load_recipe
+from primus_slurm.config.render import render_script
 
 RUN = "/tmp/ws/x/20261130-000000-abcdef"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from primus_slurm.schema import SCHEMA
+from primus_slurm.config.schema import SCHEMA
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
 

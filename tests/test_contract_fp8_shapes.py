@@ -11,7 +11,7 @@ import yaml
 
 from primus_contract.errors import ContractError
 from primus_contract.rules_shapes import fp8_shape_rules, linear_dims
-from primus_slurm.recipe import load_recipe
+from primus_slurm.config.recipe import load_recipe
 from tests.conftest import cli
 from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, dist_session, tiny_cfg
 from trainer.model import build_model

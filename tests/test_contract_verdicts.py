@@ -19,8 +19,8 @@ from megatron.core.transformer import transformer_config
 
 from primus_contract.machine import Environment
 from primus_slurm.errors import UserError
-from primus_slurm.recipe import resolve_raw
-from primus_slurm.validate import validate
+from primus_slurm.config.recipe import resolve_raw
+from primus_slurm.config.validate import validate
 from trainer.config import Config
 from trainer.start_check import StartRefused, pre_start
 
@@ -93,7 +93,7 @@ BASE = {"experiment": {"name": "verdict", "workspace": "/tmp/primus-verdicts"}, 
 @pytest.fixture(autouse=True)
 def presets_read_once(monkeypatch):
     """Each model preset file parsed once (pure-Python YAML is most of the time otherwise)."""
-    from primus_slurm import recipe
+    from primus_slurm.config import recipe
 
     cache: dict = {}
     read = recipe.load_model_preset

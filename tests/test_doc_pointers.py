@@ -27,12 +27,12 @@ def test_every_file_the_docs_name_exists(doc):
 @pytest.mark.parametrize("doc", KEYS_AND_RULES, ids=lambda p: p.name)
 def test_keys_and_rules_are_pointed_at_the_contract(doc):
     text = doc.read_text()
-    assert "primus_slurm/schema.py" not in text  # a re-export of primus_contract/fields.py
+    assert "primus_slurm/config/schema.py" not in text  # a re-export of primus_contract/fields.py
     assert "primus_contract/fields.py" in text or "primus_contract/" in text
 
 
 def test_the_registry_location_is_the_documented_one(monkeypatch, tmp_path):
-    from primus_slurm import registry
+    from primus_slurm.jobs import registry
 
     text = REGISTRY_DOC.read_text()
     monkeypatch.delenv("PRIMUS_SLURM_STATE_DIR", raising=False)

@@ -7,8 +7,8 @@ import math
 import shutil
 
 from primus_contract import run_files
-from primus_slurm.compare import load_run
-from primus_slurm.progress import Progress, parse_lines, read_progress
+from primus_slurm.post_training.compare import load_run
+from primus_slurm.jobs.progress import Progress, parse_lines, read_progress
 from test_train_support import log_text, run_trainer, write_recipe
 
 

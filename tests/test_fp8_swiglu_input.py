@@ -8,7 +8,7 @@ import torch
 
 from primus_contract.plan.memory import layer_activation_bytes
 from primus_contract.plan.shapes import Layout, layer_linears_local
-from primus_slurm.schema import apply_schema
+from primus_slurm.config.schema import apply_schema
 from tests.model_helpers import tiny_cfg
 from trainer.config import ConfigError
 

@@ -19,7 +19,7 @@ CASES = {"qwen3_moe": ({}, "linear_qkv,linear_proj,linear_fc1,linear_fc2", "| 4 
 
 def _quickstart(tmp_path, *sets: str):
     """The shipped quickstart resolved with `sets`, its dataset cache under tmp_path: (recipe path, resolved)."""
-    from primus_slurm.recipe import load_recipe
+    from primus_slurm.config.recipe import load_recipe
 
     env = dict(os.environ, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
     data = load_recipe(ROOT / "recipes" / "quickstart.yaml", overrides=list(sets), env=env).resolved

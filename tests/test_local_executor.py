@@ -92,7 +92,7 @@ def test_cancel_ends_a_worker_that_cannot_act_on_term(job_env, job_recipe, monke
     The cancel runs in this process with a 5 s grace instead of 30 s (the stopped worker waits all of it out;
     the CLI's own cancel of local runs is in the other cancel tests). Asserted: no worker left, CANCELLED."""
     from primus_slurm.cli import run
-    from primus_slurm.local_executor import LocalExecutor
+    from primus_slurm.jobs.local_executor import LocalExecutor
 
     monkeypatch.setattr(LocalExecutor, "cancel_grace_s", 5.0)
     entry = submit(job_env, job_recipe("sleep:300"))

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from primus_slurm.recipe import deep_merge
+from primus_slurm.config.recipe import deep_merge
 from tests.model_helpers import (DEEPSEEK_MLA, arch_sections, dist_session, models_with_same_adapters, packed_batch,
                                  tiny_cfg)
 from trainer.model import build_model, forward_losses

@@ -40,7 +40,7 @@ def test_wheel_contains_data_and_code(tmp_path):
 
 
 def test_launcher_imports_no_trainer_dependency():
-    code = ("import sys; import primus_slurm.cli, primus_slurm.recipe, primus_slurm.render; "
+    code = ("import sys; import primus_slurm.cli, primus_slurm.config.recipe, primus_slurm.config.render; "
             "bad = [m for m in ('torch', 'megatron', 'transformer_engine', 'datasets', 'numpy') if m in sys.modules]; "
             "print(','.join(bad))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -14,7 +14,7 @@ from primus_contract.fields import PROFILES
 from primus_contract.plan import plan
 from primus_contract.plan.frontier import candidates, fastest_fit
 from primus_contract.plan.gpus import GPUS
-from primus_slurm.recipe import load_recipe
+from primus_slurm.config.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "primus_slurm"]
@@ -39,7 +39,7 @@ def test_every_shipped_recipe_is_planned_in_under_a_second(recipe):
 
 
 def test_the_planner_never_imports_torch():
-    code = ("import sys, primus_contract.plan, primus_slurm.plan_cli, primus_slurm.cli; "
+    code = ("import sys, primus_contract.plan, primus_slurm.planning.plan_cli, primus_slurm.cli; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

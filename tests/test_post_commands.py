@@ -214,9 +214,9 @@ def test_post_job_script_is_the_training_template(runtime, tmp_path):
     """Environment, preflight, container and launch lines are the training script's; only the command differs."""
     import copy
 
-    from primus_slurm import post
-    from primus_slurm.recipe import load_recipe
-    from primus_slurm.render import render_script
+    from primus_slurm.post_training import post
+    from primus_slurm.config.recipe import load_recipe
+    from primus_slurm.config.render import render_script
 
     sets = [] if runtime == "none" else [f"cluster.container.runtime={runtime}",
                                          "cluster.container.image=docker://registry.example/img:1"

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from primus_slurm.recipe import load_recipe
+from primus_slurm.config.recipe import load_recipe
 from tests.model_helpers import dist_session
 from trainer.config import Config
 

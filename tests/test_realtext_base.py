@@ -22,7 +22,7 @@ UNIFORM = math.log(1536)
 
 
 def _resolved(tmp_path, *sets: str) -> dict:
-    from primus_slurm.recipe import load_recipe
+    from primus_slurm.config.recipe import load_recipe
 
     env = dict(os.environ, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
     data = load_recipe(RECIPE, overrides=list(sets), env=env).resolved

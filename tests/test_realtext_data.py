@@ -18,7 +18,7 @@ COMMON = {"the", "of", "a", "is", "to", "and", "in", "be", "if", "for"}
 
 
 def _resolved(tmp_path) -> dict:
-    from primus_slurm.recipe import load_recipe
+    from primus_slurm.config.recipe import load_recipe
 
     env = dict(os.environ, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
     data = load_recipe(RECIPE, env=env).resolved

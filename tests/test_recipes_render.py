@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from primus_slurm.recipe import load_recipe
-from primus_slurm.render import render_script
+from primus_slurm.config.recipe import load_recipe
+from primus_slurm.config.render import render_script
 from primus_slurm.resources import recipes_dir
 
 RECIPES = sorted(p.name for p in recipes_dir().glob("*.yaml"))

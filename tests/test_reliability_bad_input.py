@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI
-from primus_slurm import schema
+from primus_slurm.config import schema
 from primus_slurm.cli import run
 from test_bad_recipes import BAD, QS
 
@@ -275,7 +275,7 @@ def test_paths_the_launcher_cannot_see_are_left_to_the_job(tmp_path):
     none of the container's mounts is refused either way (tests/test_one_verdict.py)."""
     from primus_slurm.errors import UserError
     from primus_slurm.paths import check_paths
-    from primus_slurm.recipe import load_recipe
+    from primus_slurm.config.recipe import load_recipe
 
     remote = load_recipe(QS, ["trainer.data.train.path=/primus-compute-only/train.jsonl"], env={}).resolved
     assert check_paths(remote, "slurm") == ["`trainer.data.train.path` /primus-compute-only/train.jsonl: "
@@ -287,7 +287,7 @@ def test_paths_the_launcher_cannot_see_are_left_to_the_job(tmp_path):
 def test_a_refusal_before_distributed_init_reaches_the_rank0_log(tmp_path):
     """The trainer's precision check runs before distributed init; its one line used to go only to stderr (inside
     torchrun's traceback), so `status` showed FAILED with no reason and `logs` found no trainer log."""
-    from primus_slurm.progress import read_progress
+    from primus_slurm.jobs.progress import read_progress
     from test_train_support import run_trainer, write_recipe
 
     cfg = write_recipe(tmp_path, raw={"trainer.precision.fp8": "hybrid"})  # validation would refuse it on CPU

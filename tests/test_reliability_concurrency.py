@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI, cli
-from primus_slurm import registry
+from primus_slurm.jobs import registry
 from reliability_support import cancel, trainer_recipe
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

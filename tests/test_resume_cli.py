@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI, cli, status_json, wait_state
-from primus_slurm.local_executor import LOCAL_CANCELLED
-from primus_slurm.slurm_executor import slurm_listed
+from primus_slurm.jobs.local_executor import LOCAL_CANCELLED
+from primus_slurm.jobs.slurm_executor import slurm_listed
 from reliability_support import trainer_recipe, wait_for, wait_text, worker_pids
 from test_train_support import SMALL
 
@@ -99,7 +99,7 @@ def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_
 def test_a_second_resume_of_the_same_run_at_once_is_refused(tmp_path, monkeypatch):
     import fcntl
 
-    from primus_slurm import registry, resume
+    from primus_slurm.jobs import registry, resume
     from primus_slurm.errors import UserError
 
     run_dir = tmp_path / "run"

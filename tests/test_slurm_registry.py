@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from primus_slurm import registry, runs
+from primus_slurm.jobs import registry, runs
 from primus_slurm.errors import UserError
 
 WRITER = """
 import sys
-from primus_slurm import registry
+from primus_slurm.jobs import registry
 registry.record({"run_id": sys.argv[1], "run_dir": "/x/" + sys.argv[1], "job_id": sys.argv[2]})
 """
 

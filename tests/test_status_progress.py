@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import time
 
-from primus_slurm.progress import Progress, parse_lines, read_progress
-from primus_slurm.status import collect, derive_state
+from primus_slurm.jobs.progress import Progress, parse_lines, read_progress
+from primus_slurm.jobs.status import collect, derive_state
 
 CONTRACT_LOG = """\
 [2026-11-30 01:02:03] primus-trainer start | attempt 0 | world_size 2 | device cpu | resumed_from none
@@ -63,7 +63,7 @@ def test_stall_uses_log_mtime_for_a_live_local_job(tmp_path):
     import subprocess
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        from primus_slurm.local_executor import proc_start_ticks
+        from primus_slurm.jobs.local_executor import proc_start_ticks
         run_dir = tmp_path / "run"
         log = _write(run_dir, "debug.log", CONTRACT_LOG)
         entry = {"run_id": "r", "run_dir": str(run_dir), "executor": "local", "job_id": f"local-{proc.pid}",
@@ -88,7 +88,7 @@ def test_failures_and_the_run_average_reach_status(tmp_path):
 
     from rich.console import Console
 
-    from primus_slurm.status import render_table
+    from primus_slurm.jobs.status import render_table
 
     p = parse_lines(["[2026-11-30 01:02:03] config error | trainer.tokenizer.path: no tokenizer.json in /x"], Progress())
     assert (p.error, p.exit_code, p.finished) == ("config error | trainer.tokenizer.path: no tokenizer.json in /x", 2,
@@ -117,9 +117,9 @@ def test_logs_says_why_there_is_no_log(tmp_path):
     """`logs RUN` on a run that ended before its trainer logged, and on a run whose directory is gone."""
     import pytest
 
-    from primus_slurm import local_executor
+    from primus_slurm.jobs import local_executor
     from primus_slurm.errors import UserError
-    from primus_slurm.logs import show
+    from primus_slurm.jobs.logs import show
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -138,7 +138,7 @@ def test_follow_printer_keeps_characters_and_lines_whole_and_notes_each_file():
     import io
     from pathlib import Path
 
-    from primus_slurm.logs import _Printer
+    from primus_slurm.jobs.logs import _Printer
 
     out = io.StringIO()
     printer = _Printer(out, fold_args=True)

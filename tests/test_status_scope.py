@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI
-from primus_slurm import registry
+from primus_slurm.jobs import registry
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_list_is_scoped_too_and_says_what_it_left_out(world):
 
 
 def test_submit_records_where_it_was_submitted_from(tmp_path, monkeypatch):
-    from primus_slurm import submit
+    from primus_slurm.jobs import submit
 
     monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.chdir(tmp_path)

@@ -30,7 +30,7 @@ SMALL = [
 
 
 def resolved_recipe(tmp_path: Path, *sets: str) -> dict:
-    from primus_slurm.recipe import load_recipe
+    from primus_slurm.config.recipe import load_recipe
 
     env = dict(os.environ, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
     recipe = load_recipe(ROOT / "recipes" / "quickstart.yaml", overrides=[*SMALL, *sets], env=env)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from .. import compare
-from ..cli_options import set_option
-from ..errors import UserError
-from . import leaderboard, pipeline
-from . import sweep as sweep_mod
+from primus_slurm.post_training import compare
+from primus_slurm.cli_options import set_option
+from primus_slurm.errors import UserError
+from primus_slurm.experiments import leaderboard, pipeline
+from primus_slurm.experiments import sweep as sweep_mod
 
 
 def trial_table(sweep: sweep_mod.Sweep) -> str:

@@ -13,8 +13,8 @@ from primus_contract.errors import ContractError
 from primus_contract.schema import coerce_value, field_at
 from primus_contract.fields import Field
 
-from ..errors import UserError
-from ..recipe import apply_set, parse_set
+from primus_slurm.errors import UserError
+from primus_slurm.config.recipe import apply_set, parse_set
 
 MAX_TRIALS = 1000  # more only with --max-trials
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from primus_contract import run_files
 
-from .. import registry, runs
-from .. import status as status_mod
-from ..errors import UserError
-from . import cost
-from . import sweep as sweep_mod
+from primus_slurm.jobs import registry, runs
+from primus_slurm.jobs import status as status_mod
+from primus_slurm.errors import UserError
+from primus_slurm.experiments import cost
+from primus_slurm.experiments import sweep as sweep_mod
 
 
 def is_sweep(ref: str) -> bool:

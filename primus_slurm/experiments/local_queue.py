@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from .. import registry, runs
-from ..executor_base import TERMINAL
-from ..local_executor import LOCAL_CANCELLED, LocalExecutor, proc_start_ticks, queue_lock
+from primus_slurm.jobs import registry, runs
+from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.local_executor import LOCAL_CANCELLED, LocalExecutor, proc_start_ticks, queue_lock
 
 QUEUE_JSON = "queue.json"
 GATE_S = 120.0  # how long the queue waits for its runs to be recorded (a failed submit never releases it)

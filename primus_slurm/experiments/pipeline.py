@@ -1,7 +1,7 @@
 """Pipelines: `submit RECIPE --then eval --then export --merged --then generate --prompts FILE`, or the recipe's
 `after:` (primus_contract/rules_pipeline.py checks the steps).
 
-Each step is a post job (primus_slurm.post: export, eval, generate) of the run, its outputs in the run directory
+Each step is a post job (primus_slurm.post_training.post: export, eval, generate) of the run, its outputs in the run directory
 as the single commands leave them.
 - Slurm: every step is its own job, submitted at once behind the step before it (`--dependency=afterok:<job>`, or
   afterany where the step says so) with `--kill-on-invalid-dep=yes`, so a step whose dependency can never be met
@@ -23,12 +23,13 @@ import yaml
 from primus_contract import run_files
 from primus_contract.rules_pipeline import STEPS
 
-from .. import post, runs
-from .. import submit as submit_mod
-from ..errors import UserError
-from ..executor_base import TERMINAL
-from ..slurm_executor import slurm_states, submit_script
-from . import local_queue
+from primus_slurm.post_training import post
+from primus_slurm.jobs import runs
+from primus_slurm.jobs import submit as submit_mod
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.slurm_executor import slurm_states, submit_script
+from primus_slurm.experiments import local_queue
 
 # --then STEP's own options: option -> the step key it sets, and whether it takes a value
 THEN_OPTIONS = {"eval": {"--data": ("data", True)},

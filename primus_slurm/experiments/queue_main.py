@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .local_queue import run_queue
-from .pipeline import run_local
+from primus_slurm.experiments.local_queue import run_queue
+from primus_slurm.experiments.pipeline import run_local
 
 if __name__ == "__main__":
     run_queue(Path(sys.argv[1]), after=run_local)

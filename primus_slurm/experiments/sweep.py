@@ -16,12 +16,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import plan_cli, runs
-from .. import submit as submit_mod
-from ..errors import UserError
-from ..render import render_array, sbatch_lines
-from ..slurm_executor import submit_script
-from . import grid, local_queue, pipeline
+from primus_slurm.planning import plan_cli
+from primus_slurm.jobs import runs
+from primus_slurm.jobs import submit as submit_mod
+from primus_slurm.errors import UserError
+from primus_slurm.config.render import render_array, sbatch_lines
+from primus_slurm.jobs.slurm_executor import submit_script
+from primus_slurm.experiments import grid, local_queue, pipeline
 
 SWEEP_JSON = "sweep.json"
 ARRAY_SCRIPT = "array.sbatch"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .compare import RunLog, get, load_run
-from .errors import UserError
+from primus_slurm.post_training.compare import RunLog, get, load_run
+from primus_slurm.errors import UserError
 
 FP4_RECIPES = ("NVFP4BlockScaling", "MXFP4BlockScaling")
 FP4_TENSORS = ("NVFP4Tensor", "Float4Tensor", "MXFP4Tensor")

@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 import submitit
 
-from .errors import UserError
-from .executor_base import ACTIVE, STOPPING, TERMINAL, Executor
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executor_base import ACTIVE, STOPPING, TERMINAL, Executor
 
 POLL_S = 1.0  # a post job's output and state, polled
 

@@ -11,9 +11,9 @@ import yaml
 from primus_contract.rules_data import uses_hub
 from primus_contract.rules_model import nproc_per_node
 from primus_slurm.errors import UserError
-from primus_slurm.executors import concrete_executor, executor_for
+from primus_slurm.jobs.executors import concrete_executor, executor_for
 from primus_slurm.resources import templates_dir
-from primus_slurm.validate import WORKSPACE_RE
+from primus_slurm.config.validate import WORKSPACE_RE
 
 TEMPLATE = "job.sh.j2"
 # Variables the script itself exports (and srun's task rank, which the preflight reads); containers that do not

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from . import post
-from .errors import UserError
+from primus_slurm.post_training import post
+from primus_slurm.errors import UserError
 
 FORMATS_WITH_TEXT = ("alpaca", "squad", "openai", "chatml", "text")
 INPUT_FIELD = {"alpaca": "input", "squad": "context"}  # the record field --input fills (trainer/post/prompts.py)

@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 
-from .errors import UserError
-from .executors import executor_for
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executors import executor_for
 
 WANDB_KEY = "WANDB_API_KEY"
 

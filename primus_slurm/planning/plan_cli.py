@@ -11,7 +11,7 @@ from primus_contract.plan.frontier import candidates, cheapest_fit_of, fastest_f
 from primus_contract.plan.gpus import GPUS
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
-from primus_slurm.recipe import load_recipe
+from primus_slurm.config.recipe import load_recipe
 
 FRONTIER_ROWS = 20
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import shutil
 
-from .errors import UserError
-from .executor_base import Executor
-from .local_executor import LocalExecutor
-from .slurm_executor import SlurmExecutor
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executor_base import Executor
+from primus_slurm.jobs.local_executor import LocalExecutor
+from primus_slurm.jobs.slurm_executor import SlurmExecutor
 
 _EXECUTORS: dict[str, Executor] = {e.name: e for e in (SlurmExecutor(), LocalExecutor())}
 

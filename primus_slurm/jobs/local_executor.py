@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
-from .errors import UserError
-from .executor_base import STOPPING, TERMINAL, Executor
-from .runs import read_run_json
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executor_base import STOPPING, TERMINAL, Executor
+from primus_slurm.jobs.runs import read_run_json
 
 LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
 LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends

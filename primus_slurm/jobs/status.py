@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
-from . import registry, runs
-from .executor_base import TERMINAL
-from .executors import executor_for
-from .progress import read_progress
+from primus_slurm.jobs import registry, runs
+from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.executors import executor_for
+from primus_slurm.jobs.progress import read_progress
 
 DEFAULT_STALL_MINUTES = 30.0
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from . import executors, registry, runs
-from .errors import UserError
-from .render import render_script, sbatch_lines
+from primus_slurm.jobs import executors, registry, runs
+from primus_slurm.errors import UserError
+from primus_slurm.config.render import render_script, sbatch_lines
 
 KINDS = {"export": "exports", "generate": "generations", "eval": "evals"}
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import click
 
-from .compare import compare
-from .errors import UserError
-from .experiments import leaderboard
-from .experiments.cli import show_sweep
-from .verify_fp4 import verify
+from primus_slurm.post_training.compare import compare
+from primus_slurm.errors import UserError
+from primus_slurm.experiments import leaderboard
+from primus_slurm.experiments.cli import show_sweep
+from primus_slurm.post_training.verify_fp4 import verify
 
 
 def register(group: click.Group) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 
-from primus_slurm import executors, runs
+from primus_slurm.jobs import executors, runs
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
-from primus_slurm.recipe import dump, load_recipe
-from primus_slurm.render import render_script
+from primus_slurm.config.recipe import dump, load_recipe
+from primus_slurm.config.render import render_script
 
 ENTRYPOINT = "trainer.preflight_comm"
 FIXED = ("cluster.entrypoint=" + ENTRYPOINT, "cluster.time=00:02:00", "cluster.requeue=false",

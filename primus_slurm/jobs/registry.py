@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .errors import UserError
+from primus_slurm.errors import UserError
 
 FILE_NAME = "runs.jsonl"
 

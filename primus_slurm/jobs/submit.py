@@ -9,12 +9,13 @@ from pathlib import Path
 
 from primus_contract.fields import SCHEMA
 
-from . import executors, paths, registry, runs
-from .errors import UserError
-from .recipe import Recipe, dump, load_recipe
-from .render import job_python, render_script
-from .start_checks import check_start
-from .validate import check_time_limit
+from primus_slurm import paths
+from primus_slurm.jobs import executors, registry, runs
+from primus_slurm.errors import UserError
+from primus_slurm.config.recipe import Recipe, dump, load_recipe
+from primus_slurm.config.render import job_python, render_script
+from primus_slurm.jobs.start_checks import check_start
+from primus_slurm.config.validate import check_time_limit
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 

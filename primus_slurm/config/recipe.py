@@ -14,10 +14,10 @@ from typing import Any, Mapping
 import yaml
 
 from primus_contract import hf_config
-from primus_slurm import schema
+from primus_slurm.config import schema
 from primus_slurm.errors import UserError
 from primus_slurm.resources import recipes_dir
-from primus_slurm.validate import validate
+from primus_slurm.config.validate import validate
 
 MAX_RECIPE_BYTES = 1 << 20
 MAX_EXTENDS_DEPTH = 16

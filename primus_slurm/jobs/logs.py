@@ -7,12 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import runs
-from .errors import UserError
-from .executor_base import TERMINAL
-from .executors import executor_for
-from .progress import attempt_of, rank_logs, read_progress
-from .status import derive_state
+from primus_slurm.jobs import runs
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.executors import executor_for
+from primus_slurm.jobs.progress import attempt_of, rank_logs, read_progress
+from primus_slurm.jobs.status import derive_state
 
 POLL_S = 0.5
 

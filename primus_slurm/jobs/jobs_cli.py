@@ -7,16 +7,17 @@ from pathlib import Path
 
 import click
 
-from . import post, post_cli, registry, runs
-from . import logs as logs_mod
-from . import status as status_mod
-from . import resume as resume_mod
-from . import submit as submit_mod
-from . import plan_cli, plan_runs
-from .errors import UserError
-from .executors import executor_for
-from .experiments import cost, leaderboard, pipeline
-from .experiments import cli as experiments_cli
+from primus_slurm.post_training import post, post_cli
+from primus_slurm.jobs import registry, runs
+from primus_slurm.jobs import logs as logs_mod
+from primus_slurm.jobs import status as status_mod
+from primus_slurm.jobs import resume as resume_mod
+from primus_slurm.jobs import submit as submit_mod
+from primus_slurm.planning import plan_cli, plan_runs
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executors import executor_for
+from primus_slurm.experiments import cost, leaderboard, pipeline
+from primus_slurm.experiments import cli as experiments_cli
 
 
 @click.command("submit", cls=pipeline.ThenCommand)
@@ -93,7 +94,7 @@ def status_cmd(run, as_json, wide, show_all):
         return
     entries, hidden = ([registry.find(run)], "") if run else registry.scoped(show_all)
     rows = status_mod.collect(entries)  # (the scheduler is asked about these runs only)
-    if run:  # its exports, generations and evals (primus_slurm.post), what it cost
+    if run:  # its exports, generations and evals (primus_slurm.post_training.post), what it cost
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
         info = {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))}
         rows[0]["cost"] = cost.costs([(Path(info["run_dir"]), info)])[0]

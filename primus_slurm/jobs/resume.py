@@ -12,10 +12,10 @@ import fcntl
 import time
 from pathlib import Path
 
-from . import registry, runs
-from .errors import UserError
-from .executors import executor_for
-from .progress import attempt_of, rank_logs, read_progress
+from primus_slurm.jobs import registry, runs
+from primus_slurm.errors import UserError
+from primus_slurm.jobs.executors import executor_for
+from primus_slurm.jobs.progress import attempt_of, rank_logs, read_progress
 
 ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
 LOCK = ".resume.lock"

@@ -15,10 +15,10 @@ from typing import Optional
 import yaml
 
 from primus_contract import run_files
-from primus_slurm import plan_runs
+from primus_slurm.planning import plan_runs
 
-from . import registry
-from .errors import UserError
+from primus_slurm.jobs import registry
+from primus_slurm.errors import UserError
 
 _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
 SAME_KEYS = (("experiment", "seed"), ("trainer", "data", "train"), ("trainer", "data", "seq_length"),
@@ -260,7 +260,7 @@ def compare(refs: list[str], plot_path: Optional[str]) -> str:
     runs = [load_run(r) for r in refs]
     check_comparable(runs)
     out = table(runs)
-    for run in runs:  # planned against measured (primus_slurm.plan_runs)
+    for run in runs:  # planned against measured (primus_slurm.planning.plan_runs)
         peaks = run.series("mem peak GiB").values()
         line = plan_runs.versus(plan_runs.planned(run.run_dir), max(peaks, default=None), run.average("tokens/s/GPU"))
         out += f"\n{run.label}: {line}" if line else ""
