@@ -3,7 +3,7 @@ per run in one line of rank 0's log (`warnings filtered | ...`, docs/contract.md
 lines per rank. Any other warning is shown as Python shows it.
 
 Progress bars (transformers' weight loading, huggingface_hub downloads, tqdm) are switched off by the job's
-environment (primus_slurm/render.py QUIET_ENV), not here."""
+environment (primus_slurm/config/render.py QUIET_ENV), not here."""
 from __future__ import annotations
 
 import warnings
