@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, cli
 from primus_contract import run_files
 from test_train_support import SMALL
@@ -31,6 +33,7 @@ def run_pipeline(tmp_path: Path, *sets: str) -> tuple[dict, dict]:
         time.sleep(2)
 
 
+@pytest.mark.slow  # trains the quickstart: `make test` runs it, `make check` does not
 def test_local_pipeline_steps_in_order(tmp_path):
     entry, row = run_pipeline(tmp_path)
     assert row["state"] == "COMPLETED" and [s["state"] for s in row["pipeline"]] == ["COMPLETED", "COMPLETED"]
@@ -43,6 +46,7 @@ def test_local_pipeline_steps_in_order(tmp_path):
     assert (ev / "post.json").stat().st_mtime <= (ex / "job.sh").stat().st_mtime  # eval ended before export began
 
 
+@pytest.mark.slow  # trains the quickstart: `make test` runs it, `make check` does not
 def test_local_pipeline_stops_after_a_failed_training(tmp_path):
     entry, row = run_pipeline(tmp_path / "bad", "trainer.schedule.lr=10", "trainer.schedule.min_lr=10",
                               "trainer.schedule.warmup_iters=0", "trainer.schedule.clip_grad=0",

@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, cli
 from primus_contract import run_files
 from test_trackers import WANDB_OFFLINE, wandb_runs
@@ -16,6 +18,7 @@ from test_train_support import SMALL
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "DIVERGED"}
 
 
+@pytest.mark.slow  # ~27 s: `make test` runs it, `make check` does not
 def test_local_sweep_runs_one_after_another(tmp_path):
     env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PRIMUS_WORKSPACE=str(tmp_path / "ws"),
                OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
