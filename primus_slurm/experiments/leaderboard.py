@@ -32,8 +32,8 @@ def find(ref: str) -> Path:
     if len(dirs) > 1 and ref not in dirs:
         raise UserError(f"SWEEP '{ref}' matches {len(dirs)} sweeps; give more of the sweep id")
     if not dirs:
-        raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory (`primus-slurm list` shows "
-                        "each run's sweep)")
+        raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory (`primus-slurm list --all` "
+                        "shows each run's sweep)")
     return Path(dirs.get(ref) or next(iter(dirs.values())))
 
 
