@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from tests.model_helpers import tiny_cfg, train_losses
 from trainer.model.lora_fused import fused_adapter
+from trainer.model.lora_inputs import gated_silu
 
 
 class _Base(nn.Module):
@@ -21,17 +22,13 @@ class _Base(nn.Module):
         return F.linear(x, self.weight), None
 
 
-def _swiglu(y):
-    y1, y2 = torch.chunk(y, 2, dim=-1)
-    return F.silu(y1) * y2
-
 
 def _unfused(base, x, a, b, s, u=None):
     """trainer/model/lora.py's unfused path: h = x A^T (or from u), y = addmm(out, h, B^T, alpha=s)."""
     from trainer.model.adapter_grads import adapter_a
 
     out, _ = base(x)
-    h = adapter_a(x, a.to(out.dtype), u, _swiglu if u is not None else None)
+    h = adapter_a(x, a.to(out.dtype), u, gated_silu if u is not None else None)
     y = torch.addmm(out.reshape(-1, out.shape[-1]), h.reshape(-1, h.shape[-1]), b.to(out.dtype).t(), alpha=s)
     return y.view(out.shape)
 
@@ -45,12 +42,12 @@ def _run(path, dtype, recompute: bool, seed=0):
     up = torch.randn(3, 7, dout, generator=g).to(dtype)
     if recompute:
         u = torch.randn(3, 7, 2 * din, generator=g).to(dtype).requires_grad_(True)
-        x = _swiglu(u)
+        x = gated_silu(u)
     else:
         u = None
         x = torch.randn(3, 7, din, generator=g).to(dtype).requires_grad_(True)
     if path == "fused":
-        y, _ = fused_adapter(base, x, a, b, s, u=u, act=_swiglu if u is not None else None)
+        y, _ = fused_adapter(base, x, a, b, s, u=u, act=gated_silu if u is not None else None)
     else:
         y = _unfused(base, x, a, b, s, u)
     (y.float() * up.float()).sum().backward()
@@ -76,11 +73,11 @@ def test_fused_recompute_keeps_the_preactivation_not_the_input():
     torch.manual_seed(3)
     base, a, b = _Base(torch.randn(6, 5)), torch.randn(2, 5, requires_grad=True), torch.randn(6, 2)
     u = torch.randn(4, 10, requires_grad=True)
-    x = _swiglu(u)
+    x = gated_silu(u)
     ptrs = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: ptrs.append(t.untyped_storage().data_ptr()) or t,
                                                   lambda t: t):
-        fused_adapter(base, x, a, b, 1.0, u=u, act=_swiglu)
+        fused_adapter(base, x, a, b, 1.0, u=u, act=gated_silu)
     assert u.untyped_storage().data_ptr() in ptrs and x.untyped_storage().data_ptr() not in ptrs
 
 

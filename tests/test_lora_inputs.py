@@ -7,12 +7,8 @@ from primus_slurm.config.recipe import deep_merge
 from tests.model_helpers import (DEEPSEEK_MLA, arch_sections, dist_session, models_with_same_adapters, packed_batch,
                                  tiny_cfg)
 from trainer.model import build_model, forward_losses
-from trainer.model.lora_inputs import adapter_a
+from trainer.model.lora_inputs import adapter_a, gated_silu
 
-
-def _swiglu(y):
-    y1, y2 = torch.chunk(y, 2, dim=-1)
-    return F.silu(y1) * y2
 
 
 def _saved_storages(fn):
@@ -36,8 +32,8 @@ def test_adapter_keeps_preactivation_not_input_and_matches_plain_linear():
 
     def run(recompute: bool):
         u.grad = a.grad = None
-        x = _swiglu(u)
-        h, saved = _saved_storages(lambda: adapter_a(x, a, u if recompute else None, _swiglu))
+        x = gated_silu(u)
+        h, saved = _saved_storages(lambda: adapter_a(x, a, u if recompute else None, gated_silu))
         (h * up).sum().backward()
         return h.detach(), u.grad.clone(), a.grad.clone(), saved, x.untyped_storage().data_ptr()
 

@@ -93,4 +93,5 @@ NOT_MEGATRON_OR_TE = {
     "._fp4_emulation": "precision/emulation: our marker on an emulated megatron linear",
     "._is_view": "model/lora_fused: torch.Tensor._is_view (a custom Function's as-is output may not be written)",
     "._primus_megatron_forward": "model/lora_swiglu: megatron's own MLP.forward, kept on the instance we rewire",
+    "._primus_swiglu": "model/lora_swiglu: the SwiGLU megatron applies, kept on the instance we rewire",
 }

@@ -30,6 +30,12 @@ from trainer.model.adapter_grads import adapter_a, adapter_a_of_rmsnorm, rmsnorm
 from trainer.model.lora import LoRALinear
 
 
+def gated_silu(y: torch.Tensor) -> torch.Tensor:
+    """megatron MLP.forward's unfused gated branch with activation_func F.silu: silu(first half) * second half."""
+    y_glu, y_linear = torch.chunk(y, 2, dim=-1)
+    return F.silu(y_glu) * y_linear
+
+
 def swiglu_of(config):
     """The exact function megatron's dense MLP applies to fc1's output under `config`, or None."""
     if not config.gated_linear_unit or config.activation_func is not F.silu or config.add_bias_linear:
@@ -44,12 +50,7 @@ def swiglu_of(config):
         from megatron.core.fusions.fused_bias_swiglu import swiglu
 
         return swiglu
-
-    def glu(y):  # megatron MLP.forward's unfused branch
-        y_glu, y_linear = torch.chunk(y, 2, dim=-1)
-        return config.activation_func(y_glu) * y_linear
-
-    return glu
+    return gated_silu  # (activation_func is F.silu: checked above)
 
 
 def wire_adapter_input_recompute(model, scope: str = "all") -> dict:

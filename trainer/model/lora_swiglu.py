@@ -21,10 +21,12 @@ megatron's swiglu; the MLP's other paths are megatron's own forward.
 """
 from __future__ import annotations
 
+import os
 import types
 
 import torch
-import torch.nn.functional as F
+
+from trainer.model.lora_inputs import gated_silu, swiglu_of
 
 try:
     import triton
@@ -33,15 +35,11 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 
-def _swiglu(u: torch.Tensor) -> torch.Tensor:
-    g, v = torch.chunk(u, 2, dim=-1)
-    return F.silu(g) * v
-
-
-def swiglu_lora_reference(u_base, h, b, scale: float) -> torch.Tensor:
-    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora.py), then megatron's swiglu."""
+def swiglu_lora_reference(u_base, h, b, scale: float, act=gated_silu) -> torch.Tensor:
+    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora.py), then `act`, the SwiGLU megatron
+    applies (trainer.model.lora_inputs.swiglu_of)."""
     u = torch.addmm(u_base.reshape(-1, u_base.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=scale)
-    return _swiglu(u.view(u_base.shape))
+    return act(u.view(u_base.shape))
 
 
 if triton is not None:
@@ -103,39 +101,38 @@ class _SwigluLoRA(torch.autograd.Function):
     def forward(ctx, u_base, h, b, scale):
         u2 = u_base.reshape(-1, u_base.shape[-1]).contiguous()
         h2 = h.reshape(-1, h.shape[-1]).contiguous()
-        b_c = b.to(u2.dtype).contiguous()
+        h_c, b_c = h2.to(u2.dtype), b.to(u2.dtype).contiguous()
         out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
-        _launch(_fwd_kernel, u2, h2.to(u2.dtype), b_c, (out,), scale)
-        ctx.scale, ctx.b_dtype, ctx.shape = scale, b.dtype, u_base.shape
-        ctx.save_for_backward(u2, h2, b_c)
+        _launch(_fwd_kernel, u2, h_c, b_c, (out,), scale)
+        ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape = scale, b.dtype, h.dtype, u_base.shape
+        ctx.save_for_backward(u2, h_c, b_c)
         return out.view(*u_base.shape[:-1], -1)
 
     @staticmethod
     def backward(ctx, dact):
-        u2, h2, b_c = ctx.saved_tensors
+        u2, h_c, b_c = ctx.saved_tensors
         d2 = dact.reshape(-1, dact.shape[-1]).contiguous()
         du = torch.empty_like(u2)
-        _launch(_bwd_kernel, u2, h2.to(u2.dtype), b_c, (d2, du), ctx.scale)
+        _launch(_bwd_kernel, u2, h_c, b_c, (d2, du), ctx.scale)
         s = ctx.scale
         dh = du.mm(b_c).mul_(s)
-        db = du.t().mm(h2.to(du.dtype)).mul_(s)
-        return du.view(ctx.shape), dh.view(*ctx.shape[:-1], -1).to(h2.dtype), db.to(ctx.b_dtype), None
+        db = du.t().mm(h_c).mul_(s)
+        return du.view(ctx.shape), dh.view(*ctx.shape[:-1], -1).to(ctx.h_dtype), db.to(ctx.b_dtype), None
 
 
-def kernels_usable(t: torch.Tensor) -> bool:
-    """The Triton kernels run here: on a CUDA tensor with Triton, or in Triton's CPU interpreter."""
-    import os
-
-    return triton is not None and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+def kernels_usable(device: torch.device) -> bool:
+    """The Triton kernels run on `device`: a CUDA device with Triton, or anywhere in Triton's CPU interpreter."""
+    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def swiglu_lora(u_base: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float,
+def swiglu_lora(u_base: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float, act=gated_silu,
                 kernels: bool | None = None) -> torch.Tensor:
-    """swiglu(u_base + scale * h B^T) without writing the sum (kernels), or by the unfused ops (no kernels)."""
+    """act(u_base + scale * h B^T) without writing the sum (kernels: act is SiLU-gated), or by the unfused ops with
+    `act` (no kernels)."""
     if kernels is None:
-        kernels = kernels_usable(u_base)
+        kernels = kernels_usable(u_base.device)
     if not kernels:
-        return swiglu_lora_reference(u_base, h, b.to(u_base.dtype), scale)
+        return swiglu_lora_reference(u_base, h, b.to(u_base.dtype), scale, act)
     return _SwigluLoRA.apply(u_base, h, b, scale)
 
 
@@ -147,13 +144,11 @@ def _mlp_forward(self, hidden_states, per_token_scale=None, **kwargs):
         return self._primus_megatron_forward(hidden_states, per_token_scale, **kwargs)
     fc1 = self.linear_fc1
     u_base, h = fc1.forward_parts(hidden_states)
-    act = swiglu_lora(u_base, h, fc1.lora_b, fc1.scale)
+    act = swiglu_lora(u_base, h, fc1.lora_b, fc1.scale, self._primus_swiglu)
     return self.linear_fc2(act)
 
 
 def eligible(mlp, lora_cls) -> bool:
-    from trainer.model.lora_inputs import swiglu_of
-
     fc1 = getattr(mlp, "linear_fc1", None)
     return (isinstance(fc1, lora_cls) and not fc1.is_expert and swiglu_of(mlp.config) is not None
             and not (fc1.dropout is not None and fc1.dropout_position == "post"))
@@ -173,6 +168,7 @@ def wire_fused_swiglu(model) -> int:
         if getattr(fc2, "input_act", None) is not None:  # fc2's adapter recomputes swiglu(u): it needs u itself
             continue
         module._primus_megatron_forward = module.forward
+        module._primus_swiglu = swiglu_of(module.config)  # what megatron applies: the unfused path's activation
         module.forward = types.MethodType(_mlp_forward, module)
         wired += 1
     return wired

@@ -99,10 +99,10 @@ def _adapter_inputs(model, ctx: BuildContext) -> str:
 
 def _fused_swiglu(model, ctx: BuildContext) -> str:
     """trainer.lora.fused_swiglu: dense MLPs whose fc1 adapter is folded into the activation."""
-    from trainer.model.lora_swiglu import triton, wire_fused_swiglu
+    from trainer.model.lora_swiglu import kernels_usable, wire_fused_swiglu
 
     wired = wire_fused_swiglu(model)
-    how = ("Triton kernels" if triton is not None and ctx.device.type == "cuda"
+    how = ("Triton kernels" if kernels_usable(ctx.device)
            else "the unfused ops (no GPU Triton here: same numerics, no saving)")
     return f"fused swiglu | fc1 adapters folded into the activation | {wired} MLPs | {how}"
 
