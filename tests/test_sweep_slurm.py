@@ -100,14 +100,20 @@ def test_sweep_refused_diverged_completed(local_slurm, job_env, tmp_path):
     assert "already ended" in cli(job_env, "cancel", data["sweep_id"]).stdout
 
 
-def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
-    """Trial 0 cancelled mid-run: trial 1 goes on; `resume SWEEP` restarts trial 0 alone, from its checkpoint."""
-    recipe = trainer_recipe(tmp_path, "sweep2")
-    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=300",
+def _two_trials_past_a_checkpoint(job_env, tmp_path, name: str, iters: int):
+    """A two-trial lr sweep saving every 5 iterations, once both trials are past iteration 6 (a checkpoint each):
+    (sweep json, first trial, second trial)."""
+    data = sweep(job_env, trainer_recipe(tmp_path, name), "--set", f"trainer.schedule.train_iters={iters}",
                  "--set", "trainer.checkpoint.save_interval=5",
                  "--grid", "trainer.schedule.lr=5e-3,2e-3")
-    first, second = data["runs"]
     wait_board(job_env, data["sweep_id"], lambda rows: all((r.get("iteration") or 0) >= 6 for r in rows))
+    first, second = data["runs"]
+    return data, first, second
+
+
+def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
+    """Trial 0 cancelled mid-run: trial 1 goes on; `resume SWEEP` restarts trial 0 alone, from its checkpoint."""
+    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep2", iters=300)
     assert cli(job_env, "cancel", first["run_id"]).returncode == 0
     rows = wait_board(job_env, data["sweep_id"], lambda rows: rows and any(r["state"] == "CANCELLED" for r in rows))
     assert {r["run_id"]: r["state"] for r in rows}[second["run_id"]] == "RUNNING"
@@ -132,12 +138,7 @@ def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
 def test_sweep_task_requeued_alone(local_slurm, job_env, tmp_path):
     """The time-limit warning (USR2, as slurmctld sends it) reaches trial 0's task only: that task checkpoints and
     requeues itself (its own job id, SLURM_RESTART_COUNT 1), resumes, and completes; trial 1 runs once."""
-    recipe = trainer_recipe(tmp_path, "sweep3")
-    data = sweep(job_env, recipe, "--set", "trainer.schedule.train_iters=60",
-                 "--set", "trainer.checkpoint.save_interval=5",
-                 "--grid", "trainer.schedule.lr=5e-3,2e-3")
-    first, second = data["runs"]
-    wait_board(job_env, data["sweep_id"], lambda rows: all((r.get("iteration") or 0) >= 6 for r in rows))
+    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep3", iters=60)
     subprocess.run(["scancel", "--batch", "--signal=USR2", first["job_id"]], check=True)
     wait_board(job_env, data["sweep_id"],
                lambda rows: {r["run_id"]: r["state"] for r in rows}[first["run_id"]] in ("PENDING", "REQUEUED"))
