@@ -8,7 +8,7 @@ tokens x width x 2 bytes:
   unfused  fwd: read x (A) + read/write y (addmm)                       in + 2 out
            bwd: read dy twice (dh, dB) + read x (dA) + write dx_a + sum  2 out + 5 in
            (the norm-fed qkv/fc1 read TE's returned norm output; TE adds its gradient: the same passes)
-  fused    trainer/model/lora_fused.py on the non-norm linears (proj, fc2): dx_a added in place into the base's
+  fused    trainer/model/lora/fused.py on the non-norm linears (proj, fc2): dx_a added in place into the base's
            dx (read/write once): bwd 2 out + 3 in; qkv/fc1 unchanged
   epilogue the op-fuser design (TE ops' fused linear+add, LoRAFusion): the adapter writes its output and the base
            GEMM accumulates into it (fwd in + out), dy read once for dh and dB, the adapter's dx accumulated by the

@@ -73,7 +73,7 @@ case "${1:-}" in
       $TP --recipe $R8 --docs packed --label 8b-fp8-packed --set trainer.precision.fp8=hybrid
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/speed.jsonl" ;;
   fused)  # issue 31, one call: the anchor, the adapter-free ceiling single-document AND packed, ours single-document
-          # BF16/FP8 with the unfused adapters and with trainer.lora.fused (trainer/model/lora_fused.py)
+          # BF16/FP8 with the unfused adapters and with trainer.lora.fused (trainer/model/lora/fused.py)
     { python3 .gpu/bin/anchor_mcore_te.py bf16 fp8_delayed
       python3 bench/lora_ceiling.py bf16 fp8_delayed
       python3 bench/lora_ceiling.py --packed bf16 fp8_delayed

@@ -1,7 +1,7 @@
 """HF import speed and memory on CPU: a synthetic Qwen3-MoE checkpoint at Qwen3-30B-A3B widths (hidden 2048, 32 heads /
 4 KV heads of 128, experts of 768, vocab 151936; `--layers`, `--experts` set its size), written in the Hub layout
 (one tensor per expert, BF16, shards with model.safetensors.index.json), imported into the trainer's model by
-trainer.model.hf_import.load_hf (the code path of checkpoint.pretrained). Prints JSON: bytes read, GB/s, and peak
+trainer.model.hf.importer.load_hf (the code path of checkpoint.pretrained). Prints JSON: bytes read, GB/s, and peak
 anonymous RSS during the import against the rank's share (its parameter bytes) and the largest tensor.
 
     .venv/bin/python bench/hf_import_bench.py --layers 4 --experts 64 --out /tmp/hf_bench
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.model_helpers import dist_session, tiny_cfg  # noqa: E402
-from trainer.model.hf_import import load_hf  # noqa: E402
+from trainer.model.hf.importer import load_hf  # noqa: E402
 
 WIDTHS = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
               num_key_value_heads=4, head_dim=128, vocab_size=151936, num_experts_per_tok=8)

@@ -1,4 +1,4 @@
-"""Merged-export benchmark: trainer.model.hf_merge.merge_adapter on a multi-GB synthetic checkpoint (CPU).
+"""Merged-export benchmark: trainer.model.hf.merge.merge_adapter on a multi-GB synthetic checkpoint (CPU).
 
     .venv/bin/python bench/merge_export_bench.py [--dir /tmp/merge_bench] [--layers 8] [--experts 32]
 
@@ -114,7 +114,7 @@ def _anon_kb() -> int:
 
 def child(base: str, adapter: str, out: str) -> None:
     """The measured merge (own process, so ru_maxrss is the merge's)."""
-    from trainer.model.hf_merge import merge_adapter
+    from trainer.model.hf.merge import merge_adapter
 
     baseline = _anon_kb()  # the interpreter + torch + megatron imports, before any tensor is read
     peak = [0]

@@ -217,9 +217,9 @@ SCHEMA: dict = {
             "target_modules": Field("list", ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]),
             "exclude_modules": Field("list", []),
             "fused": Field("bool", True, help="two autograd nodes per adapter, its input gradient added in place "
-                           "into the frozen base's (trainer/model/lora_fused.py): linear_proj/linear_fc2 and other "
+                           "into the frozen base's (trainer/model/lora/fused.py): linear_proj/linear_fc2 and other "
                            "non-norm linears, any TP/SP layout, without dropout; elsewhere the unfused path"),
-            # trainer/model/lora_swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
+            # trainer/model/lora/swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
             # ops on CPU); not with precision.fp8_swiglu_input or recompute.adapter_inputs scope all|fc2
             "fused_swiglu": Field("bool", False, help="fold fc1's adapter into dense MLPs' SwiGLU kernels (not "
                                   "yet measured on a GPU)"),
@@ -252,7 +252,7 @@ SCHEMA: dict = {
             "log_interval": Field("int", 1, min=1),
             "log_avg_skip_iterations": Field("int", 2, min=0),
             "tensorboard": Field("bool", False, help="scalars of every log and eval line to <run_dir>/tensorboard/"
-                                 "attempt-<N>/ (trainer/tracking.py)"),
+                                 "attempt-<N>/ (trainer/observability/tracking.py)"),
             "wandb": {  # rank 0 logs to W&B when project is set; the run id is kept in <run_dir>/wandb/run-id
                 "project": _opt("str", pattern=WANDB_NAME_RE, help="a W&B project name (no / \\ # ? % :)"),
                 "entity": _opt("str", pattern=WANDB_NAME_RE, help="a W&B team or user name (no / \\ # ? % :)"),

@@ -1,7 +1,7 @@
 """Shared plain-PyTorch pretraining of the tiny bundled base models (scripts/make_quickstart_base.py,
 scripts/make_realtext_base.py): a transformers LlamaForCausalLM with the shape of recipes/models/tiny_llama.yaml,
 every weight trained from scratch as a causal LM, saved as config.json + model.safetensors (what
-trainer.checkpoint.pretrained loads through trainer/model/hf_import.py). Deterministic: same torch, same thread
+trainer.checkpoint.pretrained loads through trainer/model/hf/importer.py). Deterministic: same torch, same thread
 count, same seed -> bit-identical weights. Not a script; the make_*_base.py scripts are.
 """
 from __future__ import annotations

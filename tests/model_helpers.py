@@ -35,7 +35,7 @@ import torch
 @contextlib.contextmanager
 def dist_session(cfg):
     """init_distributed/destroy_distributed around a block (single process unless RANK is set)."""
-    from trainer.distributed import destroy_distributed, init_distributed
+    from trainer.runtime.distributed import destroy_distributed, init_distributed
 
     preset = "RANK" in os.environ
     info = init_distributed(cfg)

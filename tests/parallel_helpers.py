@@ -1,5 +1,5 @@
 """Helpers for the parallel-equivalence tests (no tests here): a loop-ready tiny recipe, synthetic
-packed samples with uneven documents, the real trainer.train.Trainer step, and gloo rank setup."""
+packed samples with uneven documents, the real trainer.step.train.Trainer step, and gloo rank setup."""
 from __future__ import annotations
 
 import os
@@ -66,12 +66,12 @@ def synthetic_packs(n: int, seq: int, vocab: int, seed: int = 0, active: int = 8
 
 
 def make_trainer(cfg, info, model, run_dir: str, packs):
-    """The real trainer.train.Trainer around `model` (AdamW over its adapters)."""
-    from trainer.logger import TrainLogger
+    """The real trainer.step.train.Trainer around `model` (AdamW over its adapters)."""
+    from trainer.observability.logger import TrainLogger
     from trainer.model import adapter_state_dict, forward_losses
-    from trainer.optim import build_optimizer, trainable_parameters
-    from trainer.signals import StopSignal
-    from trainer.train import Trainer
+    from trainer.step.optim import build_optimizer, trainable_parameters
+    from trainer.runtime.signals import StopSignal
+    from trainer.step.train import Trainer
 
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, cfg.trainer.schedule)
@@ -93,8 +93,8 @@ def trajectory(trainer, steps: int) -> list[tuple[float, float]]:
 
 def save_checkpoint(trainer) -> str:
     """Trainer.save (the real collective atomic checkpoint) of the current iteration; returns its dir."""
-    from trainer.checkpoint import iter_name
-    from trainer.train import Meter
+    from trainer.checkpointing.checkpoint import iter_name
+    from trainer.step.train import Meter
 
     assert trainer.save(Meter(trainer.device, 0, trainer.iteration)) is None
     return os.path.join(trainer.ckpt_dir, iter_name(trainer.iteration))
@@ -146,14 +146,14 @@ def probe_losses(model, packs) -> torch.Tensor:
 def run_layout(cfg, full: dict, packs, run_dir: str, steps: int, resume: str | None = None,
                save_at: int | None = None, export_dir: str | None = None) -> dict:
     """Build the model for cfg's layout in the current (gloo) world, load the global full state
-    dict `full` (base + adapters), optionally restore checkpoint `resume` (trainer.reshard), run
+    dict `full` (base + adapters), optionally restore checkpoint `resume` (trainer.checkpointing.reshard), run
     `steps` Trainer steps, saving a checkpoint after `save_at` of them, then export the PEFT adapter
     to `export_dir` (trainer.model.export_peft, collective). Returns trajectory, probe
     (eval losses before training), the checkpoint dir, the reshard note and the layout sizes."""
     from tests.model_helpers import dist_session
     from trainer.model import build_model
     from trainer.model.layout import load_full_global_state_dict
-    from trainer.reshard import restore
+    from trainer.checkpointing.reshard import restore
 
     with dist_session(cfg) as info:
         model = build_model(cfg, info.device)

@@ -123,7 +123,7 @@ def worker_pids(run_dir: Path, entrypoint: str = "trainer") -> dict[int, int]:
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "trainer.launch" in argv or "torch.distributed.run" in argv or not _follows(argv, "-m", entrypoint):
+        if "trainer.runtime.launch" in argv or "torch.distributed.run" in argv or not _follows(argv, "-m", entrypoint):
             continue
         if not _follows(argv, "--run-dir", str(run_dir)):
             continue

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.test_train_support import ROOT
-from trainer import checkpoint as ckpt
+from trainer.checkpointing import checkpoint as ckpt
 from primus_contract.schema import apply_schema
 from trainer.config import Config
 
@@ -40,7 +40,7 @@ def test_publish_latest_and_keep_last(tmp_path):
 _CHILD = textwrap.dedent("""
     import resource, signal, sys, torch
     sys.path.insert(0, {root!r})
-    from trainer import checkpoint as ckpt
+    from trainer.checkpointing import checkpoint as ckpt
     d, mode = sys.argv[1], sys.argv[2]
     def save(it, n):
         state = {{"adapter": {{"w": torch.full((n,), float(it))}}}}

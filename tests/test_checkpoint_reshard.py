@@ -1,5 +1,5 @@
 """A checkpoint written on one parallel layout resumes on another with the same next steps
-(trainer.reshard: adapters AND AdamW moments merged from the old TP shards / PP stages and sliced
+(trainer.checkpointing.reshard: adapters AND AdamW moments merged from the old TP shards / PP stages and sliced
 for the new layout), through the real Trainer.save files.
 
     TP=2 -> TP=1, PP=2 -> TP=1 (checkpoints written by two gloo ranks, resumed in this process)

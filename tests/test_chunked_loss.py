@@ -8,7 +8,7 @@ import torch
 from tests.model_helpers import models_with_same_adapters, packed_batch, tiny_cfg
 from trainer.model import chunked_loss, forward_losses
 from trainer.model.forward import model_inputs
-from trainer.saved_census import SavedTensorCensus
+from trainer.observability.saved_census import SavedTensorCensus
 
 DOCS = [13, 22, 8, 21]
 VOCAB = 128

@@ -20,7 +20,7 @@ import pytest
 from conftest import cli, status_json
 from container_support import container_recipe, image, job_containers, remove_job_containers  # noqa: F401
 from reliability_support import read, submit, wait_for
-from trainer.signals import EXIT_PREEMPTED
+from trainer.runtime.signals import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # iterations each attempt trains past its start before it is cancelled: six cancels in all, each at another iteration

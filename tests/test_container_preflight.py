@@ -1,4 +1,4 @@
-"""The preflight (trainer/preflight.py): before training, every job checks its interpreter's stack; a missing or
+"""The preflight (trainer/runtime/preflight.py): before training, every job checks its interpreter's stack; a missing or
 unsupported package is one line that `status` shows, exit 2, no traceback. `primus-slurm preflight RECIPE` runs
 the same check in the recipe's container or interpreter (locally or as a short Slurm job) plus a timed all-reduce.
 
@@ -42,7 +42,7 @@ def _fake_dist(venv: Path, dist: str, module: str, version: str) -> None:
 
 
 def _preflight(python: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-m", "trainer.preflight", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([python, "-m", "trainer.runtime.preflight", *args], cwd=cwd, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=120)
 
 

@@ -1,6 +1,6 @@
 """What `submit` accepts the trainer runs: over thousands of recipe variations (precision x parallelism x model x
 LoRA x data x checkpoint), the launcher's verdict (accept, or the field it refuses) equals the trainer's pre-start
-verdict (trainer/start_check.py: the contract, the machine rules on the node the recipe names, the data options
+verdict (trainer/runtime/start_check.py: the contract, the machine rules on the node the recipe names, the data options
 and megatron-core's TransformerConfig checks) on the resolved recipe. CPU only, no model is built.
 
 The node: `trainer.distributed.device: cpu` (or env profile cpu) is a CPU; a GPU env profile is that GPU with
@@ -22,7 +22,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.config.recipe import resolve_raw
 from primus_slurm.config.validate import validate
 from trainer.config import Config
-from trainer.start_check import StartRefused, pre_start
+from trainer.runtime.start_check import StartRefused, pre_start
 
 N = 2000
 SKIP = object()  # leave the key out (its default)

@@ -164,7 +164,7 @@ def test_bad_record_policy_error_and_skip(tmp_path, tok):
     ({"pad_to_multiple_of": 0}, "trainer.data.pad_to_multiple_of"),
 ])
 def test_bad_options_name_the_key(patch, field):
-    """The data options are the contract's to check: the trainer runs it at start (trainer/start_check.py), before
+    """The data options are the contract's to check: the trainer runs it at start (trainer/runtime/start_check.py), before
     DataOptions reads them."""
     data = {"format": "alpaca", "train": {"path": "x.jsonl"}, "seq_length": 64, **patch}
     with pytest.raises(primus_contract.ContractError) as e:

@@ -1,4 +1,4 @@
-"""The trainer's exit codes are the job's API (trainer/signals.py), end to end on the local and the Slurm executor:
+"""The trainer's exit codes are the job's API (trainer/runtime/signals.py), end to end on the local and the Slurm executor:
 `submit --follow` exits with the code, `status` shows it as EXIT, and the job's own exit code (the local wrapper's
 record, Slurm's batch step) is it: 2 for a bad data record, 3 for divergence, 4 for a checkpoint that cannot be
 written (RLIMIT_FSIZE on the submit, which the local job inherits and Slurm propagates), 75 for a cancel after
@@ -18,7 +18,7 @@ import pytest
 from conftest import CLI, ROOT, status_json
 from reliability_support import read, trainer_recipe, wait_for
 from test_train_support import SMALL
-from trainer.signals import EXIT_CONFIG, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+from trainer.runtime.signals import EXIT_CONFIG, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DIVERGE = ["trainer.schedule.lr=10", "trainer.schedule.min_lr=10", "trainer.schedule.warmup_iters=0",

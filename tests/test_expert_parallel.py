@@ -4,7 +4,7 @@ follows the single-process loss trajectory for the tiny Qwen3-MoE and DeepSeek (
 data-parallel group only, grad norm over distinct experts). The same spawn runs the MoE models with
 TP=2 + sequence parallelism (experts not tensor-parallel) and PP=2 (DeepSeek's dense first layer and its
 MoE layer on different stages), checks the EP=2 PEFT export (experts gathered over EP) and resumes
-the EP=2 checkpoint at EP=1 (trainer.reshard).
+the EP=2 checkpoint at EP=1 (trainer.checkpointing.reshard).
 
 Tolerance: fp32 on CPU, losses rtol 1e-5, grad norms 1e-4 (reduction order only).
 """

@@ -1,9 +1,9 @@
-"""trainer.flops against numbers worked out by hand for a small dense model."""
+"""trainer.step.flops against numbers worked out by hand for a small dense model."""
 from __future__ import annotations
 
 import pytest
 
-from trainer import flops
+from trainer.step import flops
 
 # h=8, n=2 heads, g=1 group, d=4, f=12, V=10, 2 layers
 M = {"num_layers": 2, "hidden_size": 8, "ffn_hidden_size": 12, "num_attention_heads": 2, "num_query_groups": 1,

@@ -86,7 +86,7 @@ def test_pretrained_weight_check_passes_good_fp8_copies_and_refuses_a_stale_scal
 
 
 def test_pretrained_summary_names_the_worst_fp8_weight_relative_to_its_reference():
-    from trainer.model.hf_import import pretrained_summary
+    from trainer.model.hf.importer import pretrained_summary
 
     assert pretrained_summary("/ckpt", ["a", "b"], []) == "pretrained | path /ckpt | tensors 2"
     line = pretrained_summary("/ckpt", ["a", "b", "c"], [("a", 0.030, 0.030), ("b", 0.020, 0.010), ("c", 0.0, 0.0)])

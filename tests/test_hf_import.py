@@ -5,8 +5,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.model_helpers import dist_session, tiny_cfg
 from trainer.model import build_model
-from trainer.model.hf_import import fuse_qkv, split_qkv
-from trainer.model.lora import lora_modules
+from trainer.model.hf.importer import fuse_qkv, split_qkv
+from trainer.model.lora.layers import lora_modules
 
 
 def make_hf_llama(path, seed=0, rope_base=10000.0, layers=2):
@@ -60,8 +60,8 @@ def test_hf_llama_logits_match(tmp_path):
 def test_import_reads_one_tensor_at_a_time(tmp_path):
     """A rank must not hold the whole checkpoint (138 GB for Llama2-70B, on every rank): nothing is read
     until the loader reaches a tensor, and each megatron tensor reads only its own HF tensors."""
-    from trainer.model.hf_import import hf_entries
-    from trainer.model.hf_read import SafetensorsDir
+    from trainer.model.hf.importer import hf_entries
+    from trainer.model.hf.read import SafetensorsDir
 
     make_hf_llama(tmp_path / "hf", seed=1, layers=2)
     hf = SafetensorsDir(tmp_path / "hf")

@@ -1,4 +1,4 @@
-"""trainer.model.hf_merge: base + PEFT adapter folded into a complete HF checkpoint whose logits equal base + adapter.
+"""trainer.model.hf.merge: base + PEFT adapter folded into a complete HF checkpoint whose logits equal base + adapter.
 
 Dense Llama: the adapter is the trainer's own export (megatron LoRA -> PEFT), so the merged model also
 reproduces the trainer's logits. Qwen3-MoE / DeepSeek-V2: the adapter is written by peft itself on the
@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from tests.hf_tiny import hub_layout, load_tiny, save_tiny
 from tests.model_helpers import tiny_cfg, trained_export
-from trainer.model.hf_merge import merge_adapter
+from trainer.model.hf.merge import merge_adapter
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "recipes/data/quickstart/tokenizer"
 TOKENS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(7))

@@ -13,7 +13,7 @@ import yaml
 
 from primus_contract.fields import MODEL
 from primus_contract.hf_config import mismatches, model_fields
-from trainer.model.hf_names import hf_source, logical_name
+from trainer.model.hf.names import hf_source, logical_name
 
 HUB = Path(__file__).parent / "data" / "hub_configs"
 MODELS = Path(__file__).resolve().parent.parent / "recipes" / "models"

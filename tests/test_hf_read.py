@@ -1,4 +1,4 @@
-"""trainer.model.hf_read.SafetensorsDir, the one safetensors reader of the HF import, the merged export and the
+"""trainer.model.hf.read.SafetensorsDir, the one safetensors reader of the HF import, the merged export and the
 adapter: which files it takes, the order it lists, meta() from the header, one file mapped at a time."""
 import gc
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trainer.model.hf_read import SafetensorsDir
+from trainer.model.hf.read import SafetensorsDir
 
 
 def _sharded(d, stray=False):

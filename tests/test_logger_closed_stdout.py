@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainer.logger import TrainLogger
+from trainer.observability.logger import TrainLogger
 
 
 class ClosedPipe:

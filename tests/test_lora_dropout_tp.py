@@ -49,8 +49,8 @@ def _whole_linear_masks(rank, world, ports):
     """MoE experts and MLA's duplicated linears are whole on every TP rank but, under SP, see the rank's own
     tokens: {name: (tokens_per_rank, mask of dropping ones the way the adapter drops an unsharded input)}."""
     from trainer.model import build_model
-    from trainer.model.lora import LoRALinear
-    from trainer.model.lora_grouped import dropout_per_tp_rank
+    from trainer.model.lora.layers import LoRALinear
+    from trainer.model.lora.grouped import dropout_per_tp_rank
 
     out = {}
     for arch, targets, port in (("moe", None, ports[0]), ("mla", MLA_TARGETS, ports[1])):

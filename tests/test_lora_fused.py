@@ -1,4 +1,4 @@
-"""trainer.lora.fused (trainer/model/lora_fused.py) against the unfused adapter path: the same forward output, the
+"""trainer.lora.fused (trainer/model/lora/fused.py) against the unfused adapter path: the same forward output, the
 same gradients of A, B and the input; bitwise where the order of sums is unchanged (y, dA, dB), to the activation
 dtype's rounding for dx (dh A is added in the GEMM's accumulator instead of being rounded first)."""
 import pytest
@@ -7,8 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tests.model_helpers import tiny_cfg, train_losses
-from trainer.model.lora_fused import fused_adapter
-from trainer.model.lora_inputs import gated_silu
+from trainer.model.lora.fused import fused_adapter
+from trainer.model.lora.inputs import gated_silu
 
 
 class _Base(nn.Module):
@@ -24,7 +24,7 @@ class _Base(nn.Module):
 
 
 def _unfused(base, x, a, b, s, u=None):
-    """trainer/model/lora.py's unfused path: h = x A^T (or from u), y = addmm(out, h, B^T, alpha=s)."""
+    """trainer/model/lora/layers.py's unfused path: h = x A^T (or from u), y = addmm(out, h, B^T, alpha=s)."""
     from trainer.model.adapter_grads import adapter_a
 
     out, _ = base(x)
@@ -69,7 +69,7 @@ def test_fused_adapter_matches_unfused(dtype, recompute):
 
 
 def test_fused_recompute_keeps_the_preactivation_not_the_input():
-    """With fc2's SwiGLU recomputed (trainer.model.lora_inputs), the fused node keeps u, never x = swiglu(u)."""
+    """With fc2's SwiGLU recomputed (trainer.model.lora.inputs), the fused node keeps u, never x = swiglu(u)."""
     torch.manual_seed(3)
     base, a, b = _Base(torch.randn(6, 5)), torch.randn(2, 5, requires_grad=True), torch.randn(6, 2)
     u = torch.randn(4, 10, requires_grad=True)
@@ -121,7 +121,7 @@ def test_tiny_model_trains_the_same_fused_and_unfused():
 
 
 def test_which_layouts_take_the_fused_path():
-    from trainer.model.lora import LoRALinear
+    from trainer.model.lora.layers import LoRALinear
 
     kw = dict(leaf_name="linear_proj", dim=2, alpha=4.0, dropout=0.0, dropout_position="pre", a_init="xavier",
               b_init="zero", tp_rank=0, sequence_parallel=False, seed=0, fused=True)

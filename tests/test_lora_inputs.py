@@ -1,4 +1,4 @@
-"""fc2 adapter input recomputed in backward (trainer.model.lora_inputs): same gradients, x not kept."""
+"""fc2 adapter input recomputed in backward (trainer.model.lora.inputs): same gradients, x not kept."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +7,7 @@ from primus_slurm.config.recipe import deep_merge
 from tests.model_helpers import (DEEPSEEK_MLA, arch_sections, dist_session, models_with_same_adapters, packed_batch,
                                  tiny_cfg)
 from trainer.model import build_model, forward_losses
-from trainer.model.lora_inputs import adapter_a, gated_silu
+from trainer.model.lora.inputs import adapter_a, gated_silu
 
 
 
@@ -107,7 +107,7 @@ def test_pre_dropout_adapter_is_not_rewired():
 
 
 def test_rmsnorm_adapter_keeps_only_norm_input_and_matches_reference():
-    from trainer.model.lora_inputs import adapter_a_of_rmsnorm
+    from trainer.model.lora.inputs import adapter_a_of_rmsnorm
 
     g = torch.Generator().manual_seed(1)
     tokens, hidden, rank, eps = 12, 32, 4, 1e-5
@@ -137,7 +137,7 @@ def test_rmsnorm_adapter_keeps_only_norm_input_and_matches_reference():
 
 
 def test_rmsnorm_adapter_without_grad_matches_forward():
-    from trainer.model.lora_inputs import adapter_a_of_rmsnorm
+    from trainer.model.lora.inputs import adapter_a_of_rmsnorm
 
     g = torch.Generator().manual_seed(2)
     x, a, w = torch.randn(5, 16, generator=g), torch.randn(2, 16, generator=g), torch.rand(16, generator=g) + 0.5
@@ -147,7 +147,7 @@ def test_rmsnorm_adapter_without_grad_matches_forward():
 
 
 def test_rmsnorm_adapter_in_bf16_tracks_fp32_reference():
-    from trainer.model.lora_inputs import adapter_a_of_rmsnorm
+    from trainer.model.lora.inputs import adapter_a_of_rmsnorm
 
     g = torch.Generator().manual_seed(3)
     x32 = torch.randn(64, 128, generator=g) * 3
@@ -182,8 +182,8 @@ class _FusedNormLinear(torch.nn.Module):
 
 
 def test_fused_norm_lora_linear_rewired_matches_ln_out_path():
-    from trainer.model.lora import LoRALinear
-    from trainer.model.lora_inputs import wire_adapter_input_recompute
+    from trainer.model.lora.layers import LoRALinear
+    from trainer.model.lora.inputs import wire_adapter_input_recompute
 
     x0 = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(3))
     results = []

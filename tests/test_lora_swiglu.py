@@ -1,4 +1,4 @@
-"""trainer.lora.fused_swiglu (trainer/model/lora_swiglu.py): fc1's adapter folded into the SwiGLU kernels.
+"""trainer.lora.fused_swiglu (trainer/model/lora/swiglu.py): fc1's adapter folded into the SwiGLU kernels.
 
 The Triton kernels run in Triton's CPU interpreter against the unfused ops they replace (u = addmm(u_base, h, B^T),
 megatron's swiglu): the same activation and the same gradients of u_base, h and B, to fp32 rounding (u is formed
@@ -16,7 +16,7 @@ from tests.model_helpers import tiny_cfg, train_losses
 
 SCRIPT = textwrap.dedent("""
     import torch
-    from trainer.model.lora_swiglu import swiglu_lora, swiglu_lora_reference
+    from trainer.model.lora.swiglu import swiglu_lora, swiglu_lora_reference
     torch.manual_seed(0)
     for t, n, r in ((70, 40, 4), (64, 64, 16), (33, 130, 8)):
         u = torch.randn(t, 2 * n, requires_grad=True)
@@ -62,7 +62,7 @@ def test_wired_model_trains_exactly_as_the_unfused_one_on_cpu():
 def test_wired_model_with_the_kernels_trains_as_the_unfused_one():
     """The same 20 iterations with the Triton kernels themselves (interpreter): losses agree to 1e-5 relative."""
     pytest.importorskip("triton")
-    script = ("import json; import trainer.model.lora_swiglu as m; from tests.test_lora_swiglu import _train\n"
+    script = ("import json; import trainer.model.lora.swiglu as m; from tests.test_lora_swiglu import _train\n"
               "calls = []; launch = m._launch\n"
               "m._launch = lambda *a, **k: calls.append(a[0]) or launch(*a, **k)\n"
               "print('LOSSES', json.dumps([_train(False), _train(True), len(calls)]))")

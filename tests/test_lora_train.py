@@ -4,7 +4,7 @@ import torch
 
 from tests.model_helpers import dist_session, models_with_same_adapters, packed_batch, perturb_adapters, tiny_cfg
 from trainer.model import adapter_state_dict, build_model, forward_losses
-from trainer.model.lora import LoRALinear, lora_modules
+from trainer.model.lora.layers import LoRALinear, lora_modules
 
 
 def _loss(model, batch):

@@ -21,11 +21,11 @@ def _micro_batches():
 
 def _step_grads(model, micro_batches, dp_group=None):
     """The trainer's path: step header count, per-micro-batch objective backward
-    (trainer.pipeline.accumulate_gradients), DP grad SUM."""
-    from trainer.loss import all_reduce_sum, local_token_count, step_header
+    (trainer.step.pipeline.accumulate_gradients), DP grad SUM."""
+    from trainer.step.loss import all_reduce_sum, local_token_count, step_header
     from trainer.model import forward_losses
-    from trainer.optim import reduce_gradients, trainable_parameters
-    from trainer.pipeline import accumulate_gradients
+    from trainer.step.optim import reduce_gradients, trainable_parameters
+    from trainer.step.pipeline import accumulate_gradients
 
     params = trainable_parameters(model)
     model.zero_grad(set_to_none=True)

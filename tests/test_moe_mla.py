@@ -9,7 +9,7 @@ import torch
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, dist_session, packed_batch, tiny_cfg
 from trainer.model import build_model, forward_losses
-from trainer.model.lora import LoRALinear, lora_modules
+from trainer.model.lora.layers import LoRALinear, lora_modules
 
 ARCHS = {"qwen3_moe": QWEN3_MOE, "deepseek_mla": DEEPSEEK_MLA}
 
@@ -114,8 +114,8 @@ class _TorchGroupedLinear(torch.nn.Module):
 def test_grouped_expert_adapter_is_per_expert_lora():
     """TEGroupedMLP's linears get one adapter per expert: y_e = W_e x_e + (alpha/r) B_e A_e x_e on each
     expert's rows (uneven splits, one expert without tokens), grads only into that expert's factors."""
-    from trainer.model.lora import _grouped
-    from trainer.model.lora_grouped import GroupedLoRALinear
+    from trainer.model.lora.layers import _grouped
+    from trainer.model.lora.grouped import GroupedLoRALinear
 
     lcfg = tiny_cfg().trainer.lora
     base = _TorchGroupedLinear(4, 16, 24, seed=0)

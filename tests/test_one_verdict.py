@@ -126,7 +126,7 @@ def test_validate_json_shows_the_interpreter_the_job_runs(capsys, tmp_path, monk
     resolved = json.loads(capsys.readouterr().out)
     assert resolved["cluster"]["python"] == sys.executable  # (it said python3, the job ran .venv/bin/python)
     assert run(["submit", QS, "--dry-run"]) == 0
-    assert f"\n  {sys.executable} -m trainer.preflight" in capsys.readouterr().out
+    assert f"\n  {sys.executable} -m trainer.runtime.preflight" in capsys.readouterr().out
 
 
 def _script(capsys, *sets: str) -> str:

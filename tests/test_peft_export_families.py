@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from tests.hf_tiny import load_tiny, save_tiny
 from tests.model_helpers import DEEPSEEK_MLA, MLA_TARGETS, QWEN3_MOE, tiny_cfg, trained_export
-from trainer.model.hf_merge import merge_adapter
+from trainer.model.hf.merge import merge_adapter
 
 TOKENS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
 QWEN3 = {"family": "qwen3", "qk_layernorm": True, "kv_channels": 16}

@@ -28,7 +28,7 @@ def test_an_interpreter_without_torch_is_one_line_everywhere(tmp_path):
     python = _python_without_torch(tmp_path)
     env = {"PATH": "/usr/bin:/bin", "PRIMUS_SLURM_STATE_DIR": str(tmp_path / "state"),
            "PRIMUS_WORKSPACE": str(tmp_path / "ws")}
-    direct = subprocess.run([python, "-m", "trainer.preflight", "--config", QUICKSTART], cwd=ROOT, text=True,
+    direct = subprocess.run([python, "-m", "trainer.runtime.preflight", "--config", QUICKSTART], cwd=ROOT, text=True,
                             capture_output=True, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert direct.returncode == 2 and direct.stdout == "", direct.stderr
     assert direct.stderr.startswith(f"preflight: interpreter {python} {LACKS}") and direct.stderr.count("\n") == 1

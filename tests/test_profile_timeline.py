@@ -1,7 +1,7 @@
-"""trainer.profile_timeline: busy/idle time of the device from kernel intervals (the GPU profile's last section)."""
+"""trainer.observability.profile_timeline: busy/idle time of the device from kernel intervals (the GPU profile's last section)."""
 import pytest
 
-from trainer.profile_timeline import kernel_kind, timeline, timeline_report
+from trainer.observability.profile_timeline import kernel_kind, timeline, timeline_report
 
 # (start_us, end_us, name): a GEMM with a reduce-scatter beside it, a gap, attention, a long gap, a copy
 KERNELS = [
@@ -47,7 +47,7 @@ def test_device_intervals_keep_kernels_and_drop_gpu_user_annotations():
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import EventList, FunctionEvent
 
-    from trainer.profile_timeline import device_intervals
+    from trainer.observability.profile_timeline import device_intervals
 
     def event(i, name, start, end, device=DeviceType.CUDA, annotation=False):
         return FunctionEvent(id=i, name=name, thread=0, start_us=start, end_us=end, device_type=device,

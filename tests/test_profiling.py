@@ -1,4 +1,4 @@
-"""trainer.profiling.StepProfiler: a torch.profiler window over training steps."""
+"""trainer.observability.profiling.StepProfiler: a torch.profiler window over training steps."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.test_train_support import train_curves, write_recipe
-from trainer.profiling import StepProfiler
+from trainer.observability.profiling import StepProfiler
 
 
 class _Log:

@@ -42,7 +42,7 @@ def test_a_two_rank_job_log_is_quiet(executor, job_env, tmp_path, request):
 def test_preflight_decides_by_the_job_not_by_marker_files(monkeypatch):
     """Bare metal on a machine that is itself a container (this one may have /.dockerenv): no container. The job
     script sets PRIMUS_CONTAINER_RUNTIME only when it launches one (and unsets it otherwise)."""
-    from trainer.preflight import container
+    from trainer.runtime.preflight import container
 
     monkeypatch.delenv("PRIMUS_CONTAINER_RUNTIME", raising=False)
     assert container() == "none"
@@ -57,7 +57,7 @@ def test_the_filtered_line_names_only_what_is_missing(monkeypatch):
     "without Transformer Engine/Apex" there too (issue 33 item 5). Real warnings through the real filter."""
     import warnings
 
-    from trainer import quiet
+    from trainer.observability import quiet
 
     monkeypatch.setattr(quiet, "_counts", {})
     monkeypatch.setattr(quiet, "_shown", None)

@@ -71,11 +71,11 @@ def test_pretraining_corpus_shares_no_module_or_paragraph_with_the_sft_splits():
 
 
 def _validation_loss(data: dict) -> float:
-    """The trainer's own eval loss (trainer.evaluate over the recipe's eval batches) of the model that
+    """The trainer's own eval loss (trainer.step.evaluate over the recipe's eval batches) of the model that
     trainer.model.build_model makes from `data` (LoRA B = 0: the base's own predictions)."""
     from trainer.config import Config
     from trainer.data import build_datasets
-    from trainer.evaluate import evaluate
+    from trainer.step.evaluate import evaluate
     from trainer.model import build_model
     from trainer.model.forward import forward_losses
 

@@ -150,7 +150,7 @@ def test_bare_metal_slurm_runs_the_launchers_interpreter_and_containers_python3(
     def python_of(*sets):
         r = load_recipe(recipes_dir() / "quickstart.yaml", overrides=["cluster.executor=slurm", *sets])
         script = render_script(r.resolved, str(tmp_path), "20261130-000000-abcdef")
-        m = re.search(r"^TRAIN=\(\n(?:.*\n)?  (\S+) -m trainer.launch", script, re.M)  # (after the preflight)
+        m = re.search(r"^TRAIN=\(\n(?:.*\n)?  (\S+) -m trainer.runtime.launch", script, re.M)  # (after the preflight)
         return m.group(1)
 
     assert python_of() == shlex.quote(sys.executable)

@@ -16,7 +16,7 @@ import torch
 
 from reliability_support import Inotify
 from test_train_support import ROOT, log_text, losses, run_trainer, trainer_cmd, trainer_env, write_recipe
-from trainer import checkpoint as ckpt
+from trainer.checkpointing import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 CPU = torch.device("cpu")

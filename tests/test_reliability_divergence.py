@@ -13,7 +13,7 @@ import torch
 
 from conftest import cli, wait_state
 from reliability_support import submit, trainer_recipe
-from trainer import checkpoint as ckpt
+from trainer.checkpointing import checkpoint as ckpt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 LOG_INTERVAL = 4

@@ -1,4 +1,4 @@
-"""trainer.saved_census: what a forward keeps for backward, by module, counted per storage."""
+"""trainer.observability.saved_census: what a forward keeps for backward, by module, counted per storage."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.test_train_support import train_curves, write_recipe
-from trainer.saved_census import SavedTensorCensus
+from trainer.observability.saved_census import SavedTensorCensus
 
 
 class _KeepsSlice(torch.autograd.Function):

@@ -19,7 +19,7 @@ DOCS = [13, 22, 8, 21]
 
 
 def _cfg(tp: int, sp: bool):
-    # the sequence-parallel run also keeps fc1's output instead of the fc2 adapter's input (lora_inputs)
+    # the sequence-parallel run also keeps fc1's output instead of the fc2 adapter's input (lora.inputs)
     return tiny_cfg(trainer={"parallelism": {"tensor": tp, "sequence_parallel": sp},
                              "recompute": {"adapter_inputs": sp, "chunked_loss": tp > 1}})
 

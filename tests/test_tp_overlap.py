@@ -71,7 +71,7 @@ def test_evaluation_checks_every_micro_batch():
     the loop's: Trainer.micro_batches); a 16-token pack against 32-token buffers is refused before any forward."""
     import numpy as np
 
-    from trainer.evaluate import evaluate
+    from trainer.step.evaluate import evaluate
 
     pack = {"input_ids": np.zeros(16, np.int64), "labels": np.zeros(16, np.int64), "loss_mask": np.ones(16),
             "position_ids": np.arange(16), "cu_seqlens": [0, 16], "num_tokens": 16}
@@ -84,7 +84,7 @@ def test_log_line_counts_norm_linears_that_cannot_overlap(monkeypatch):
     """TE skips the forward all-gather overlap of a LayerNormLinear that returns its norm output (what LoRA
     asks for without adapter_inputs): the log line says how many, counting each wrapped linear once (LoRALinear
     forwards attribute reads to its base)."""
-    from trainer.model.lora import LoRALinear
+    from trainer.model.lora.layers import LoRALinear
 
     class NormLinear(torch.nn.Linear):  # the attributes TE's LayerNormLinear carries
         def __init__(self):

@@ -1,4 +1,4 @@
-"""Experiment trackers for real (trainer/tracking.py): W&B (offline, the real wandb package, no network) and
+"""Experiment trackers for real (trainer/observability/tracking.py): W&B (offline, the real wandb package, no network) and
 TensorBoard, read back with each tool's own reader: `wandb leet inspect RUN_DIR --json` (wandb-core's reader of
 the .wandb transaction log; wandb 0.31 has no Python reader) and tensorboard's EventAccumulator.
 

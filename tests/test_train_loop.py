@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.test_train_support import ROOT, log_text, losses, run_trainer, trainer_cmd, trainer_env, write_recipe
-from trainer import checkpoint as ckpt
+from trainer.checkpointing import checkpoint as ckpt
 
 
 def _adapter(run_dir, iteration):

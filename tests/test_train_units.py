@@ -12,10 +12,10 @@ import yaml
 
 from tests.model_helpers import tiny_cfg
 from trainer.config import Config, ConfigError, load_config
-from trainer.logger import TrainLogger, format_iteration, log_path
-from trainer.optim import build_optimizer, clip_gradients
-from trainer.schedule import LRSchedule
-from trainer.signals import StopSignal
+from trainer.observability.logger import TrainLogger, format_iteration, log_path
+from trainer.step.optim import build_optimizer, clip_gradients
+from trainer.step.schedule import LRSchedule
+from trainer.runtime.signals import StopSignal
 
 
 def test_config_is_a_frozen_typed_tree_and_names_missing_keys(tmp_path):
@@ -118,7 +118,7 @@ def test_seed_streams_gives_each_resume_iteration_its_own_streams():
     from megatron.core import tensor_parallel
 
     from tests.model_helpers import dist_session, tiny_cfg
-    from trainer.distributed import seed_streams
+    from trainer.runtime.distributed import seed_streams
 
     def draws(iteration):
         seed_streams(1234, pp_rank=0, dp_rank=0, iteration=iteration)

@@ -3,7 +3,7 @@
 Order: config -> precision capability check (exit 2, one line) -> distributed init -> log start
 (+ resume decision) -> data -> model (trainer.model.transforms, FP4 emulation last; the precision resolved
 at the check is passed down) -> optimizer -> resume state -> loop.
-Exit codes: trainer/signals.py.
+Exit codes: trainer/runtime/signals.py.
 """
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import os
 import sys
 import traceback
 
-from trainer import checkpoint as ckpt
-from trainer import precision, quiet
+from trainer.checkpointing import checkpoint as ckpt
+from trainer import precision
+from trainer.observability import quiet
 from trainer.config import ConfigError, load_config
-from trainer.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal, record_exit
+from trainer.runtime.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal, record_exit
 
 
 class SetupError(Exception):
@@ -36,10 +37,10 @@ def _say(msg: str, logger=None) -> None:
 
 def _check_at_start(cfg) -> "precision.Precision":
     """Refuse (one line, exit 2) a recipe the contract refuses or this machine cannot run; never fall back
-    silently (trainer/start_check.py: the same rules `submit` ran, then the machine's). The run's precision,
+    silently (trainer/runtime/start_check.py: the same rules `submit` ran, then the machine's). The run's precision,
     resolved here once and passed down."""
     os.environ.update(precision.te_environment(cfg))  # read by TE at import: set before anything imports it
-    from trainer.start_check import StartRefused, pre_start
+    from trainer.runtime.start_check import StartRefused, pre_start
 
     try:
         return pre_start(cfg)
@@ -49,7 +50,7 @@ def _check_at_start(cfg) -> "precision.Precision":
 
 def find_resume(cfg, run_dir: str, rhash: str) -> tuple:
     """(checkpoint dir or None, schedule note or '') to resume from; SetupError when the recipe hash differs or
-    the LR schedule would jump (trainer.schedule.resume_change)."""
+    the LR schedule would jump (trainer.step.schedule.resume_change)."""
     if cfg.trainer.checkpoint.resume != "auto":
         return None, ""
     ckpt_dir = os.path.join(run_dir, "checkpoints")
@@ -61,7 +62,7 @@ def find_resume(cfg, run_dir: str, rhash: str) -> tuple:
         return None, ""
     import json
 
-    from trainer.schedule import resume_change
+    from trainer.step.schedule import resume_change
 
     with open(os.path.join(path, "metadata.json")) as fh:
         meta = json.load(fh)
@@ -100,7 +101,7 @@ def _early_logger(run_dir: str, attempt: int):
     """This attempt's rank-0 log for a refusal before distributed init (None elsewhere, or if it cannot open)."""
     if _rank() != 0:
         return None
-    from trainer.logger import TrainLogger
+    from trainer.observability.logger import TrainLogger
 
     try:
         return TrainLogger(run_dir, 0, attempt)
@@ -110,9 +111,9 @@ def _early_logger(run_dir: str, attempt: int):
 
 def _train(cfg, prec, run_dir: str, attempt: int) -> int:
     from trainer.data.errors import DataError
-    from trainer.distributed import destroy_distributed, init_distributed
-    from trainer.logger import TrainLogger
-    from trainer.tracking import TrackerError
+    from trainer.runtime.distributed import destroy_distributed, init_distributed
+    from trainer.observability.logger import TrainLogger
+    from trainer.observability.tracking import TrackerError
 
     info = init_distributed(cfg)
     logger = TrainLogger(run_dir, info.rank, attempt)
@@ -144,8 +145,8 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
 def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
     from trainer.data import build_datasets
     from trainer.model import adapter_state_dict, build, export_peft, forward_losses
-    from trainer.optim import build_optimizer, trainable_parameters
-    from trainer.train import Trainer
+    from trainer.step.optim import build_optimizer, trainable_parameters
+    from trainer.step.train import Trainer
 
     train_packs, val_packs, stats = build_datasets(cfg, info.rank, info.world_size)
     for split, st in (stats or {}).items():
@@ -164,11 +165,11 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
     optimizer = build_optimizer(params, cfg.trainer.schedule)
     start = 0
     if resume_path is not None:
-        from trainer.reshard import restore  # same layout: this rank's file; else resharded adapters + AdamW
+        from trainer.checkpointing.reshard import restore  # same layout: this rank's file; else resharded adapters + AdamW
 
         start, note = restore(resume_path, model, optimizer, info)
         if note:  # another layout: the saved RNG streams do not map onto these ranks (dropout would replay step 1's)
-            from trainer.distributed import seed_streams
+            from trainer.runtime.distributed import seed_streams
 
             seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank, iteration=start)
         logger.line(f"checkpoint loaded | iteration {start} | path {os.path.relpath(resume_path, run_dir)}"

@@ -91,7 +91,7 @@ NOT_MEGATRON_OR_TE = {
     "._version": "precision/weight_cache: torch.Tensor._version (in-place update counter)",
     "._primus_chunks": "model/sdpa_attention: our cache on megatron's PackedSeqParams object",
     "._fp4_emulation": "precision/emulation: our marker on an emulated megatron linear",
-    "._is_view": "model/lora_fused: torch.Tensor._is_view (a custom Function's as-is output may not be written)",
-    "._primus_megatron_forward": "model/lora_swiglu: megatron's own MLP.forward, kept on the instance we rewire",
-    "._primus_swiglu": "model/lora_swiglu: the SwiGLU megatron applies, kept on the instance we rewire",
+    "._is_view": "model/lora/fused: torch.Tensor._is_view (a custom Function's as-is output may not be written)",
+    "._primus_megatron_forward": "model/lora/swiglu: megatron's own MLP.forward, kept on the instance we rewire",
+    "._primus_swiglu": "model/lora/swiglu: the SwiGLU megatron applies, kept on the instance we rewire",
 }

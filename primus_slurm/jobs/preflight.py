@@ -1,6 +1,6 @@
-"""`primus-slurm preflight RECIPE`: run the job's preflight (trainer/preflight.py) in the recipe's container or
+"""`primus-slurm preflight RECIPE`: run the job's preflight (trainer/runtime/preflight.py) in the recipe's container or
 interpreter, here (local) or as a one-minute Slurm job, then a timed all-reduce across the job's ranks
-(trainer/preflight_comm.py). It renders the recipe's own job script with that entrypoint, so the check sees what
+(trainer/runtime/preflight_comm.py). It renders the recipe's own job script with that entrypoint, so the check sees what
 a submitted job would: the same image, mounts, environment, devices and ranks.
 
 The run directory is `<workspace>/<experiment.name>/preflight-<run-id>` and is not recorded in the registry.
@@ -17,7 +17,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.config.recipe import dump, load_recipe
 from primus_slurm.config.render import render_script
 
-ENTRYPOINT = "trainer.preflight_comm"
+ENTRYPOINT = "trainer.runtime.preflight_comm"
 FIXED = ("cluster.entrypoint=" + ENTRYPOINT, "cluster.time=00:02:00", "cluster.requeue=false",
          "cluster.signal_grace_s=10")
 SHOWN = ("preflight |", "all-reduce |")

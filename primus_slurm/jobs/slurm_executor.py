@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shutil
 import subprocess
 import time
@@ -81,6 +82,10 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             if len(parts) < 5:
                 continue
             raw, array_id = parts.pop(0), parts[0]  # a job array's task is known by <array>_<task> (a sweep's)
+            for task in array_tasks(array_id):  # tasks that never started: one row `111_[2-3%2]` holds them all
+                if task in wanted and task not in states:
+                    states[task] = {"state": parts[1].split()[0] if parts[1] else "UNKNOWN", "exit_code": None,
+                                    "nodes": parts[3], "source": "sacct"}
             if array_id.split(".")[0] not in wanted:
                 parts[0] = raw
             state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
@@ -89,7 +94,7 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             elif parts[0] in wanted:
                 states[parts[0]] = {"state": state, "exit_code": code, "nodes": parts[3], "source": "sacct"}
     for job, row in states.items():
-        if row["state"] == "CANCELLED":  # the batch script's own exit code (the trainer's, trainer/launch.py)
+        if row["state"] == "CANCELLED":  # the batch script's own exit code (the trainer's, trainer/runtime/launch.py)
             state, code = batch.get(job, ("CANCELLED", None))
             row["exit_code"] = None if state == "CANCELLED" and not code else code  # 0:0: not ended, or none
     missing = {j for j in wanted if states.get(j, {}).get("state") in (None, "CANCELLED", *ACTIVE)}
@@ -116,6 +121,22 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             if parts[1] == "PENDING":  # why it waits, e.g. a requeued job's BeginTime hold of about two minutes
                 states[parts[0]]["reason"] = _pending_reason(why, start)
     return states
+
+
+_ARRAY_ROW = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
+
+
+def array_tasks(job_id: str) -> list[str]:
+    """The tasks of sacct's row for an array's unstarted tasks: `111_[2-3,5%2]` -> 111_2, 111_3, 111_5."""
+    m = _ARRAY_ROW.match(job_id)
+    if not m:
+        return []
+    tasks = []
+    for part in m.group(2).split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (hi or lo).isdigit():
+            tasks += [f"{m.group(1)}_{k}" for k in range(int(lo), int(hi or lo) + 1)]
+    return tasks
 
 
 def _pending_reason(why: str, start: str) -> str:

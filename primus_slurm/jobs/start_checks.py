@@ -2,7 +2,7 @@
 and `submit` refuse it with the same line (submit.check, the one verdict) instead of a job failing after the queue:
 
   - an online W&B run reads WANDB_API_KEY from the job's environment, which is the submitter's (cluster.secrets
-    passes it on): without it there, the trainer would stop at start (trainer/tracking.py);
+    passes it on): without it there, the trainer would stop at start (trainer/observability/tracking.py);
   - a local job without a container runs `cluster.python` on this machine: it must be an executable here. On Slurm
     the nodes run it; one missing here is listed as a check only they can make.
 """

@@ -140,7 +140,7 @@ METRIC_NAMES = {"lm_loss": "lm loss", "lr": "lr", "grad_norm": "grad norm", "tok
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
-    """{dotted key: str(value)} as trainer/logger.py's args dump writes them ('trainer.' dropped)."""
+    """{dotted key: str(value)} as trainer/observability/logger.py's args dump writes them ('trainer.' dropped)."""
     out = {}
     for key, value in (tree or {}).items():
         name = f"{prefix}.{key}" if prefix else ("" if key == "trainer" else key)

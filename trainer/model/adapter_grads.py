@@ -1,4 +1,4 @@
-"""The adapter-A products whose backward keeps a tensor the frozen base keeps anyway (trainer/model/lora_inputs.py
+"""The adapter-A products whose backward keeps a tensor the frozen base keeps anyway (trainer/model/lora/inputs.py
 says when each applies): x A^T from the recomputed activation input, and rmsnorm(x) A^T from the norm's input."""
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optio
         bias_dropout_fusion=on_gpu, apply_rope_fusion=use_te, gradient_accumulation_fusion=False,
         cross_entropy_loss_fusion=on_gpu,
         cross_entropy_fusion_impl="te" if use_te else "native",
-        # our objective is already divided by the global batch's loss tokens (trainer/loss.py):
+        # our objective is already divided by the global batch's loss tokens (trainer/step/loss.py):
         # megatron's pipeline schedule must not rescale it by micro-batch count or token count
         calculate_per_token_loss=True,
         batch_p2p_comm=on_gpu,  # batched isend/irecv needs torch.cuda.synchronize

@@ -7,7 +7,7 @@ The batch (trainer.data.collate) has tokens/labels/loss_mask/position_ids [B, S]
 packed THD layout: [B, S] is flattened to [1, B*S] and PackedSeqParams carries cu_seqlens, so no
 token attends across a document (or a micro-batch row) boundary. TE gets qkv_format="thd"; the CPU
 / local path gets the same params and SDPACoreAttention masks block-diagonally. `model_inputs`
-(trainer/model/inputs.py) is the same preparation for callers that run the model themselves (trainer.pipeline).
+(trainer/model/inputs.py) is the same preparation for callers that run the model themselves (trainer.step.pipeline).
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ def forward_losses(model, batch) -> torch.Tensor:
 
     With pipeline parallelism this is a forward-only pass through all stages (no autograd graph;
     for evaluation): every stage returns the last stage's losses. Training steps with pipeline
-    parallelism go through trainer.pipeline.accumulate_gradients instead."""
+    parallelism go through trainer.step.pipeline.accumulate_gradients instead."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1:
-        from trainer.pipeline import pipelined_losses
+        from trainer.step.pipeline import pipelined_losses
 
         return pipelined_losses(model, batch)
     b, s = batch["tokens"].shape

@@ -1,5 +1,5 @@
 """GPTModel.forward kwargs for a collated batch, in the packed THD layout (trainer/model/forward.py says why);
-used by forward_losses and by trainer.pipeline's schedule, which runs the model itself."""
+used by forward_losses and by trainer.step.pipeline's schedule, which runs the model itself."""
 from __future__ import annotations
 
 import torch

@@ -22,7 +22,7 @@ import torch
 from trainer.model.sharding import canonical, canonical_params, full_state_dict, load_full_state_dict
 
 _LAYER = re.compile(r"^((?:module\.)*decoder\.layers\.)(\d+)(\.|$)")
-# SequentialMLP experts, and the per-expert adapters of TE grouped expert linears (lora_grouped)
+# SequentialMLP experts, and the per-expert adapters of TE grouped expert linears (lora.grouped)
 _EXPERT = re.compile(r"(\.experts\.(?:local_experts|linear_fc[12]\.lora)\.)(\d+)(\.|$)")
 
 

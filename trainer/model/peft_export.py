@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.model.hf_names import hf_source, split_qkv
+from trainer.model.hf.names import hf_source, split_qkv
 from trainer.model.layout import namer
 from trainer.model.sharding import canonical, to_full
 
-PEFT_PREFIX = "base_model.model."  # PEFT's prefix of the wrapped transformers model's names (hf_merge reads it)
+PEFT_PREFIX = "base_model.model."  # PEFT's prefix of the wrapped transformers model's names (hf.merge reads it)
 _PREFIX = PEFT_PREFIX + "model.layers"
 
 
@@ -76,7 +76,7 @@ def fused_expert_keys(target_parameters) -> dict[bool, str]:
 
 def _hf_pieces(idx: str, path: str, b: torch.Tensor, heads: int, groups: int) -> list[tuple[str, torch.Tensor]]:
     """(HF module under the layer, its piece of B) for the LoRA on megatron module `path` of layer idx. The names
-    are the HF import's (trainer.model.hf_names.hf_source of `<path>.weight`: MLA's linears a rename, as the
+    are the HF import's (trainer.model.hf.names.hf_source of `<path>.weight`: MLA's linears a rename, as the
     import copies their rows as is); a fused linear's B is split like its weight: linear_qkv per query group into
     q/k/v_proj, linear_fc1 in halves into gate/up_proj."""
     src = hf_source(f"decoder.layers.{idx}.{path}.weight", heads, groups)

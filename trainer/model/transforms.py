@@ -19,10 +19,10 @@ import torch
 
 from trainer.model import tp_overlap
 from trainer.model.chunked_loss import install_chunked_loss
-from trainer.model.hf_import import load_hf
-from trainer.model.lora import apply_lora
-from trainer.model.lora_inputs import wire_adapter_input_recompute
-from trainer.optim import trainable_parameters
+from trainer.model.hf.importer import load_hf
+from trainer.model.lora.layers import apply_lora
+from trainer.model.lora.inputs import wire_adapter_input_recompute
+from trainer.step.optim import trainable_parameters
 from trainer.precision import Precision, apply_emulation, fp8_params
 from trainer.precision.fp8_release import release_after_backward
 
@@ -63,7 +63,7 @@ def _init_seed_of(model, seed: int):
     from megatron.core import parallel_state as ps
 
     from trainer.model.layout import namer
-    from trainer.model.lora import _seed
+    from trainer.model.lora.layers import _seed
 
     global_name, tp_rank = namer(model), ps.get_tensor_model_parallel_rank()
     return lambda name: _seed(seed, f"{global_name(name)}@tp{tp_rank}") % 2**63
@@ -99,7 +99,7 @@ def _adapter_inputs(model, ctx: BuildContext) -> str:
 
 def _fused_swiglu(model, ctx: BuildContext) -> str:
     """trainer.lora.fused_swiglu: dense MLPs whose fc1 adapter is folded into the activation."""
-    from trainer.model.lora_swiglu import kernels_usable, wire_fused_swiglu
+    from trainer.model.lora.swiglu import kernels_usable, wire_fused_swiglu
 
     wired = wire_fused_swiglu(model)
     how = ("Triton kernels" if kernels_usable(ctx.device)

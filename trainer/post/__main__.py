@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 
-from trainer import quiet
+from trainer.observability import quiet
 from trainer.data.errors import DataError
 from trainer.post import evaluate, export, generate
 from trainer.post.prompts import from_text

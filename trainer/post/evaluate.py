@@ -1,5 +1,5 @@
 """`eval`: eval loss and token accuracy of a checkpoint on the run's validation split (or another dataset),
-formatted and packed as the run's, batched as the trainer's evaluation (trainer.evaluate.evaluate: the first
+formatted and packed as the run's, batched as the trainer's evaluation (trainer.step.evaluate.evaluate: the first
 eval_iters global batches of the unshuffled validation stream), without training.
 
 The loss is the trainer's own per-token loss (trainer.model.forward_losses), so the result equals the eval
@@ -40,7 +40,7 @@ class AccuracyForward:
         self.calls, self.num_batches = 0, num_batches
 
     def __call__(self, model, batch):
-        from trainer.evaluate import token_hits
+        from trainer.step.evaluate import token_hits
         from trainer.model import forward_losses
 
         per_token = forward_losses(model, batch)
@@ -54,8 +54,8 @@ class AccuracyForward:
 
 
 def run(cfg, run_dir: str, iteration: Optional[int], data: Optional[str]) -> dict:
-    from trainer.distributed import destroy_distributed
-    from trainer.evaluate import evaluate, num_eval_batches
+    from trainer.runtime.distributed import destroy_distributed
+    from trainer.step.evaluate import evaluate, num_eval_batches
 
     packs, stats = validation_packs(cfg)
     s = cfg.trainer.schedule

@@ -1,7 +1,7 @@
 """`export`: the PEFT adapter of a checkpoint, and/or a merged Hugging Face checkpoint (base + LoRA deltas).
 
 The adapter comes from the checkpoint through the training model (trainer.model.peft_export, the same writer
-the trainer ends with); the merge is trainer.model.hf_merge.merge_adapter (tensor by tensor, base dtype), with
+the trainer ends with); the merge is trainer.model.hf.merge.merge_adapter (tensor by tensor, base dtype), with
 the training precision stated in its note and the run's tokenizer saved next to the weights when the base
 directory has none."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 def export_adapter(cfg, run_dir: str, iteration: Optional[int], out_dir: str) -> int:
     """Write checkpoint `iteration`'s (default latest) adapter to out_dir in PEFT format; returns its iteration."""
-    from trainer.distributed import destroy_distributed
+    from trainer.runtime.distributed import destroy_distributed
     from trainer.model import export_peft
 
     path = checkpoint_dir(run_dir, iteration)
@@ -54,7 +54,7 @@ def merge(cfg, adapter_dir: str, out_dir: str, iteration: int) -> dict:
     if not base:
         raise PostError("--merged needs a pretrained base (trainer.checkpoint.pretrained); this run trained "
                         "adapters on randomly initialised weights")
-    from trainer.model.hf_merge import merge_adapter
+    from trainer.model.hf.merge import merge_adapter
 
     note = f"{precision_note(cfg)} (LoRA of primus-slurm run {cfg.experiment.name}, checkpoint iteration {iteration})."
     say(f"merge | base {base} | adapter {adapter_dir} | out {out_dir}")

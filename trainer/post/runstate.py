@@ -1,12 +1,12 @@
 """What a post-training job loads from a run directory: its resolved recipe (as one process), a checkpoint,
-and the megatron model with that checkpoint's adapters (trainer.reshard restores any saved layout)."""
+and the megatron model with that checkpoint's adapters (trainer.checkpointing.reshard restores any saved layout)."""
 from __future__ import annotations
 
 import os
 import sys
 from typing import Optional
 
-from trainer import checkpoint as ckpt
+from trainer.checkpointing import checkpoint as ckpt
 from trainer.config import Config, load_config
 
 
@@ -21,7 +21,7 @@ def say(msg: str) -> None:
 
 def run_config(run_dir: str, data_path: Optional[str] = None) -> Config:
     """The run's resolved recipe laid out for one process (every parallel size 1: post jobs are one process;
-    checkpoints of any layout load through trainer.reshard). `data_path`: another validation set."""
+    checkpoints of any layout load through trainer.checkpointing.reshard). `data_path`: another validation set."""
     path = os.path.join(run_dir, "recipe.resolved.yaml")
     if not os.path.isfile(path):
         raise PostError(f"{run_dir} is not a run directory (no recipe.resolved.yaml)")
@@ -66,10 +66,10 @@ def check_precision(cfg):
 
 def load_model(cfg, path: str):
     """(model in eval mode, DistInfo, iteration): built as in training, adapters of checkpoint `path`."""
-    from trainer.distributed import init_distributed
+    from trainer.runtime.distributed import init_distributed
     from trainer.model import build_model
-    from trainer.optim import build_optimizer, trainable_parameters
-    from trainer.reshard import restore
+    from trainer.step.optim import build_optimizer, trainable_parameters
+    from trainer.checkpointing.reshard import restore
 
     prec = check_precision(cfg)
     if "RANK" not in os.environ:  # one process: a free port, not the job script's (a training job may hold it)

@@ -2,7 +2,7 @@
 
     start_iteration, note = restore(path, model, optimizer, info)
 
-Every rank's checkpoint file (trainer/checkpoint.py) holds its adapter shards keyed by GLOBAL name
+Every rank's checkpoint file (trainer/checkpointing/checkpoint.py) holds its adapter shards keyed by GLOBAL name
 (trainer.model.layout: layer and expert indices of the whole model, so PP stages and EP ranks never
 collide) in parameter order, and its AdamW state in the same order. metadata.json records the layout
 (world size, tensor, pipeline, data_parallel, expert); the file name records each file's (tp, pp, dp) coords.
@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from trainer import checkpoint as ckpt
+from trainer.checkpointing import checkpoint as ckpt
 
 _SHARD = re.compile(r"^rank-(\d+)_tp(\d+)_pp(\d+)_dp(\d+)\.pt$")
 
@@ -46,7 +46,7 @@ def current_layout(info) -> tuple:
 def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
     """Load adapters + optimizer (+ RNG on the same layout); returns (iteration, reshard note or None)."""
     from trainer.model import load_adapter_state_dict
-    from trainer.model.lora import adapter_parameters
+    from trainer.model.lora.layers import adapter_parameters
 
     with open(os.path.join(path, "metadata.json")) as fh:
         meta = json.load(fh)
@@ -127,7 +127,7 @@ def _collect(path: str, old_tp: int, wanted: dict[str, Optional[int]]):
 def load_resharded(path: str, old_tp: int, model, optimizer, tp_rank: int, tp_size: int) -> int:
     """Adapters and AdamW moments of checkpoint `path` (saved with TP size old_tp, any PP/DP/EP)
     into this rank's model and optimizer; returns the checkpoint's iteration."""
-    from trainer.model.lora import adapter_parameters
+    from trainer.model.lora.layers import adapter_parameters
     from trainer.model.sharding import merge_shards, shard_dim, to_local
 
     own = adapter_parameters(model)

@@ -2,7 +2,7 @@
 the TP/SP collective between them, if any), and the adapter's input gradient added in place into the frozen base's
 own input gradient.
 
-The unfused path (trainer/model/lora.py) builds the adapter from autograd ops:
+The unfused path (trainer/model/lora/layers.py) builds the adapter from autograd ops:
 
     h = x A^T;  y = out + s h B^T                      (addmm, out is the base linear's output)
     backward:  dh = s dy B,  dB = s dy^T h,  dA = dh^T x,  dx_a = dh A,  dx = dx_base + dx_a
@@ -24,7 +24,7 @@ the GPU); dx differs only in where dh A is rounded (added in the GEMM's accumula
 activation dtype first). tests/test_lora_fused.py pins both, and 20 iterations of a small model.
 
 Applies to a base whose adapter input is the base's own input x: linear_proj, linear_fc2 (also with fc2's SwiGLU
-recomputed from fc1's output, trainer.model.lora_inputs), any non-norm linear, at any TP size with or without
+recomputed from fc1's output, trainer.model.lora.inputs), any non-norm linear, at any TP size with or without
 sequence parallelism (the same collectives as the unfused path, between A and B), without adapter dropout.
 Elsewhere (a LayerNormLinear whose adapter reads TE's returned norm output, the folded-norm adapter, dropout)
 LoRALinear keeps the unfused path.
@@ -67,7 +67,7 @@ class _AdapterA(torch.autograd.Function):
     """h = x A^T. Backward: dA = dh^T x, and (dh, A) handed to the tap instead of a gradient for x.
 
     With (u, act) given, x = act(u) and u is kept instead of x: x is recomputed in backward for dA
-    (trainer.model.lora_inputs)."""
+    (trainer.model.lora.inputs)."""
 
     @staticmethod
     def forward(ctx, x, u, a, dtype, slot, act):

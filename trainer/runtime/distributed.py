@@ -78,7 +78,7 @@ def seed_everything(seed: int, rank_offset: int = 0) -> None:
 def seed_streams(seed: int, pp_rank: int, dp_rank: int, iteration: int = 0) -> None:
     """Seed every random stream: different per pipeline stage (different layers) but equal across TP/DP, like
     Megatron (the model-parallel tracker then differs per TP rank). iteration > 0: a resume whose saved streams
-    do not fit this layout (trainer.reshard) continues from a stream of its own, not the run's first one again."""
+    do not fit this layout (trainer.checkpointing.reshard) continues from a stream of its own, not the run's first one again."""
     from megatron.core import tensor_parallel
 
     base = (seed + 100 * pp_rank + 1_000_003 * iteration) % 2**31

@@ -6,7 +6,7 @@ For one optimizer step with micro-batches m = 1..M on data-parallel ranks d = 1.
     loss   = sum_{d,m} sum(ce[d,m] * loss_mask[d,m]) / N      (the logged `lm loss`)
 
 Each micro-batch backpropagates `sum(ce * mask) / N`; summing the gradients over micro-batches
-(autograd accumulation) and over DP ranks (all-reduce SUM, trainer.optim.reduce_gradients) gives
+(autograd accumulation) and over DP ranks (all-reduce SUM, trainer.step.optim.reduce_gradients) gives
 exactly d(loss)/d(theta). Tensor-parallel ranks see the same tokens, so N is reduced over the
 data-parallel(+context-parallel) group only. A step whose global batch has no loss token would
 divide by zero: N is clamped to >= 1 (every loss term is then 0 as well).

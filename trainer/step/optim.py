@@ -1,7 +1,7 @@
 """AdamW over the trainable (adapter) parameters, data-parallel gradient reduction and
 tensor-parallel-aware global-norm clipping.
 
-Gradient scaling convention (see trainer/loss.py): every micro-batch's backward already divides by the
+Gradient scaling convention (see trainer/step/loss.py): every micro-batch's backward already divides by the
 number of loss tokens in the WHOLE global batch, so the data-parallel reduction is a plain SUM.
 
 Global grad norm: parameters split across tensor-parallel ranks carry megatron's
@@ -44,7 +44,7 @@ def _world(group) -> int:
 
 def _expert_split(params):
     """(dense, expert) params: MoE expert adapters are marked `allreduce = False` (megatron's mark for
-    expert-parallel weights; trainer.model.lora sets it on every expert adapter)."""
+    expert-parallel weights; trainer.model.lora.layers sets it on every expert adapter)."""
     dense = [p for p in params if getattr(p, "allreduce", True)]
     return dense, [p for p in params if not getattr(p, "allreduce", True)]
 

@@ -2,7 +2,7 @@
 
     text, line = timeline_report(device_intervals(prof), iterations)
 
-The operator table (trainer.profiling) sums kernel time per name; it cannot say how long the device sat idle
+The operator table (trainer.observability.profiling) sums kernel time per name; it cannot say how long the device sat idle
 between kernels (host-side overhead: launches, Python, synchronisation), and its sums double-count kernels
 that run side by side (communication beside a GEMM). This report takes every device kernel's interval:
 

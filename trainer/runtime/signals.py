@@ -1,6 +1,6 @@
 """Graceful stop on SIGTERM / SIGUSR2 (forwarded by the sbatch trap before preemption or the time
 limit). The handler only records the signal; the training loop finishes the current iteration, agrees
-with all ranks (trainer.loss.reduce_count_and_flag) to stop at the same iteration, saves a checkpoint
+with all ranks (trainer.step.loss.reduce_count_and_flag) to stop at the same iteration, saves a checkpoint
 and exits with EXIT_PREEMPTED.
 
 SIGUSR1 is never touched (Slurm and other tooling use it).
@@ -15,7 +15,7 @@ Exit codes of `python -m trainer`:
         "temporary failure, retry later": the job is incomplete but resumable, so it is neither 0
         (Slurm would call it COMPLETED) nor a crash code; the sbatch script requeues the job.
 
-These codes are the job's exit code too (trainer/launch.py passes them through torchrun): each worker records its
+These codes are the job's exit code too (trainer/runtime/launch.py passes them through torchrun): each worker records its
 code in PRIMUS_EXIT_DIR (record_exit), which the launcher reads when torchrun itself was stopped by a signal.
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ EXIT_SAVE_FAILED = 4
 EXIT_PREEMPTED = 75
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
-EXIT_DIR_ENV = "PRIMUS_EXIT_DIR"  # set by trainer/launch.py: one file per local rank, holding its exit code
+EXIT_DIR_ENV = "PRIMUS_EXIT_DIR"  # set by trainer/runtime/launch.py: one file per local rank, holding its exit code
 
 
 def record_exit(code: int) -> None:
-    """Write this worker's exit code where its launcher reads it (nothing outside trainer/launch.py)."""
+    """Write this worker's exit code where its launcher reads it (nothing outside trainer/runtime/launch.py)."""
     folder = os.environ.get(EXIT_DIR_ENV)
     if not folder:
         return

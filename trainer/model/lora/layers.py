@@ -17,7 +17,7 @@ Tensor-parallel layout (tp > 1), consistent with the base linear's own sharding:
   B [out, r] replicated; the partial h = x_local A_local^T is all-reduced across TP (or
   reduce-scattered to the sequence shard with sequence parallelism) before B.
 
-TE's grouped expert linears (TEGroupedMLP) get one adapter per expert (trainer.model.lora_grouped).
+TE's grouped expert linears (TEGroupedMLP) get one adapter per expert (trainer.model.lora.grouped).
 MoE expert linears (megatron `is_expert`) are not tensor-parallel: their adapters are whole and marked
 `allreduce = False` (grads reduced over the expert data-parallel group, see trainer.optim).
 
@@ -39,9 +39,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.model.lora_grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
+from trainer.model.lora.grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
 from trainer.model.adapter_grads import adapter_a
-from trainer.model.lora_fused import fused_adapter
+from trainer.model.lora.fused import fused_adapter
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -110,11 +110,11 @@ class LoRALinear(nn.Module):
         self.scale = float(alpha) / float(dim)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None
         self.dropout_position = dropout_position
-        # set by trainer.model.lora_inputs: x = input_act(pending_act_input), kept instead of x
+        # set by trainer.model.lora.inputs: x = input_act(pending_act_input), kept instead of x
         self.input_act = None
         self.pending_act_input = None
-        self.adapter_norm = None  # set by trainer.model.lora_inputs: the adapter norms x itself
-        self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora_fused where the layout allows
+        self.adapter_norm = None  # set by trainer.model.lora.inputs: the adapter norms x itself
+        self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
@@ -159,7 +159,7 @@ class LoRALinear(nn.Module):
     # -- adapter path -------------------------------------------------------------------------
     def _drop(self, t: torch.Tensor, sharded: bool) -> torch.Tensor:
         """Dropout of a tensor that is `sharded` across TP ranks (or holds this rank's own tokens) with a mask of
-        this rank's own (trainer.model.lora_grouped.dropout_per_tp_rank)."""
+        this rank's own (trainer.model.lora.grouped.dropout_per_tp_rank)."""
         return dropout_per_tp_rank(self.dropout, t, self.tokens_per_rank or (sharded and self.tp_size > 1))
 
     def _adapter_h(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -167,7 +167,7 @@ class LoRALinear(nn.Module):
         if self.dropout is not None and self.dropout_position == "pre":
             x = self._drop(x, sharded=self.mode == ROW or self.sequence_parallel)
         a = self.lora_a.to(x.dtype)
-        if self.adapter_norm is not None:  # x is the norm's input (trainer.model.lora_inputs)
+        if self.adapter_norm is not None:  # x is the norm's input (trainer.model.lora.inputs)
             h = self.adapter_norm(x, a)
         else:
             h = adapter_a(x, a, act_input, self.input_act)
@@ -197,20 +197,20 @@ class LoRALinear(nn.Module):
         return out, bias, self._adapter_h(adapter_in, self._take_act_input(x)).to(out.dtype)
 
     def forward_parts(self, x: torch.Tensor):
-        """(base output, h) without B's product, for a consumer that applies B itself (trainer.model.lora_swiglu:
+        """(base output, h) without B's product, for a consumer that applies B itself (trainer.model.lora.swiglu:
         fc1 of a dense MLP without a bias)."""
         out, _, h = self._base_and_h(x)
         return out, h
 
     def _take_act_input(self, x: torch.Tensor):
-        """The pending pre-activation u of x = act(u) (trainer.model.lora_inputs), if it matches x; used once."""
+        """The pending pre-activation u of x = act(u) (trainer.model.lora.inputs), if it matches x; used once."""
         u, self.pending_act_input = self.pending_act_input, None
         if u is not None and (u.shape[:-1] != x.shape[:-1] or u.shape[-1] != 2 * x.shape[-1]):
             return None
         return u
 
     def uses_fused_path(self) -> bool:
-        """trainer.model.lora_fused applies: the adapter reads the base's own input, no dropout."""
+        """trainer.model.lora.fused applies: the adapter reads the base's own input, no dropout."""
         return self.fused and self.dropout is None and not self.fused_norm and self.adapter_norm is None
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
@@ -321,7 +321,7 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_adapter_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
-    """Inverse of adapter_state_dict for the same TP size (trainer.reshard handles a TP change)."""
+    """Inverse of adapter_state_dict for the same TP size (trainer.checkpointing.reshard handles a TP change)."""
     own = adapter_parameters(model)
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))

@@ -3,7 +3,7 @@
     loss_sum = accumulate_gradients(model, forward_losses, micro_batches, n, device)
 
 Every micro-batch backpropagates sum(ce * loss_mask) / N, N = loss tokens of the WHOLE global batch
-(trainer/loss.py), so the accumulated gradient is d(global token-mean loss)/d(theta) whatever the
+(trainer/step/loss.py), so the accumulated gradient is d(global token-mean loss)/d(theta) whatever the
 pipeline split. Returns this data-parallel rank's masked CE sum (fp32, 0-dim) on every rank.
 
 * PP = 1: forward_losses + backward per micro-batch (plain gradient accumulation).
@@ -25,8 +25,8 @@ import functools
 import torch
 import torch.distributed as dist
 
-from trainer.evaluate import move_batch
-from trainer.loss import masked_sum, micro_batch_objective
+from trainer.step.evaluate import move_batch
+from trainer.step.loss import masked_sum, micro_batch_objective
 
 
 def _pp_size() -> int:

@@ -14,7 +14,7 @@ counted. Layer indices are folded
 micro-batch without pipeline parallelism, up to PP of them on early pipeline stages (the report says how
 many). The report also gives the
 allocator's growth over the same forward, so memory kept some other way (ctx attributes, caches,
-the loss's buffers) shows as the difference. trainer.profiling runs it over the first profiled step.
+the loss's buffers) shows as the difference. trainer.observability.profiling runs it over the first profiled step.
 """
 from __future__ import annotations
 

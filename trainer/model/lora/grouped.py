@@ -4,7 +4,7 @@ local experts, weights weight0..weight{E-1}, called as linear(x, m_splits) on ex
     y = base(x, m_splits) + scale * concat_e( B_e A_e x_e ),   x_e = rows of expert e (m_splits[e])
 
 Each local expert e has its own factors at `<linear>.lora.<e>.lora_a|lora_b` (A [r, in], B [out, r],
-fp32 masters like trainer.model.lora), so checkpoints, resharding over expert parallelism
+fp32 masters like trainer.model.lora.layers), so checkpoints, resharding over expert parallelism
 (trainer.model.layout renames the local expert index to the global one) and PEFT export treat them
 like SequentialMLP's per-expert adapters. Experts are never tensor-parallel here. The adapter GEMMs
 run as two grouped GEMMs (torch._grouped_mm) on CUDA bf16 where it exists and passes a forward +

@@ -7,10 +7,10 @@
 Profiles iterations start..end (inclusive, 1-based) on the ranks in `profile_ranks` and writes
 <run_dir>/profile/rank-<r>/summary.txt: the top operators and kernels by self time on the device (CPU
 time on a CPU run), with shapes grouped off, then on a GPU the device timeline (busy vs idle time and
-kernel time by kind, trainer.profile_timeline), and, when `profile_trace` is true, trace.json for
+kernel time by kind, trainer.observability.profile_timeline), and, when `profile_trace` is true, trace.json for
 chrome://tracing / Perfetto (large for big models). Given the model, the first profiled step also
 writes saved_tensors.txt: what its forwards before the first backward keep for it, by module
-(trainer.saved_census). The profiled steps' throughput in the log includes
+(trainer.observability.saved_census). The profiled steps' throughput in the log includes
 the profiler's overhead (writing the results does not: the caller pauses its clock for it). A run resumed
 inside the window profiles the rest of it; a window the run never reaches is logged as skipped. Nothing is
 imported or recorded when no window is set.
@@ -64,7 +64,7 @@ class StepProfiler:
         self._prof = profile(activities=activities, record_shapes=False)
         self._prof.__enter__()
         if self.model is not None:
-            from trainer.saved_census import SavedTensorCensus
+            from trainer.observability.saved_census import SavedTensorCensus
 
             self._census = SavedTensorCensus(self.model, self.device)
             self._census.start()
@@ -100,10 +100,10 @@ class StepProfiler:
                           f"{census.forwards} | path {self._rel(path)}")
 
     def _timeline(self, prof, iterations: str) -> tuple[str, str]:
-        """Busy/idle device time of the window (trainer.profile_timeline); nothing on a CPU run."""
+        """Busy/idle device time of the window (trainer.observability.profile_timeline); nothing on a CPU run."""
         if self.device.type != "cuda":
             return "", ""
-        from trainer.profile_timeline import device_intervals, timeline_report
+        from trainer.observability.profile_timeline import device_intervals, timeline_report
 
         try:
             return timeline_report(device_intervals(prof), iterations)

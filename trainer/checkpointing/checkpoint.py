@@ -4,7 +4,7 @@ Layout:  checkpoints/iter_0000020/rank-00000_tp0_pp0_dp0.pt ... + metadata.json,
 
 Every rank writes its own file (adapter shard, optimizer, scheduler, data position, RNG states,
 iteration, recipe hash), so any TP/PP/DP/CP/EP layout round-trips; a resume on another layout
-reshards the adapters and optimizer state (trainer/reshard.py).
+reshards the adapters and optimizer state (trainer/checkpointing/reshard.py).
 
 Save protocol (collective; every rank calls save()):
  1. rank 0 creates checkpoints/.tmp-iter_N (removing a stale one);
@@ -33,8 +33,8 @@ import torch.distributed as dist
 LATEST = "latest"
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 # Fields that may change on resume without changing the training trajectory's state (the parallel
-# layout too: trainer.reshard reshards adapters and optimizer state on a layout change; the LR decay end is
-# checked on its own, trainer.schedule.resume_change).
+# layout too: trainer.checkpointing.reshard reshards adapters and optimizer state on a layout change; the LR decay end is
+# checked on its own, trainer.step.schedule.resume_change).
 RESUME_MUTABLE = (("schedule", "train_iters"), ("schedule", "lr_decay_iters"), ("logging",), ("parallelism",),
                   ("checkpoint", "save_interval"), ("checkpoint", "keep_last"), ("checkpoint", "resume"),
                   ("checkpoint", "disable_last_saving"), ("checkpoint", "export_peft"), ("distributed", "timeout_minutes"))

@@ -19,7 +19,7 @@ Adapter key -> base tensor on disk (`delta_plan`; keys are PEFT's, base_model.mo
 An adapter key that reaches no base tensor, or whose delta's shape is not that tensor's, is an error (nothing is
 written), never skipped.
 
-Memory: the base is memory-mapped (one file at a time: trainer.model.hf_read) and read one tensor at a time; each
+Memory: the base is memory-mapped (one file at a time: trainer.model.hf.read) and read one tensor at a time; each
 output shard is written by streaming (header first, sizes known from the base), so the heap peak is about one tensor
 plus its fp32 copy, not a shard (bench/merge_export_bench.py measures it).
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.model.hf_read import DTYPES, SafetensorsDir
+from trainer.model.hf.read import DTYPES, SafetensorsDir
 from trainer.model.peft_export import PEFT_PREFIX as _PREFIX, fused_expert_keys
 
 _COPIED = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",

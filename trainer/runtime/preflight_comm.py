@@ -1,4 +1,4 @@
-"""`primus-slurm preflight`'s job entrypoint (under torchrun, after trainer.preflight passed): one timed all-reduce
+"""`primus-slurm preflight`'s job entrypoint (under torchrun, after trainer.runtime.preflight passed): one timed all-reduce
 across every rank of the job, gloo on CPU and NCCL (RCCL) on GPU, as the recipe's trainer.distributed says.
 
 Rank 0 prints one line: `all-reduce | backend B | ranks N | nodes M | size S MiB | time T ms | algbw A GB/s |
@@ -28,7 +28,7 @@ def _settings(config: str) -> tuple[str, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.preflight_comm")
+    ap = argparse.ArgumentParser(prog="python -m trainer.runtime.preflight_comm")
     ap.add_argument("--config", required=True)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--mib", type=int, default=None, help="message size (default 8 MiB on CPU, 256 MiB on GPU)")

@@ -1,15 +1,15 @@
-"""`python -m trainer.launch TORCHRUN-ARGS`: torchrun (torch.distributed.run, in this process) whose exit code is
+"""`python -m trainer.runtime.launch TORCHRUN-ARGS`: torchrun (torch.distributed.run, in this process) whose exit code is
 the trainer's.
 
 torchrun turns every failed worker into exit 1 with a ChildFailedError traceback, and a launcher stopped by a
 signal (a cancel, the job script's forwarded warning) into a SignalException traceback; the trainer's own codes
-(trainer/signals.py: 2 config or data, 3 diverged, 4 checkpoint failed, 75 stopped after saving) are the job's API
+(trainer/runtime/signals.py: 2 config or data, 3 diverged, 4 checkpoint failed, 75 stopped after saving) are the job's API
 (`status` EXIT, `submit --follow`, the job script's requeue decision). This exits with:
 
   - 0 when every worker finished;
   - the first failed worker's own code (a worker killed by signal N: 128 + N);
   - after a stop signal (torchrun passes it to its workers and waits for them): the workers' own codes, which each
-    records in PRIMUS_EXIT_DIR (trainer.signals.record_exit): the first non-zero one by local rank, else 128 + N;
+    records in PRIMUS_EXIT_DIR (trainer.runtime.signals.record_exit): the first non-zero one by local rank, else 128 + N;
 
 and prints one `launch | ...` line instead of the traceback (torchrun's own failures, a rendezvous timeout, keep
 theirs).
@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from trainer.signals import EXIT_DIR_ENV
+from trainer.runtime.signals import EXIT_DIR_ENV
 
 WAIT_WORKERS_S = 60.0  # a second stop signal cuts torchrun's own wait for its workers short: wait here instead
 

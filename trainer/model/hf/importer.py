@@ -2,7 +2,7 @@
 
     line = load_hf(model, "/models/Qwen3-30B-A3B", recipe_model)   # before LoRA, any TP/PP/EP layout
 
-Families: Llama 2 / 3 / 3.1, Qwen3, Qwen3-MoE, DeepSeek-V2 / V2-Lite (trainer.model.hf_names has the table).
+Families: Llama 2 / 3 / 3.1, Qwen3, Qwen3-MoE, DeepSeek-V2 / V2-Lite (trainer.model.hf.names has the table).
 The checkpoint's config.json is the truth: primus_contract.hf_config refuses a recipe model that disagrees
 with it, or a config.json field the trainer does not implement, before a tensor is read (validate/submit run
 the same check).
@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from primus_contract.hf_config import check_pretrained, describe
-from trainer.model.hf_names import IGNORED, fuse_qkv, hf_source, logical_name, split_qkv
-from trainer.model.hf_read import LazyTensors, SafetensorsDir
+from trainer.model.hf.names import IGNORED, fuse_qkv, hf_source, logical_name, split_qkv
+from trainer.model.hf.read import LazyTensors, SafetensorsDir
 from trainer.model.layout import namer
 from trainer.model.sharding import canonical_params, load_full_state_dict
 from trainer.precision.fp8_params import checks_summary

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.model.adapter_grads import adapter_a, adapter_a_of_rmsnorm, rmsnorm_weight  # noqa: F401 (the API)
-from trainer.model.lora import LoRALinear
+from trainer.model.lora.layers import LoRALinear
 
 
 def gated_silu(y: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ Lines go to <run_dir>/logs/rank-0/debug.log (attempt 0) or debug.attempt-<N>.log
 SLURM_RESTART_COUNT) and to stdout; `record` also writes the line's event to events.jsonl / events.attempt-<N>.jsonl
 beside it (primus_contract/run_files.py: the machine-readable stream status, compare, logs and the job read). Files are opened in append mode, so a re-run of the same attempt
 never truncates an earlier log. Other ranks log nothing (their errors reach Slurm's stderr).
-The `metrics` and `eval` events also go to the experiment trackers the recipe asks for (trainer/tracking.py,
+The `metrics` and `eval` events also go to the experiment trackers the recipe asks for (trainer/observability/tracking.py,
 imported only then: TensorBoard, W&B).
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ class TrainLogger:
             self._events.write(run_files.event_line(kind, **fields) + "\n")
             self._events.flush()
         if self._trackers:
-            from trainer.tracking import scalars_of
+            from trainer.observability.tracking import scalars_of
 
             logged = scalars_of(kind, fields)
             if logged is not None:
@@ -96,10 +96,10 @@ class TrainLogger:
                     tracker.log(*logged)
 
     def open_trackers(self, cfg, run_dir: str, attempt: int) -> None:
-        """Rank 0 starts the trackers the recipe asks for (trainer.tracking.TrackerError if one cannot start)."""
+        """Rank 0 starts the trackers the recipe asks for (trainer.observability.tracking.TrackerError if one cannot start)."""
         lg = cfg.trainer.logging
         if self.enabled and (lg.tensorboard or lg.wandb.project is not None):
-            from trainer.tracking import open_trackers
+            from trainer.observability.tracking import open_trackers
 
             self._trackers = open_trackers(cfg, run_dir, attempt, self.line)
 

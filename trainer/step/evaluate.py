@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.loss import all_reduce_sum, masked_sum
+from trainer.step.loss import all_reduce_sum, masked_sum
 from trainer.model.tp_overlap import check_tokens
 
 

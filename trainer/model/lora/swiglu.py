@@ -15,7 +15,7 @@ u's rounding to the activation dtype, which the unfused addmm makes). Elsewhere 
 so the path is bit-identical there and only the wiring is exercised. tests/test_lora_swiglu.py runs the kernels in
 Triton's CPU interpreter against the ops they replace.
 
-`wire_fused_swiglu(model)` makes each eligible dense MLP (trainer.model.lora_inputs.swiglu_of holds, fc1 a LoRALinear
+`wire_fused_swiglu(model)` makes each eligible dense MLP (trainer.model.lora.inputs.swiglu_of holds, fc1 a LoRALinear
 without post-dropout, not an expert) call fc1 for (u_base, h) and the fused activation instead of fc1's addmm and
 megatron's swiglu; the MLP's other paths are megatron's own forward.
 """
@@ -26,7 +26,7 @@ import types
 
 import torch
 
-from trainer.model.lora_inputs import gated_silu, swiglu_of
+from trainer.model.lora.inputs import gated_silu, swiglu_of
 
 try:
     import triton
@@ -36,8 +36,8 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 
 def swiglu_lora_reference(u_base, h, b, scale: float, act=gated_silu) -> torch.Tensor:
-    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora.py), then `act`, the SwiGLU megatron
-    applies (trainer.model.lora_inputs.swiglu_of)."""
+    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora/layers.py), then `act`, the SwiGLU megatron
+    applies (trainer.model.lora.inputs.swiglu_of)."""
     u = torch.addmm(u_base.reshape(-1, u_base.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=scale)
     return act(u.view(u_base.shape))
 
@@ -158,7 +158,7 @@ def wire_fused_swiglu(model) -> int:
     """Route every eligible dense MLP through swiglu_lora; returns how many were wired."""
     from megatron.core.transformer.mlp import MLP
 
-    from trainer.model.lora import LoRALinear
+    from trainer.model.lora.layers import LoRALinear
 
     wired = 0
     for name, module in model.named_modules():

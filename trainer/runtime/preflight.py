@@ -1,7 +1,7 @@
 """Preflight: does this interpreter (a container image's or the host's) hold the trainer's stack, at versions the
 trainer supports? Runs in the job before training, on every node, and from `primus-slurm preflight`.
 
-    python -m trainer.preflight --config RESOLVED.yaml --run-dir RUN_DIR [--report] [-- CMD ...]
+    python -m trainer.runtime.preflight --config RESOLVED.yaml --run-dir RUN_DIR [--report] [-- CMD ...]
 
 Nothing here imports torch, megatron or TE: they are looked up with importlib (find_spec, metadata), so an image
 without them gets one line, not a traceback. On success it prints one `preflight | ...` line and, given CMD, execs
@@ -21,7 +21,7 @@ from typing import Optional
 
 from primus_contract.fields import SCHEMA
 from primus_contract.machine import parse_version
-from trainer.signals import EXIT_CONFIG
+from trainer.runtime.signals import EXIT_CONFIG
 
 # (distribution, import name, lowest supported, first unsupported): megatron-core 0.16.1 declares torch>=2.6 and
 # TE >=2.9 (its `dev` extra); the trainer runs megatron-core 0.16.1 (the CPU pin) and 0.19.2 (with TE 2.20.2 on
@@ -174,7 +174,7 @@ def _log_failure(run_dir: Optional[str], line: str) -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[argv.index("--") + 1:] if "--" in argv else []
-    ap = argparse.ArgumentParser(prog="python -m trainer.preflight")
+    ap = argparse.ArgumentParser(prog="python -m trainer.runtime.preflight")
     ap.add_argument("--config", help="resolved recipe YAML (decides whether TE is needed)")
     ap.add_argument("--run-dir", help="run directory: a failure is written to its rank-0 log")
     ap.add_argument("--report", action="store_true", help="one line per check")

@@ -1,12 +1,12 @@
 """The LoRA SFT training loop: step function, logging cadence, eval, checkpoints, stop conditions.
 
-`Trainer(...).run()` returns the process exit code (trainer.signals lists them). One step:
+`Trainer(...).run()` returns the process exit code (trainer.runtime.signals lists them). One step:
 
   1. step header: one world all-reduce of [loss tokens N, tokens, sum L_i^2, stop flag]
-     (trainer.loss.step_header); a stop flag set on any rank ends the loop on every rank at the
+     (trainer.step.loss.step_header); a stop flag set on any rank ends the loop on every rank at the
      same iteration, before this step's compute;
   2. per micro-batch: forward_losses -> backward of sum(ce*mask)/N (gradient accumulation; with
-     pipeline parallelism megatron's 1F1B schedule, trainer.pipeline.accumulate_gradients);
+     pipeline parallelism megatron's 1F1B schedule, trainer.step.pipeline.accumulate_gradients);
   3. TP sum of sequence-parallel grads, DP(+CP) SUM of grads, global-norm clip, AdamW step.
 
 Host syncs: the step header (one small all-reduce read per step) and the log points (cuda
@@ -23,18 +23,18 @@ from typing import Callable, Optional
 
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer.evaluate import evaluate
-from trainer.flops import doc_length_stats, step_flops
-from trainer.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
-from trainer.loss import all_reduce_sum, local_token_count, step_header
+from trainer.checkpointing import checkpoint as ckpt
+from trainer.step.evaluate import evaluate
+from trainer.step.flops import doc_length_stats, step_flops
+from trainer.observability.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
+from trainer.step.loss import all_reduce_sum, local_token_count, step_header
 from trainer.model.tp_overlap import check_tokens
-from trainer.optim import clip_gradients, reduce_gradients
-from trainer.pipeline import accumulate_gradients
+from trainer.step.optim import clip_gradients, reduce_gradients
+from trainer.step.pipeline import accumulate_gradients
 from trainer.precision import fp8_params
-from trainer.profiling import StepProfiler
-from trainer.schedule import LRSchedule
-from trainer.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
+from trainer.observability.profiling import StepProfiler
+from trainer.step.schedule import LRSchedule
+from trainer.runtime.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
 
 
 @dataclass
@@ -43,7 +43,7 @@ class StepResult:
     num_loss_tokens: float   # global N
     grad_norm: torch.Tensor  # global norm before clipping (device)
     tokens: float            # global real (non-pad) tokens
-    flops: float             # model FLOPs of the step (trainer.flops)
+    flops: float             # model FLOPs of the step (trainer.step.flops)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -204,7 +204,7 @@ class Trainer:
         """Checkpoint the current iteration (skipped when already saved); EXIT_SAVE_FAILED on error."""
         if self.last_saved == self.iteration:
             return None
-        from trainer.checkpoint import rng_state
+        from trainer.checkpointing.checkpoint import rng_state
 
         t0 = time.perf_counter()
         state = {"iteration": self.iteration, "adapter": self.adapter_state_dict(self.model),
