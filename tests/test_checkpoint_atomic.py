@@ -31,10 +31,10 @@ def test_publish_latest_and_keep_last(tmp_path):
         _save(tmp_path, it, it)
     assert (tmp_path / "latest").read_text() == "iter_0000003"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000002", "iter_0000003", "latest"]
-    state, meta = ckpt.load(ckpt.read_latest(str(tmp_path)), rank=0, coords=(0, 0, 0), device=CPU)
+    state, meta = ckpt.load(ckpt.read_latest(str(tmp_path)), rank=0, coords=(0, 0, 0))
     assert meta["iteration"] == 3 and torch.equal(state["adapter"]["w"], torch.full((16,), 3.0))
     with pytest.raises(ckpt.CheckpointError, match="no shard for rank 1"):
-        ckpt.load(str(tmp_path / "iter_0000003"), rank=1, coords=(0, 0, 1), device=CPU)
+        ckpt.load(str(tmp_path / "iter_0000003"), rank=1, coords=(0, 0, 1))
 
 
 _CHILD = textwrap.dedent("""
@@ -68,7 +68,7 @@ def _child(tmp_path, mode):
 
 def _assert_previous_intact(d):
     assert (d / "latest").read_text() == "iter_0000001"
-    state, meta = ckpt.load(ckpt.read_latest(str(d)), rank=0, coords=(0, 0, 0), device=CPU)
+    state, meta = ckpt.load(ckpt.read_latest(str(d)), rank=0, coords=(0, 0, 0))
     assert meta["iteration"] == 1 and torch.equal(state["adapter"]["w"], torch.ones(16))
     assert not (d / "iter_0000002").exists()
 

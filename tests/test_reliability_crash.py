@@ -19,12 +19,11 @@ from test_train_support import ROOT, log_text, losses, run_trainer, trainer_cmd,
 from trainer.checkpointing import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
-CPU = torch.device("cpu")
 
 
 def _latest_state(ck):
     """(iteration, adapter) of the checkpoint `latest` names, loaded the way a resume loads it."""
-    state, meta = ckpt.load(ckpt.read_latest(str(ck)), rank=0, coords=(0, 0, 0), device=CPU)
+    state, meta = ckpt.load(ckpt.read_latest(str(ck)), rank=0, coords=(0, 0, 0))
     assert meta["iteration"] == state["iteration"]
     assert all(torch.isfinite(t).all() for t in state["adapter"].values())
     return state["iteration"]

@@ -42,6 +42,6 @@ def test_absurd_lr_diverges_stops_and_keeps_the_good_checkpoint(local_slurm, job
     ck = run_dir / "checkpoints"
     assert (ck / "latest").read_text() == ckpt.iter_name(max(saved))
     assert not [p for p in ck.iterdir() if p.name.startswith(("iter_", ".tmp-")) and int(p.name[-7:]) >= bad]
-    state, meta = ckpt.load(ckpt.read_latest(str(ck)), rank=0, coords=(0, 0, 0), device=torch.device("cpu"))
+    state, meta = ckpt.load(ckpt.read_latest(str(ck)), rank=0, coords=(0, 0, 0))
     assert math.isfinite(meta["lm_loss"]) and json.dumps(meta)
     assert all(torch.isfinite(t).all() for t in state["adapter"].values())

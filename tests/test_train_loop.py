@@ -13,8 +13,7 @@ from trainer.checkpointing import checkpoint as ckpt
 
 
 def _adapter(run_dir, iteration):
-    state, _ = ckpt.load(str(run_dir / "checkpoints" / ckpt.iter_name(iteration)), rank=0, coords=(0, 0, 0),
-                         device=torch.device("cpu"))
+    state, _ = ckpt.load(str(run_dir / "checkpoints" / ckpt.iter_name(iteration)), rank=0, coords=(0, 0, 0))
     return state
 
 

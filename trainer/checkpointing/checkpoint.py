@@ -69,28 +69,54 @@ def shard_name(rank: int, tp_rank: int, pp_rank: int, dp_rank: int) -> str:
 
 
 # ---------------------------------------------------------------- RNG
+# Every generator state is kept as what torch.set_rng_state / Generator.set_state take: a CPU ByteTensor. They are
+# saved that way and normalised again at restore, so a shard read onto another device (a GPU, "meta") still
+# restores exactly. megatron's tracker may hold graph-safe torch.Generator objects instead of state tensors
+# (use_cudagraphable_rng): their states are saved, and restored into the live generators.
+def _cpu_bytes(state) -> torch.Tensor:
+    if isinstance(state, torch.Generator):
+        state = state.get_state()
+    if not isinstance(state, torch.Tensor):
+        raise CheckpointError(f"an RNG state is a {type(state).__name__}, not a tensor")
+    if state.device.type == "meta":
+        raise CheckpointError("an RNG state was read onto the meta device: its bytes are lost")
+    return state.detach().to(device="cpu", dtype=torch.uint8).clone()
+
+
 def rng_state(device: torch.device) -> dict:
+    """Python, NumPy, torch CPU, this rank's CUDA generator and megatron's tracker (each tensor a CPU ByteTensor)."""
     from megatron.core import tensor_parallel
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
     try:
-        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+        tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
     except Exception:  # tracker not initialised (no megatron parallel state)
-        state["tracker"] = None
+        tracker = None
+    state["tracker"] = {name: _cpu_bytes(s) for name, s in tracker.items()} if tracker else None
     return state
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what rng_state saved, whatever device the shard's tensors were read onto."""
     from megatron.core import tensor_parallel
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_cpu_bytes(state["torch"]))
     if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    if state.get("tracker") is not None:
-        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+        torch.cuda.set_rng_state(_cpu_bytes(state["cuda"]), device)
+    if state.get("tracker"):
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        live = tracker.get_states() if getattr(tracker, "is_initialized", lambda: True)() else {}
+        restored = {}
+        for name, saved in state["tracker"].items():
+            if isinstance(live.get(name), torch.Generator):  # graph-safe tracker: set the generator in place
+                live[name].set_state(_cpu_bytes(saved))
+                restored[name] = live[name]
+            else:
+                restored[name] = _cpu_bytes(saved)
+        tracker.set_states(restored)
 
 
 # ---------------------------------------------------------------- filesystem helpers
@@ -223,13 +249,15 @@ def prune(ckpt_dir: str, keep_last: int) -> list[str]:
 
 
 # ---------------------------------------------------------------- load
-def load(path: str, *, rank: int, coords: tuple[int, int, int], device: torch.device) -> tuple[dict, dict]:
-    """(this rank's shard state, metadata) of the checkpoint directory `path`."""
+def load(path: str, *, rank: int, coords: tuple[int, int, int]) -> tuple[dict, dict]:
+    """(this rank's shard state, metadata) of the checkpoint directory `path`; every tensor on the CPU."""
     with open(os.path.join(path, "metadata.json")) as fh:
         meta = json.load(fh)
     shard = os.path.join(path, shard_name(rank, *coords))
     if not os.path.isfile(shard):
         raise CheckpointError(f"{path} has no shard for rank {rank} {coords} (saved with world size "
                               f"{meta.get('world_size')}); resume needs the same parallel layout")
-    state = torch.load(shard, map_location=device, weights_only=False)
+    # read onto the CPU: RNG states must stay CPU ByteTensors, and adapters/optimizer state are copied onto the
+    # parameters' device by their loaders (load_adapter_state_dict, Optimizer.load_state_dict)
+    state = torch.load(shard, map_location="cpu", weights_only=False)
     return state, meta

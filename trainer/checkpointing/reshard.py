@@ -52,8 +52,7 @@ def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
         meta = json.load(fh)
     old = layout_of(meta)
     if old == current_layout(info):
-        state, _ = ckpt.load(path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank),
-                             device=info.device)
+        state, _ = ckpt.load(path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank))
         # (an older checkpoint recorded no EP size: after an EP change this rank's file holds other experts)
         if state["adapter"].keys() == adapter_parameters(model).keys():
             load_adapter_state_dict(model, state["adapter"])

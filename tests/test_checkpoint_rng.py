@@ -1,0 +1,109 @@
+"""A checkpoint restores exactly on the device the reading process runs on (issue: on an H200 every resume, eval,
+generate and export died with `TypeError: RNG state must be a torch.ByteTensor`: the shard was read with
+map_location=<the run's device>, so the saved generator states arrived as CUDA tensors).
+
+The reading process here runs "on" the meta device (the one other device a CPU machine has): the shard must still
+be read onto the CPU, every RNG state must come back a CPU ByteTensor, and adapters, AdamW state and every RNG
+stream (Python, NumPy, torch, megatron's tracker) must be restored bit for bit through the same `restore` that
+training resume and the post-training jobs call."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import torch
+
+from model_helpers import dist_session, perturb_adapters, tiny_cfg
+from trainer.checkpointing import checkpoint as ckpt
+from trainer.checkpointing.reshard import restore
+from trainer.model import adapter_state_dict, build_model
+from trainer.step.optim import build_optimizer, trainable_parameters
+
+
+def _draws() -> dict:
+    """One draw from every stream a checkpoint restores."""
+    from megatron.core import tensor_parallel
+
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        tracked = torch.rand(4)
+    return {"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.rand(4), "tracker": tracked}
+
+
+def _one_adam_step(model, optimizer) -> None:
+    params = trainable_parameters(model)
+    loss = sum((p.float() ** 2).sum() for p in params)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _rng_tensors(rng: dict) -> dict:
+    out = {k: rng[k] for k in ("torch", "cuda") if rng.get(k) is not None}
+    out.update({f"tracker/{n}": t for n, t in (rng.get("tracker") or {}).items()})
+    return out
+
+
+def test_restore_on_another_device_is_exact(tmp_path):
+    cfg = tiny_cfg()
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        perturb_adapters(model, seed=3)
+        optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)
+        _one_adam_step(model, optimizer)
+        state = {"iteration": 5, "adapter": adapter_state_dict(model), "optimizer": optimizer.state_dict(),
+                 "rng": ckpt.rng_state(info.device)}
+        path = ckpt.save(str(tmp_path), 5, state, rank=0, coords=(0, 0, 0), keep_last=None,
+                         metadata={"world_size": 1, "tensor": 1, "pipeline": 1, "data_parallel": 1, "expert": 1})
+        want_adapters = {n: t.clone() for n, t in adapter_state_dict(model).items()}
+        want_moments = {i: {k: v.clone() for k, v in s.items()} for i, s in optimizer.state_dict()["state"].items()}
+        want_draws = _draws()
+
+        # what a later process would have: other adapters, other moments, other streams
+        perturb_adapters(model, seed=11)
+        _one_adam_step(model, optimizer)
+        _draws()
+
+        loaded, _ = ckpt.load(path, rank=0, coords=(0, 0, 0))
+        rng = _rng_tensors(loaded["rng"])
+        assert "tracker/model-parallel-rng" in rng, sorted(rng)
+        for name, t in rng.items():
+            assert t.device.type == "cpu" and t.dtype == torch.uint8, (name, t.device, t.dtype)
+
+        elsewhere = dataclasses.replace(info, device=torch.device("meta"))
+        iteration, note = restore(path, model, optimizer, elsewhere)
+        assert (iteration, note) == (5, None)
+        for n, t in adapter_state_dict(model).items():
+            assert torch.equal(t, want_adapters[n]), n
+        got = optimizer.state_dict()["state"]
+        assert got.keys() == want_moments.keys()
+        for i, moments in want_moments.items():
+            for k, v in moments.items():
+                assert torch.equal(got[i][k], v), (i, k)
+        draws = _draws()
+        assert draws["python"] == want_draws["python"] and draws["numpy"] == want_draws["numpy"]
+        assert torch.equal(draws["torch"], want_draws["torch"])
+        assert torch.equal(draws["tracker"], want_draws["tracker"])
+
+
+def test_rng_states_read_onto_another_device_are_normalised():
+    """set_rng_state takes states that a loader put elsewhere (a tensor of another dtype or a generator object) and
+    restores the same stream; bytes that are truly gone (meta) are one clear CheckpointError, not a TypeError."""
+    torch.manual_seed(1234)
+    saved = torch.get_rng_state()
+    want = torch.rand(3)
+    gen = torch.Generator().manual_seed(99)
+    gen_want = torch.rand(2, generator=torch.Generator().manual_seed(99))
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": saved.to(torch.int16),
+             "cuda": None, "tracker": None}
+    ckpt.set_rng_state(state, torch.device("cpu"))
+    assert torch.equal(torch.rand(3), want)
+    assert torch.equal(ckpt._cpu_bytes(gen), torch.Generator().manual_seed(99).get_state())
+    assert torch.equal(torch.rand(2, generator=gen), gen_want)
+    lost = dict(state, torch=torch.empty(saved.shape, dtype=torch.uint8, device="meta"))
+    try:
+        ckpt.set_rng_state(lost, torch.device("cpu"))
+    except ckpt.CheckpointError as err:
+        assert "meta" in str(err)
+    else:
+        raise AssertionError("a meta RNG state was accepted")
