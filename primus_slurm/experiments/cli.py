@@ -40,8 +40,9 @@ def trial_table(sweep: sweep_mod.Sweep) -> str:
 @set_option
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None, metavar="N",
               help="at most N trials at once (Slurm: the array's %N; local: default 1, one after another)")
-@click.option("--max-trials", type=click.IntRange(min=1), default=None, metavar="N",
-              help=f"allow up to N trials (default {sweep_mod.grid.MAX_TRIALS})")
+@click.option("--max-trials", type=click.IntRange(min=1, max=sweep_mod.grid.MAX_TRIALS_CAP), default=None, metavar="N",
+              help=f"allow up to N trials (default {sweep_mod.grid.MAX_TRIALS}, at most "
+                   f"{sweep_mod.grid.MAX_TRIALS_CAP:,})")
 @click.option("--executor", type=click.Choice(["slurm", "local"]), default=None, help="override cluster.executor")
 @click.option("--dry-run", is_flag=True, help="print the trial table and the array script; submit nothing")
 @click.option("--skip-memory-check", is_flag=True, help="as submit's")
@@ -61,10 +62,12 @@ def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, exe
                                    "trials": [t.as_dict() for t in sweep.trials],
                                    "script": sweep_mod.array_script(sweep) if sweep.executor == "slurm" and
                                    sweep.accepted else None}, indent=2))
-            return
-        sys.stdout.write(trial_table(sweep))
-        if sweep.executor == "slurm" and sweep.accepted:
-            sys.stdout.write("# ---- the array script ----\n" + sweep_mod.array_script(sweep))
+        else:
+            sys.stdout.write(trial_table(sweep))
+            if sweep.executor == "slurm" and sweep.accepted:
+                sys.stdout.write("# ---- the array script ----\n" + sweep_mod.array_script(sweep))
+        if not sweep.accepted:  # as the submit would say: nothing could go
+            raise UserError(f"sweep: all {len(sweep.trials)} trials were refused (each one's reason above)")
         return
     if not as_json:
         sys.stdout.write(trial_table(sweep))

@@ -17,6 +17,22 @@ from primus_slurm.errors import UserError
 from primus_slurm.config.recipe import apply_set, parse_set
 
 MAX_TRIALS = 1000  # more only with --max-trials
+UNSWEPT = {"after": "the steps after each trial are --then's (or the recipe's `after:`), not swept",
+           "experiment.name": "the trials of one sweep share their experiment (the sweep's directory); sweep it "
+                              "in separate sweeps",
+           "experiment.workspace": "the trials of one sweep share their workspace (the sweep's directory); sweep it "
+                                   "in separate sweeps"}
+MAX_TRIALS_CAP = 10000  # --max-trials' own bound: planning 10,000 trials takes about 45 s on one core
+
+
+def check_overlap(overrides: tuple, swept: list[str]) -> None:
+    """A key both set (`--set`) and swept: the grid's values would replace --set's without a word."""
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        for s in swept:
+            if key == s or s.startswith(key + ".") or key.startswith(s + "."):
+                raise UserError(f"--set {key} and the swept key {s}: the grid's values would replace --set's; "
+                                "give the key once")
 
 
 def parse_item(option: str, item: str) -> tuple[str, list[str]]:
@@ -30,6 +46,10 @@ def parse_item(option: str, item: str) -> tuple[str, list[str]]:
         raise UserError(f"{option} {key}: the grid is empty; give at least one value (KEY=V1,V2,...)")
     if any(not v for v in values):
         raise UserError(f"{option} {key}={text}: an empty value between commas")
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise UserError(f"{option} {key}={text}: the value {twice} is given twice (two identical trials); give "
+                        "each value once")
     for value in values:
         check_value(option, key, value)
     return key, values
@@ -47,6 +67,8 @@ def check_value(option: str, key: str, text: str) -> None:
         return
     if not isinstance(field, Field):
         raise UserError(f"{option} {key}: a section, not one value; sweep one of its keys")
+    if key in UNSWEPT:
+        raise UserError(f"{option} {key}: {UNSWEPT[key]}")
     node = probe
     for part in key.split("."):
         node = node[part]

@@ -21,15 +21,17 @@ GATE_S = 120.0  # how long the queue waits for its runs to be recorded (a failed
 POLL_S = 1.0
 
 
-def start(folder: Path, run_dirs: list[Path], parallel: int) -> list[dict]:
-    """Spawn the queue for `run_dirs`; returns each run's run.json fields (PENDING until the queue starts it)."""
+def start(folder: Path, run_dirs: list[Path], parallel: int, watch: bool = False) -> list[dict]:
+    """Spawn the queue for `run_dirs`; returns each run's run.json fields (PENDING until the queue starts it).
+    `watch`: the runs are already started (a resumed run): the queue only waits for their end, then runs their
+    steps."""
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     with open(folder / "logs" / "queue.out", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "primus_slurm.experiments.queue_main", str(folder)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     fields = {"queue_pid": proc.pid, "queue_pid_start": proc_start_ticks(proc.pid), "queue": str(folder)}
-    gate = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel}
+    gate = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel, "watch": watch}
     (folder / (QUEUE_JSON + ".pending")).write_text(json.dumps(gate))
     return [{"job_id": f"local-queue-{proc.pid}-{i}", **fields} for i in range(len(run_dirs))]
 
@@ -64,6 +66,8 @@ def run_queue(folder: Path, after=None) -> None:
     spec = json.loads(gate.read_text())
     pending = [Path(d) for d in spec["run_dirs"]]
     executor, running = LocalExecutor(), []
+    if spec.get("watch"):  # started already (a resume): wait for their end
+        running, pending = [(d, runs.read_run_json(d)) for d in pending], []
     while pending or running:
         still = []
         for run_dir, info in running:

@@ -23,13 +23,12 @@ import yaml
 from primus_contract import run_files
 from primus_contract.rules_pipeline import STEPS
 
-from primus_slurm.post_training import post
+from primus_slurm.post_training import post, post_cli
 from primus_slurm.jobs import runs
 from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.errors import UserError
-from primus_slurm.jobs.executor_base import TERMINAL
-from primus_slurm.jobs.slurm_executor import slurm_states, submit_script
-from primus_slurm.experiments import local_queue
+from primus_slurm.jobs.slurm_executor import submit_script
+from primus_slurm.experiments import chain_state, local_queue
 
 # --then STEP's own options: option -> the step key it sets, and whether it takes a value
 THEN_OPTIONS = {"eval": {"--data": ("data", True)},
@@ -97,6 +96,8 @@ def check_paths(after: list[dict]) -> None:
         for key in PATHS:
             if step.get(key) and not os.path.exists(step[key]):
                 raise UserError(f"`after[{i}].{key}` is {step[key]!r:.200}, which does not exist")
+        if step.get("prompts"):  # as `generate --prompts` reads it: JSON object lines
+            post_cli.read_prompts(step["prompts"])
 
 
 def step_job(step: dict, run_id: str, run_dir: Path, resolved: dict, executor: str) -> post.PostJob:
@@ -159,19 +160,34 @@ def submit_chain(run_dir: Path, info: dict, resolved: dict) -> list[dict]:
 
 
 def after_resume(run_dir: Path) -> str | None:
-    """A resumed run whose steps did not all complete: on Slurm its chain again, behind the new job (Slurm removed
-    the old steps with the job they waited on); the line to print, or None (no steps, or all done)."""
+    """A resumed run whose steps did not all complete: its chain again, behind the new job (Slurm removed the old
+    steps with the job they waited on; the local queue ran or skipped them when the old training ended): on Slurm
+    as jobs, locally by a queue of its own that waits for the resumed training. The line to print, or None (no
+    steps, or all done)."""
     info = runs.read_run_json(run_dir)
-    chain = chain_states(info)
+    chain = chain_state.chain_states(info)
     if not chain or all(s.get("state") == "COMPLETED" for s in chain):
         return None
-    if info.get("executor") != "slurm":
-        return ("note: the local queue ran (or skipped) this run's steps when its training ended; run them with "
-                "`primus-slurm eval|export|generate` once the resumed training has ended")
     resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
     info["pipeline_before"] = [*info.get("pipeline_before", []), *chain]
-    submit_chain(run_dir, info, resolved)
+    if info.get("executor") == "slurm":
+        submit_chain(run_dir, info, resolved)
+        return submitted_line(run_dir)
+    info["pipeline"] = local_chain(resolved)
+    started = local_queue.start(run_dir, [run_dir], 1, watch=True)[0]
+    info.update({k: v for k, v in started.items() if k != "job_id"})  # the run keeps its own job id
+    runs.write_run_json(run_dir, info)
+    local_queue.release(run_dir)
     return submitted_line(run_dir)
+
+
+def check_resumable(run_dir: Path) -> None:
+    """A local run whose queue still runs one of its steps cannot be resumed yet (two writers of its run.json)."""
+    info = runs.read_run_json(run_dir)
+    busy = [s for s in chain_state.chain_states(info) if s.get("state") == "RUNNING"]
+    if info.get("executor") != "slurm" and busy:
+        raise UserError(f"run {info.get('run_id')}'s {busy[0]['step']} step still runs (the local queue, pid "
+                        f"{info.get('queue_pid')}); resume it once the step has ended")
 
 
 def local_chain(resolved: dict) -> list[dict]:
@@ -203,41 +219,11 @@ def run_local(run_dir: Path, trained: dict) -> None:
         runs.write_run_json(run_dir, info)
 
 
-def chain_states(info: dict) -> list[dict]:
-    """run.json's pipeline with each step's state (Slurm: one sacct/squeue query)."""
-    chain = [dict(step) for step in info.get("pipeline") or []]
-    if info.get("executor") == "slurm" and chain:
-        found = slurm_states([s["job_id"] for s in chain])
-        for s in chain:
-            row = found.get(str(s["job_id"])) or {}
-            s.update(state=row.get("state", "UNKNOWN"),
-                     exit_code=row.get("exit_code") if row.get("state") in TERMINAL else None)
-    return chain
-
-
-def step_states(post_rows: list[dict], chain: list[dict]) -> None:
-    """A queued step's post job has no exit code of its own until it runs (Slurm may remove it unrun): its row
-    takes the chain's state where it has no result."""
-    by_dir = {s.get("dir"): s for s in chain}
-    for row in post_rows:
-        step = by_dir.get(row["path"])
-        if step and row["state"] == "RUNNING" and step.get("state"):
-            row.update(state=step["state"], exit_code=step.get("exit_code"))
-
-
 def submitted_line(run_dir: Path) -> str:
     """`submit`'s line about the steps it queued behind the run."""
     chain = runs.read_run_json(run_dir).get("pipeline") or []
     return "then: " + " -> ".join(f"{s['step']} " + (f"job {s['job_id']} ({s['when']})" if s.get("job_id") else
                                                     f"({s['when']}, the local queue)") for s in chain)
-
-
-def chain_line(train: dict, chain: list[dict]) -> str:
-    """`status RUN`'s pipeline line: train job STATE -> eval job STATE -> ..."""
-    parts = [f"train {train.get('job_id')} {train.get('state')}"]
-    parts += [f"{s['step']}{' (afterany)' if s['when'] == 'afterany' else ''} {s.get('job_id') or '-'} "
-              f"{s.get('state', 'UNKNOWN')}" for s in chain]
-    return "pipeline: " + " -> ".join(parts)
 
 
 def submit(p) -> dict:

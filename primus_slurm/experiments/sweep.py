@@ -20,6 +20,7 @@ from primus_slurm.planning import plan_cli
 from primus_slurm.jobs import runs
 from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.errors import UserError
+from primus_slurm.config.recipe import find_recipe
 from primus_slurm.config.render import render_array, sbatch_lines
 from primus_slurm.jobs.slurm_executor import submit_script
 from primus_slurm.experiments import grid, local_queue, pipeline
@@ -72,6 +73,8 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
          dry_run: bool = False) -> Sweep:
     """Every trial prepared and checked; a refused one keeps its one error line."""
     combos = grid.trials(grids, zips, max_trials)
+    grid.check_overlap(tuple(o for o in overrides if not o.startswith("after=")), list(dict(combos[0])))
+    find_recipe(recipe)  # a missing recipe is one line, not one refusal a trial
     sweep = Sweep(new_sweep_id(), recipe, executor, max_parallel)
     for i, values in enumerate(combos):
         trial = Trial(i, values)
@@ -87,6 +90,9 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
             trial.error = str(exc)
         sweep.trials.append(trial)
     accepted = sweep.accepted
+    reasons = {t.error for t in sweep.trials}
+    if not accepted and len(reasons) == 1:  # every trial refused for one reason: that reason, once
+        raise UserError(f"sweep: every trial is refused: {reasons.pop()}")
     if accepted:
         pipeline.check_paths(accepted[0].prepared.recipe.resolved["after"])
     for task, trial in enumerate(accepted):
@@ -176,7 +182,40 @@ def launch(sweep: Sweep) -> list[dict]:
 
 
 def read(sweep_dir: Path) -> dict:
+    """sweep.json, checked: a file edited by hand, or torn, is one error line naming what is wrong."""
+    path = Path(sweep_dir) / SWEEP_JSON
     try:
-        return json.loads((Path(sweep_dir) / SWEEP_JSON).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         raise UserError(f"{sweep_dir} has no readable {SWEEP_JSON} (not a sweep directory?)") from None
+    problem = _malformed(data)
+    if problem:
+        raise UserError(f"{path}: {problem}; not a sweep.json that `primus-slurm sweep` wrote (edited by hand?)")
+    return data
+
+
+_TRIAL_FIELDS = {"index": (int,), "values": (dict,), "run_id": (str, type(None)), "run_dir": (str, type(None)),
+                 "error": (str, type(None)), "task": (int, type(None))}
+
+
+def _malformed(data) -> str | None:
+    """What makes `data` no sweep.json (None when it is one)."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not an object"
+    for key, kinds, what in (("sweep_id", (str,), "a string"), ("keys", (list,), "a list of recipe keys"),
+                             ("trials", (list,), "a list of trials"), ("executor", (str, type(None)),
+                                                                        "slurm, local or null")):
+        if not isinstance(data.get(key), kinds):
+            return f"`{key}` is {'missing' if key not in data else repr(data[key])[:60]}; expected {what}"
+    if not all(isinstance(k, str) for k in data["keys"]):
+        return "`keys` holds a non-string; expected a list of recipe keys"
+    for i, trial in enumerate(data["trials"]):
+        if not isinstance(trial, dict):
+            return f"`trials[{i}]` is {repr(trial)[:60]}; expected an object"
+        for key, kinds in _TRIAL_FIELDS.items():
+            if not isinstance(trial.get(key), kinds) or isinstance(trial.get(key), bool):
+                return (f"`trials[{i}].{key}` is {'missing' if key not in trial else repr(trial[key])[:60]}; "
+                        f"expected {' or '.join('null' if k is type(None) else k.__name__ for k in kinds)}")
+        if trial["run_id"] is not None and trial["run_dir"] is None:
+            return f"`trials[{i}]` has run_id {trial['run_id']!r} but no run_dir"
+    return None

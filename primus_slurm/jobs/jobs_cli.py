@@ -16,7 +16,7 @@ from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.planning import plan_cli, plan_runs
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executors import executor_for
-from primus_slurm.experiments import cost, leaderboard, pipeline
+from primus_slurm.experiments import chain_state, cost, leaderboard, pipeline
 from primus_slurm.experiments import cli as experiments_cli
 
 
@@ -50,6 +50,7 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
         click.echo(note, err=True)
     if dry_run:
         submit_mod.check(prepared)
+        pipeline.check_paths(steps)  # as the submit checks them
         if prepared.note:
             click.echo(prepared.note, err=True)
         if as_json:
@@ -98,8 +99,8 @@ def status_cmd(run, as_json, wide, show_all):
         rows[0]["post"] = post.results(Path(rows[0]["run_dir"]))
         info = {**entries[0], **runs.read_run_json(Path(entries[0]["run_dir"]))}
         rows[0]["cost"] = cost.costs([(Path(info["run_dir"]), info)])[0]
-        rows[0]["pipeline"] = pipeline.chain_states(info)
-        pipeline.step_states(rows[0]["post"], rows[0]["pipeline"])
+        rows[0]["pipeline"], before = chain_state.states(info)
+        chain_state.step_states(rows[0]["post"], [*rows[0]["pipeline"], *before])
         measured = (rows[0]["mem_peak_gib"], rows[0].get("avg_tokens_per_s_gpu") or rows[0]["tokens_per_s_gpu"])
         planned = plan_runs.planned(Path(rows[0]["run_dir"]))
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
@@ -114,7 +115,7 @@ def status_cmd(run, as_json, wide, show_all):
             post_cli.show_results(rows[0]["run_dir"], rows=rows[0]["post"])
             click.echo(cost.line(rows[0]["cost"]))
             if rows[0]["pipeline"]:
-                click.echo(pipeline.chain_line(rows[0], rows[0]["pipeline"]))
+                click.echo(chain_state.chain_line(rows[0], rows[0]["pipeline"]))
     _listed(bool(rows), hidden, as_json)
 
 
@@ -154,7 +155,10 @@ def _runs_of(ref: str) -> list[dict]:
 @click.argument("run")
 def cancel_cmd(run):
     """Cancel RUN (scancel, or kill the local process group), or every unfinished trial of SWEEP."""
-    for entry in _runs_of(run):
+    entries = _runs_of(run)
+    if not entries:
+        raise UserError(f"cancel {run}: the sweep has no submitted trial; nothing to cancel")
+    for entry in entries:
         _cancel(entry)
 
 
@@ -162,9 +166,14 @@ def _cancel(entry: dict) -> None:
     run_dir = Path(entry["run_dir"])
     info = {**entry, **runs.read_run_json(run_dir)}
     executor = executor_for(info.get("executor"))
-    ended = executor.state(run_dir, info).get("state")
+    now = executor.states([(run_dir, info)])[0] or {"state": "UNKNOWN"}  # the state `status` starts from
+    ended = now.get("state")
     if ended in status_mod.TERMINAL:
         click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) already ended ({ended}); nothing to cancel")
+        return
+    if ended == "UNKNOWN" and not run_dir.is_dir():
+        why = now.get("reason") or "its run directory is gone"
+        click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) is UNKNOWN: {why}; nothing to cancel")
         return
     executor.cancel(run_dir, info)
     click.echo(f"cancelled run {entry['run_id']} (job {entry['job_id']})")
@@ -179,11 +188,17 @@ def resume_cmd(run, follow):
     if leaderboard.is_sweep(run):
         if follow:
             raise UserError("resume SWEEP: --follow follows one run; give a trial's run id")
+        resumed = 0
         for trial in _runs_of(run):
             try:
+                if not Path(trial["run_dir"]).is_dir():
+                    raise UserError(f"run {trial['run_id']}'s run directory {trial['run_dir']} no longer exists")
                 _resume(trial["run_id"])
+                resumed += 1
             except UserError as exc:
                 click.echo(f"not resumed: {exc}")
+        if not resumed:  # exit 0 only when something was resumed
+            raise UserError(f"resume {run}: no trial was resumed (each one's reason above)")
         return
     entry = _resume(run)
     if follow:
@@ -191,6 +206,7 @@ def resume_cmd(run, follow):
 
 
 def _resume(ref: str) -> dict:
+    pipeline.check_resumable(Path(registry.find(ref)["run_dir"]))
     entry = resume_mod.resume(ref)
     click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
                f"(attempt {entry['attempt']}, {entry['note']})")

@@ -127,6 +127,9 @@ class LocalExecutor(Executor):
     def state(self, run_dir: Path, info: dict) -> dict:
         """From the run dir: exit_code file, cancel marker, or the live process group."""
         run_dir = Path(run_dir)
+        if not run_dir.is_dir():  # its state lived there (status and cancel alike)
+            return {"state": "UNKNOWN", "exit_code": None, "source": "local",
+                    "reason": f"run directory {run_dir} no longer exists"}
         exit_file = run_dir / LOCAL_EXIT
         pid = info.get("pid")
         if not pid and info.get("queue_pid"):  # a local sweep's trial its queue has not started yet
@@ -155,9 +158,7 @@ class LocalExecutor(Executor):
         return row
 
     def states(self, runs: list[tuple[Path, dict]]) -> list[dict | None]:
-        return [self.state(run_dir, info) if run_dir.is_dir() else  # its state lived there
-                {"state": "UNKNOWN", "exit_code": None, "source": "local",
-                 "reason": f"run directory {run_dir} no longer exists"} for run_dir, info in runs]
+        return [self.state(run_dir, info) for run_dir, info in runs]
 
     def busy(self, run_dir: Path, info: dict, state: dict) -> str | None:
         return state.get("state") if state.get("state") not in TERMINAL else None

@@ -90,6 +90,7 @@ def write_run_json(run_dir: Path, info: dict) -> None:
 
 def read_run_json(run_dir: Path) -> dict:
     try:
-        return json.loads((Path(run_dir) / RUN_JSON).read_text())
+        info = json.loads((Path(run_dir) / RUN_JSON).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+    return info if isinstance(info, dict) else {}  # a run.json edited into a list or a number: no fields

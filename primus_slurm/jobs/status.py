@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from primus_slurm.errors import UserError
 from primus_slurm.jobs import registry, runs
 from primus_slurm.jobs.executor_base import TERMINAL
 from primus_slurm.jobs.executors import executor_for
@@ -33,6 +34,20 @@ def _last_activity(run_dir: Path, progress, info: dict) -> float | None:
     if outs:
         return max(p.stat().st_mtime for p in outs)
     return None
+
+
+def job_says(run_dir: Path, info: dict) -> str | None:
+    """The job script's last own line (`primus-slurm: ...`, but not its closing `exited with code`) in the job's
+    stdout: why a job that never reached the trainer's own error line ended."""
+    try:
+        path = executor_for(info.get("executor")).stdout_path(run_dir, info)
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - 65536))
+            tail = fh.read().decode("utf-8", errors="replace").splitlines()
+    except (OSError, ValueError, UserError):
+        return None
+    said = [line.strip() for line in tail if line.startswith("primus-slurm: ") and " exited with code " not in line]
+    return said[-1][:300] if said else None
 
 
 def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall_minutes: float) -> str:
@@ -75,6 +90,11 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
             "restarts": progress.attempt, "seconds_since_log": stalled_for, "stall_minutes": stall_minutes,
             **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime", "exit_code")},
         })
+        if rows[-1]["state"] not in ("RUNNING", "COMPLETED", "PENDING") and not (rows[-1]["error"] or
+                                                                              rows[-1]["reason"]):
+            rows[-1]["reason"] = job_says(run_dir, info)  # e.g. the job script's own word on two slow starts
+        if rows[-1]["state"] == "UNKNOWN" and not rows[-1]["reason"]:
+            rows[-1]["reason"] = f"neither the scheduler nor the run's logs know job {info.get('job_id')}'s state"
         if (base or {}).get("state") in TERMINAL or rows[-1]["state"] == "STALLED":
             rows[-1]["eta_s"] = None  # an ended or stalled job: its last log line's pace says nothing of the end
     return rows

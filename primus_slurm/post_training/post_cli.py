@@ -59,7 +59,7 @@ def export_cmd(run, iteration, executor, adapter, merged):
     _finish(job)
 
 
-def _read_prompts(path: str) -> None:
+def read_prompts(path: str) -> None:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -124,7 +124,7 @@ def generate_cmd(run, iteration, executor, prompt, prompt_input, prompts_file, m
     elif iteration is not None:
         raise UserError("--checkpoint: not used with --merged or --base-only")
     if prompts_file is not None:
-        _read_prompts(prompts_file)
+        read_prompts(prompts_file)
         job.copies["prompts.jsonl"] = prompts_file
         job.args += ["--prompts", str(job.post_dir / "prompts.jsonl")]
     else:
@@ -156,7 +156,7 @@ def eval_cmd(run, iteration, executor, data):
 def show_results(run_dir, out=sys.stdout, rows: list | None = None) -> None:
     """The post jobs of a run (`rows`: post.results' already read), one line each (under `status RUN`)."""
     for r in post.results(run_dir) if rows is None else rows:
-        out.write(f"{r['kind']:<8} {r['id']}  {r['state']:<9} {r['summary'] or '-'}\n")
+        out.write(f"{r['kind']:<8} {r['id']}  {r['state']:<9} {r['summary'] or r.get('reason') or '-'}\n")
 
 
 def register(group: click.Group) -> None:

@@ -1,0 +1,112 @@
+"""The state of a run's pipeline steps (run.json's `pipeline`, and `pipeline_before`: the chains of the attempts
+before each `resume`), as `status RUN` and the sweep leaderboard show them; each settles to the truth:
+
+- Slurm: one sacct/squeue query for every step of both chains; a step neither knows is UNKNOWN, with a reason.
+- Local: the queue process (local_queue.py) writes each step's state as it runs it. A step it left PENDING or
+  RUNNING when it died (killed, the machine rebooted) never changes again: it reads CANCELLED (never ran) or
+  FAILED (ended with the queue), with the queue's pid as the reason.
+- A FAILED step says why: its job's last `error:` line (or the exception that ended it), from its output file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.local_executor import proc_start_ticks
+from primus_slurm.jobs.slurm_executor import slurm_states
+
+OUTPUTS = ("job.out", "slurm-*.out")  # a post job's output: local, Slurm
+
+
+def _queue_alive(info: dict) -> bool:
+    pid = info.get("queue_pid")
+    return bool(pid) and proc_start_ticks(pid) is not None and proc_start_ticks(pid) == info.get("queue_pid_start")
+
+
+def _settle_local(info: dict, steps: list[dict]) -> None:
+    """Steps the local queue left unfinished when it died."""
+    if not any(s.get("state") in ("PENDING", "RUNNING") for s in steps) or _queue_alive(info):
+        return
+    for s in steps:
+        if s.get("state") == "PENDING":
+            s.update(state="CANCELLED", reason=f"the local queue (pid {info.get('queue_pid')}) ended before it "
+                                               "ran this step")
+        elif s.get("state") == "RUNNING":
+            s.update(state="FAILED", reason=f"the local queue (pid {info.get('queue_pid')}) ended while this step "
+                                            f"ran; its output: {s.get('dir')}")
+
+
+def states(info: dict) -> tuple[list[dict], list[dict]]:
+    """(the current chain, the chains before each resume), each step with its state (Slurm: one query)."""
+    chain = [dict(step) for step in info.get("pipeline") or [] if isinstance(step, dict)]
+    before = [dict(step) for step in info.get("pipeline_before") or [] if isinstance(step, dict)]
+    if info.get("executor") == "slurm" and (chain or before):
+        found = slurm_states([s["job_id"] for s in (*chain, *before) if s.get("job_id")])
+        for s in (*chain, *before):
+            row = found.get(str(s.get("job_id"))) or {}
+            s.update(state=row.get("state", "UNKNOWN"),
+                     exit_code=row.get("exit_code") if row.get("state") in TERMINAL else None)
+            if not row:
+                s["reason"] = f"neither sacct nor squeue knows job {s.get('job_id')}"
+    elif chain or before:
+        _settle_local(info, chain)
+        _settle_local(info, before)
+    for s in (*chain, *before):
+        if s.get("state") == "FAILED" and not s.get("reason") and s.get("dir"):
+            s["reason"] = why_failed(Path(s["dir"]))
+    return chain, before
+
+
+def chain_states(info: dict) -> list[dict]:
+    """run.json's pipeline with each step's state."""
+    return states(info)[0]
+
+
+def why_failed(job_dir: Path) -> str | None:
+    """A failed post job's reason: its output's last `error:` line, else the last exception line of a traceback,
+    else the job script's own last line."""
+    lines: list[str] = []
+    for pattern in OUTPUTS:
+        for path in sorted(Path(job_dir).glob(pattern)):
+            try:
+                lines += path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+    lines = [line.strip() for line in lines if line.strip()]
+    for test in (lambda s: s.startswith("error:") or " error | " in s,
+                 lambda s: s.split(":", 1)[0].endswith(("Error", "Exception")),
+                 lambda s: s.startswith("primus-slurm:")):
+        hits = [line for line in lines if test(line)]
+        if hits:
+            return hits[-1][:300]
+    return None
+
+
+def step_states(post_rows: list[dict], steps: list[dict]) -> None:
+    """A queued step's post job has no exit code of its own until it runs (Slurm may remove it unrun): its row
+    takes the chain's state (and reason) where it has no result; a failed post job gets its reason."""
+    by_dir = {s.get("dir"): s for s in steps}
+    for row in post_rows:
+        step = by_dir.get(row["path"])
+        if step and row["state"] == "RUNNING" and step.get("state"):
+            row.update(state=step["state"], exit_code=step.get("exit_code"))
+            if step.get("reason"):
+                row["reason"] = step["reason"]
+        if row["state"] == "FAILED" and not row.get("reason"):
+            row["reason"] = why_failed(Path(row["path"]))
+
+
+def chain_line(train: dict, chain: list[dict]) -> str:
+    """`status RUN`'s pipeline line: train job STATE -> eval job STATE -> ..."""
+    parts = [f"train {train.get('job_id')} {train.get('state')}"]
+    parts += [f"{s['step']}{' (afterany)' if s['when'] == 'afterany' else ''} {s.get('job_id') or '-'} "
+              f"{s.get('state', 'UNKNOWN')}" for s in chain]
+    return "pipeline: " + " -> ".join(parts)
+
+
+def summary(chain: list[dict]) -> str | None:
+    """A trial's chain in the sweep table: `eval ok, export FAILED` (None without steps)."""
+    if not chain:
+        return None
+    short = {"COMPLETED": "ok", "PENDING": "pending", "RUNNING": "running"}
+    return ", ".join(f"{s['step']} {short.get(s.get('state'), s.get('state') or 'UNKNOWN')}" for s in chain)

@@ -1,0 +1,140 @@
+"""Bad input to sweeps and pipelines (issue 39): every case is one `error:` line naming what is wrong, exit 2, no
+traceback, nothing submitted and nothing written. Pure CLI on crafted input: no cluster, no training; each case
+well under a second."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, cli
+
+QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
+SWEEP_ID = "sweep-20261204-000000-abcdef"
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+
+
+def one_error(out, says: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def tree(root: Path) -> dict:
+    """Every file below `root` with its size and mtime: what a command wrote shows as a difference."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+PROMPTS_NOT_JSON = str(ROOT / "README.md")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["nosuch-recipe", "--grid", "trainer.lora.dim=4,8"], "recipe or preset 'nosuch-recipe' not found"),
+    ([QUICKSTART, "--set", "trainer.lora.dim=4", "--grid", "trainer.lora.dim=8,16"],
+     "--set trainer.lora.dim and the swept key trainer.lora.dim"),
+    ([QUICKSTART, "--set", "trainer.lora={dim: 4}", "--zip", "trainer.lora.dim=8,16"],
+     "--set trainer.lora and the swept key trainer.lora.dim"),
+    ([QUICKSTART, "--grid", "trainer.lora.dim=4,8,4"], "the value 4 is given twice"),
+    ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--max-trials", "1000000"], "'--max-trials': 1000000 is not in"),
+    ([QUICKSTART, "--grid", "trainer.schedule.train_iters=" + ",".join(map(str, range(10, 1010))),
+      "--grid", "trainer.schedule.lr=" + ",".join(f"{k}e-5" for k in range(1, 1001))], "makes 1,000,000 trials"),
+    ([QUICKSTART, "--set", "trainer.lora.bogus=1", "--grid", "trainer.lora.dim=4,8"],
+     "every trial is refused: --set: unknown key `trainer.lora.bogus`"),
+    ([QUICKSTART, "--grid", "after=[]"], "--grid after: the steps after each trial are --then's"),
+    ([QUICKSTART, "--grid", "experiment.name=a,b"], "--grid experiment.name: the trials of one sweep share"),
+    ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "generate", "--prompts", PROMPTS_NOT_JSON],
+     "README.md:1: not JSON"),
+    ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "export", "--no-adapter"], "exports nothing"),
+    ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "generate", "--prompt", "hi", "--max-new-tokens", "0"],
+     "`after[0].max_new_tokens` is 0"),
+    ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "eval", "--merged"], "No such option '--merged'"),
+])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_sweep_bad_arguments(env, tmp_path, args, says, dry_run):
+    out = cli(env, "sweep", *args, "--executor", "local", *(["--dry-run"] if dry_run else []))
+    one_error(out, says)
+    assert out.stdout == ""
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "state").exists()
+
+
+def test_submit_dry_run_reads_the_prompts_as_the_submit_does(env, tmp_path):
+    out = cli(env, "submit", QUICKSTART, "--dry-run", "--then", "generate", "--prompts", PROMPTS_NOT_JSON)
+    one_error(out, "README.md:1: not JSON")
+    assert out.stdout == "" and not (tmp_path / "ws").exists()
+
+
+def test_a_dry_run_where_every_trial_is_refused_exits_2(env, tmp_path):
+    """Two different refusals: the table says each, and the exit says nothing could go (as the submit would)."""
+    out = cli(env, "sweep", QUICKSTART, "--executor", "slurm", "--grid", "trainer.parallelism.tensor=2,3", "--dry-run")
+    assert out.returncode == 2 and out.stderr == "error: sweep: all 2 trials were refused (each one's reason above)\n"
+    assert out.stdout.count("refused: ") == 2 and not (tmp_path / "ws").exists()
+
+
+def _trial(index: int, run_dir: Path | None, **extra) -> dict:
+    return {"index": index, "values": {"trainer.lora.dim": str(4 * (index + 1))}, "task": index, "error": None,
+            "run_id": f"20261204-000000-00000{index}" if run_dir else None, "run_dir": str(run_dir) if run_dir else None,
+            **extra}
+
+
+def craft(tmp_path: Path, body) -> Path:
+    """A sweep directory holding `body` as its sweep.json (text as given, else JSON)."""
+    d = tmp_path / "ws" / "quickstart" / SWEEP_ID
+    d.mkdir(parents=True)
+    (d / "sweep.json").write_text(body if isinstance(body, str) else json.dumps(body))
+    return d
+
+
+GOOD = {"sweep_id": SWEEP_ID, "recipe": QUICKSTART, "executor": "local", "max_parallel": 1,
+        "keys": ["trainer.lora.dim"]}
+
+
+@pytest.mark.parametrize("body, says", [
+    ({k: v for k, v in GOOD.items()}, "`trials` is missing; expected a list of trials"),
+    ([1, 2], "holds a JSON list, not an object"),
+    ({**GOOD, "trials": [{**_trial(0, Path("/x")), "run_dir": None}]}, "`trials[0]` has run_id"),
+    ({**GOOD, "trials": {"0": {}}}, "`trials` is {'0': {}}; expected a list of trials"),
+    ({**GOOD, "trials": ["trial"]}, "`trials[0]` is 'trial'; expected an object"),
+    ({**GOOD, "trials": [{**_trial(0, None), "index": "0"}]}, "`trials[0].index` is '0'; expected int"),
+    ({**GOOD, "trials": [{**_trial(0, None), "values": None}]}, "`trials[0].values` is None; expected dict"),
+    ({**GOOD, "keys": "trainer.lora.dim", "trials": []}, "`keys` is 'trainer.lora.dim'; expected a list"),
+    ({**GOOD, "sweep_id": None, "trials": []}, "`sweep_id` is None; expected a string"),
+    ('{"sweep_id": "sweep-', "has no readable sweep.json"),
+])
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["compare"], ["cancel"], ["resume"]])
+def test_a_malformed_sweep_json_is_one_line(env, tmp_path, body, says, command):
+    sweep_dir = craft(tmp_path, body)
+    before = tree(tmp_path)
+    out = cli(env, command[0], str(sweep_dir), *command[1:])
+    one_error(out, says)
+    assert out.stdout == "" and tree(tmp_path) == before
+
+
+def test_resume_of_a_sweep_that_resumes_nothing_exits_2(env, tmp_path):
+    """Its one trial's run directory is gone: `not resumed:` says why, and the exit says nothing was resumed."""
+    sweep_dir = craft(tmp_path, {**GOOD, "trials": [_trial(0, tmp_path / "gone")]})
+    out = cli(env, "resume", str(sweep_dir))
+    assert out.returncode == 2 and "not resumed: " in out.stdout and "no longer exists" in out.stdout, out
+    assert out.stderr == f"error: resume {sweep_dir}: no trial was resumed (each one's reason above)\n"
+
+
+def test_cancel_of_a_sweep_without_a_submitted_trial_exits_2(env, tmp_path):
+    refused = {**_trial(0, None), "task": None, "error": "refused"}
+    sweep_dir = craft(tmp_path, {**GOOD, "trials": [refused]})
+    one_error(cli(env, "cancel", str(sweep_dir)), "the sweep has no submitted trial; nothing to cancel")
+
+
+def test_cancel_and_status_agree_on_a_trial_whose_directory_is_gone(env, tmp_path):
+    """status SWEEP and cancel SWEEP say the same state (UNKNOWN, the directory gone), with the same reason."""
+    gone = tmp_path / "ws" / "quickstart" / "20261204-000000-000000"
+    sweep_dir = craft(tmp_path, {**GOOD, "trials": [_trial(0, gone, job_id="local-999999")]})
+    board = json.loads(cli(env, "status", str(sweep_dir), "--json").stdout)["trials"]
+    assert board[0]["state"] == "UNKNOWN" and "no longer exists" in board[0]["error"], board
+    out = cli(env, "cancel", str(sweep_dir))
+    assert out.returncode == 0 and " is UNKNOWN: " in out.stdout and "no longer exists" in out.stdout, out
+    assert "FAILED" not in out.stdout
