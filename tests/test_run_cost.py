@@ -62,6 +62,21 @@ def test_local_run_cost_uses_the_price(tmp_path):
     assert unpriced["cost"] is None and "EUR" not in cost.line(unpriced)
 
 
+def test_local_gpu_run_of_a_cpu_recipe_costs_its_gpus(tmp_path):
+    """issue 36: the real-text recipe (gpus_per_node 0) run with trainer.distributed.device=cuda on one H200 reported
+    0 GPU-hours and no tokens per GPU-hour. The attempt's start event says cuda and world size 1: one GPU held."""
+    run_dir = _run(tmp_path, gpus_per_node=0)
+    path = run_dir / "logs" / "rank-0" / "events.jsonl"
+    events = [json.loads(x) for x in path.read_text().splitlines()]
+    events[0].update(world_size=1, device="cuda")
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    row = cost.costs([(run_dir, {"executor": "local"})])[0]
+    assert row["gpu_hours"] == pytest.approx(1.0) and row["tokens_per_gpu_hour"] == pytest.approx(50_000)
+    events[0].update(device="cpu")  # the same run on the CPU holds no GPU
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert cost.costs([(run_dir, {"executor": "local"})])[0]["gpu_hours"] == 0
+
+
 @pytest.mark.parametrize("item, says", [("cluster.gpu_hour_price=-1", "`cluster.gpu_hour_price` is -1.0"),
                                         ("cluster.currency=dollars", "`cluster.currency` is 'dollars'")])
 def test_price_keys_are_checked(tmp_path, item, says):

@@ -3,7 +3,8 @@
 - Slurm: one sacct call for all runs (`--duplicates`: every attempt of a requeued job; `-X`: allocations), each
   attempt's elapsed seconds x the GPUs it held (AllocTRES gres/gpu); a run's jobs are its current one and those
   before each `resume` (run.json `jobs`).
-- Local executor: each attempt's wall time (its event stream, first to last event) x cluster.gpus_per_node.
+- Local executor: each attempt's wall time (its event stream, first to last event) x the GPUs it held: its world
+  size when its start event says cuda, else cluster.gpus_per_node.
 - Tokens: the last iteration reached x tokens per iteration, as the trainer measured it (metrics event:
   tokens/s/GPU x world size x ms/iter).
 - Cost: GPU-hours x cluster.gpu_hour_price, in cluster.currency (absent when the recipe sets no price).
@@ -63,11 +64,22 @@ def _events(run_dir: Path) -> list[list[dict]]:
     return [run_files.read_events(p) for p in run_files.attempt_files(run_dir, "jsonl")]
 
 
+def attempt_gpus(events: list[dict], configured: int) -> int:
+    """The GPUs one local attempt held: one a rank when its start event says it ran on cuda (whatever the recipe's
+    cluster.gpus_per_node says: a CPU recipe run with trainer.distributed.device=cuda holds GPUs all the same),
+    else the recipe's count (0 for a CPU run)."""
+    start = next((e for e in events if e.get("event") == "start"), {})
+    if start.get("device") == "cuda" and isinstance(start.get("world_size"), int):
+        return start["world_size"]
+    return configured
+
+
 def local_usage(run_dir: Path, gpus: int) -> dict:
-    """Each attempt's wall time (first to last event) x `gpus`."""
-    spans = [e[-1]["t"] - e[0]["t"] for e in _events(run_dir) if len(e) > 1 and "t" in e[0] and "t" in e[-1]]
-    elapsed = sum(spans)
-    return {"elapsed_s": round(elapsed), "gpu_hours": elapsed * gpus / 3600, "attempts": len(spans)}
+    """Each attempt's wall time (first to last event) x the GPUs it held (attempt_gpus; `gpus` the recipe's)."""
+    spans = [(e[-1]["t"] - e[0]["t"], attempt_gpus(e, gpus)) for e in _events(run_dir)
+             if len(e) > 1 and "t" in e[0] and "t" in e[-1]]
+    elapsed = sum(s for s, _ in spans)
+    return {"elapsed_s": round(elapsed), "gpu_hours": sum(s * g for s, g in spans) / 3600, "attempts": len(spans)}
 
 
 def tokens_trained(run_dir: Path) -> float | None:
