@@ -6,7 +6,10 @@
 #   bash bench/gpu_suite.sh speed     the anchor, the adapter-free ceiling (bench/lora_ceiling.py), ours BF16/FP8, one call
 #   bash bench/gpu_suite.sh fused     issue 31: anchor, ceiling single + packed, ours unfused vs trainer.lora.fused
 #   bash bench/gpu_suite.sh fused-packed   ours packed unfused vs fused, FP8 fused + norm folded, fused FP8 profile
-#   bash bench/gpu_suite.sh swiglu    trainer.lora.fused_swiglu vs the default, single + packed, BF16/FP8, anchor + ceiling
+#   bash bench/gpu_suite.sh swiglu    trainer.lora.fused_swiglu vs the default, single + packed, BF16/FP8, anchor + ceiling,
+#                                     3 interleaved repeats (bench/interleaved.py), spread + verdicts (bench/spread.py)
+#   bash bench/gpu_suite.sh epilogue  the same with trainer.lora.epilogue as a third variant (bench/README.md)
+#   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
@@ -44,6 +47,31 @@ torch.cuda.synchronize(); dt = (time.perf_counter() - t) / n
 print(json.dumps({"bench": "bf16_gemm_peak", "shape": [8192, 8192, 8192], "tflops": round(2 * 8192**3 / dt / 1e12, 1),
                   "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}))
 PY
+}
+
+interleaved_call() {  # $1: the group; then bench/interleaved.py --variant arguments. One call, about 9 minutes:
+  # the anchor and the adapter-free ceiling (single + packed), each 3 times, interleaved inside their processes; then
+  # per precision (PRECISIONS, default "bf16 fp8") one bench/interleaved.py process running the variants A B C A B C
+  # (REPEATS, default 3) on single-document and packed batches; bench/spread.py prints min / median / max per cell and
+  # the verdicts. Every process has its share of the call's time (BUDGET_S, default 540): no block starts late.
+  local name=$1; shift
+  local end=$(( $(date +%s) + ${BUDGET_S:-540} )) r=${REPEATS:-3} precs=(${PRECISIONS:-bf16 fp8})
+  local anchor=() ceiling=()
+  for _ in $(seq "$r"); do
+    anchor+=(bf16 fp8_delayed); ceiling+=(bf16 packed:bf16 fp8_delayed packed:fp8_delayed)
+  done
+  { timeout $(( (end - $(date +%s)) / 4 )) python3 .gpu/bin/anchor_mcore_te.py "${anchor[@]}"
+    timeout $(( (end - $(date +%s)) / 3 )) python3 bench/lora_ceiling.py "${ceiling[@]}"
+    left=${#precs[@]}
+    for p in "${precs[@]}"; do
+      set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
+      share=$(( (end - $(date +%s)) / left )); left=$((left - 1))
+      timeout $((share + 60)) python3 bench/interleaved.py --recipe $R8 --label "8b-$p" "${set_p[@]}" "$@" \
+        --repeats "$r" --warmup 2 --steps "${STEPS:-4}" --deadline $(( $(date +%s) + share )) --workdir /tmp/bench-work
+    done
+  } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/$name.jsonl"
+  python3 bench/spread.py "$OUT/$name.jsonl" | tee "$OUT/$name-spread.jsonl"
+  python3 bench/spread.py --markdown "$OUT/$name.jsonl" > "$OUT/$name-spread.md"
 }
 
 case "${1:-}" in
@@ -96,18 +124,24 @@ case "${1:-}" in
       $TP --recipe $R8 --docs single --label 8b-fp8-single-fused-profile --profile 8-9 \
           --set trainer.precision.fp8=hybrid --set trainer.lora.fused=true
     } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/fused-packed.jsonl" ;;
-  swiglu)  # the next device session's first question (issue 31): trainer.lora.fused_swiglu (Triton, never run on a GPU
-           # yet) against the default, single-document and packed, BF16 and FP8, with the anchor and the ceiling
-    { python3 .gpu/bin/anchor_mcore_te.py bf16 fp8_delayed
-      python3 bench/lora_ceiling.py bf16 fp8_delayed
-      for docs in single packed; do
-        for f in false true; do
-          $TP --recipe $R8 --docs $docs --label "8b-bf16-$docs-swiglu-$f" --set trainer.lora.fused_swiglu=$f
-          $TP --recipe $R8 --docs $docs --label "8b-fp8-$docs-swiglu-$f" --set trainer.precision.fp8=hybrid \
-              --set trainer.lora.fused_swiglu=$f
-        done
+  swiglu)  # issue 37 item 1: trainer.lora.fused_swiglu against the default, interleaved (see interleaved_call)
+    interleaved_call swiglu --variant default= --variant swiglu=trainer.lora.fused_swiglu=true ;;
+  epilogue)  # issue 37: the default against trainer.lora.fused_swiglu and trainer.lora.epilogue (BF16 only: the
+             # contract refuses it with FP8, one error row says so), interleaved (see interleaved_call)
+    interleaved_call epilogue --variant default= --variant swiglu=trainer.lora.fused_swiglu=true \
+      --variant epilogue=trainer.lora.epilogue=true ${EXTRA_VARIANTS:-} ;;
+  epilogue-70b)  # the 70B recipe (block 60, as recipes/llama2_70b_1xh200.yaml; dropout 0.1 on qkv/proj) with the
+                 # adapters unfused (what ran before: dropout kept proj off the fused path) against the default, whose
+                 # fused path now takes pre-dropout (fused into A); A B A B A B, one process a run (~75 s each)
+    B60=(--set trainer.recompute.method=block --set trainer.recompute.num_layers=60)
+    for rep in 0 1 2; do
+      for v in unfused fused; do
+        set_v=(); [ $v = unfused ] && set_v=(--set trainer.lora.fused=false)
+        $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b1-$v-r$rep" \
+            --timeout 150 "${B60[@]}" "${set_v[@]}"
       done
-    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/swiglu.jsonl" ;;
+    done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/epilogue-70b.jsonl"
+    python3 bench/spread.py --baseline 70b1-unfused "$OUT/epilogue-70b.jsonl" | tee "$OUT/epilogue-70b-spread.jsonl" ;;
   8bmem)  # memory switches at the same shape: chunked loss (default) on/off, adapter_inputs scopes, FP8 params
     AI=(--set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-defaults
@@ -296,5 +330,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|epilogue-70b|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac

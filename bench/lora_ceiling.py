@@ -15,6 +15,7 @@ nothing below the first adapter needs a gradient.) Prints one JSON line per conf
     python3 bench/lora_ceiling.py bf16 fp8_delayed                 # one document per sequence (the anchor's layout)
     python3 bench/lora_ceiling.py --packed bf16 fp8_delayed        # packed: THD attention over the same synthetic
                                                                    # packs bench/trainer_throughput.py --docs packed trains
+    python3 bench/lora_ceiling.py bf16 packed:bf16 bf16 packed:bf16   # repeats, single and packed interleaved
 """
 from __future__ import annotations
 
@@ -128,12 +129,14 @@ def main(argv: list[str]) -> int:
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     print(json.dumps(versions()), flush=True)
     packed = "--packed" in argv
-    for w in [a for a in argv if a != "--packed"] or ["bf16"]:
+    for w in [a for a in argv if a != "--packed"] or ["bf16"]:  # "packed:<precision>": that one packed
+        one_packed, w = packed or w.startswith("packed:"), w.removeprefix("packed:")
         try:
-            print(json.dumps(run(8192, None if w == "bf16" else w.removeprefix("fp8_"), packed=packed)), flush=True)
+            print(json.dumps(run(8192, None if w == "bf16" else w.removeprefix("fp8_"), packed=one_packed)), flush=True)
         except Exception as e:  # one configuration's failure is a row, the next one still runs
-            print(json.dumps({"bench": "lora_ceiling", "config": w, "error": f"{type(e).__name__}: {str(e)[:300]}"}),
-                  flush=True)
+            print(json.dumps({"bench": "lora_ceiling", "config": w, "docs": "packed" if one_packed else "single",
+                              "fp8": None if w == "bf16" else w.removeprefix("fp8_"),
+                              "error": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
     dist.destroy_process_group()
     return 0
 

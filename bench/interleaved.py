@@ -1,0 +1,209 @@
+"""Recipe variants of OUR trainer timed interleaved in one process: A B C A B C ... on the same synthetic packs.
+
+Each variant is a set of `--set` overrides on one recipe (e.g. `swiglu=trainer.lora.fused_swiglu=true`). The process
+initialises distributed once, then for every repeat and every variant (bench/spread.py's `interleave` order) builds the
+model as `python -m trainer` does (contract + machine check, trainer.model.build: every transform), runs the
+trainer's own step (trainer.step.train.Trainer.step: forward, backward, grad reduction, clip, AdamW) for each
+`--docs` kind — `--warmup` steps, then `--steps` timed ones — and frees the model. One JSON line per block:
+
+    {"bench": "interleaved", "label", "variant", "docs", "precision", "rep", "tokens_per_s", "ms_per_iter",
+     "peak_gib", "lm_loss", "build_s", "block_s"}
+
+A variant the contract or the machine refuses gives one error row (with the refusal) and is not built again. One
+process per precision; bench/spread.py turns the rows into min / median / max and verdicts. Building per block costs
+seconds but keeps memory like a real run's (one model at a time) and lets any transform differ between variants.
+
+    python3 bench/interleaved.py --recipe bench/recipes/llama3_8b_h200.yaml --label 8b-bf16 \\
+        --variant default= --variant swiglu=trainer.lora.fused_swiglu=true --repeats 3 --docs single,packed
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from spread import interleave  # noqa: E402
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """'name=key=value,key=value' -> (name, ['key=value', ...]); 'name=' is the recipe as it is."""
+    name, _, sets = text.partition("=")
+    if not name:
+        raise ValueError(f"--variant {text!r}: NAME=[key=value,...]")
+    return name, [s for s in sets.split(",") if s]
+
+
+def write_data(work: Path, docs: str, seq: int, vocab: int, n_packs: int) -> Path:
+    """The synthetic packs bench/trainer_throughput.py trains on (same writers, same seed)."""
+    from trainer_throughput import write_single_doc
+    from trainer.data.mlperf import write_synthetic
+
+    data = work / f"data-{docs}-{seq}-v{vocab}-n{n_packs}"
+    if not (data / "train.npy").exists():
+        if docs == "single":
+            write_single_doc(data, n_packs, seq, vocab, seed=1)
+        else:
+            write_synthetic(str(data), n_packs, seq, vocab, seed=1)
+    return data
+
+
+def resolve(recipe: str, overrides: list[str], data: Path, work: Path, tag: str):
+    """(Config, precision) of the recipe with `overrides`, checked as the trainer checks it at start."""
+    from primus_slurm.config.recipe import dump, load_recipe
+    from trainer.config import load_config
+    from trainer.runtime.start_check import pre_start
+
+    r = load_recipe(recipe, [*overrides, "trainer.data.format=mlperf_npy", f"trainer.data.train.path={data}",
+                             "trainer.data.validation.path=null", "trainer.schedule.eval_interval=null",
+                             f"experiment.workspace={work}",
+                             "cluster.nproc_per_node=1"], env={})
+    path = work / f"{tag}.resolved.yaml"
+    path.write_text(dump(r.resolved))
+    cfg = load_config(str(path))
+    return cfg, pre_start(cfg)
+
+
+def reset_fp8_state() -> None:
+    """TE's global FP8 buffers hold every model's amax histories: cleared between models, so a later block does not
+    reduce a freed model's (TE absent: nothing to do)."""
+    for mod in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
+        try:
+            manager = getattr(__import__(mod, fromlist=["FP8GlobalStateManager"]), "FP8GlobalStateManager")
+        except (ImportError, AttributeError):
+            continue
+        manager.reset()
+        return
+
+
+def run_block(cfg, info, model, packs, warmup: int, steps: int, run_dir: str) -> dict:
+    """`warmup` + `steps` trainer steps on `packs` (iterations 0..); the timed steps' tokens/s, ms and last loss."""
+    import torch
+
+    from trainer.model import adapter_state_dict, forward_losses
+    from trainer.observability.logger import TrainLogger
+    from trainer.runtime.signals import StopSignal
+    from trainer.step.optim import build_optimizer, trainable_parameters
+    from trainer.step.train import Trainer
+
+    params = trainable_parameters(model)
+    opt = build_optimizer(params, cfg.trainer.schedule)
+    logger = TrainLogger(run_dir, info.rank, 0, stream=sys.stderr)
+    trainer = Trainer(cfg, run_dir, info, model, opt, params, packs, None, forward_losses, logger, StopSignal(),
+                      adapter_state_dict)
+    sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
+    lr = float(cfg.trainer.schedule.lr)
+    tokens, t0, last = 0.0, None, None
+    for i in range(warmup + steps):
+        if i == warmup:
+            sync()
+            t0 = time.perf_counter()
+        result = trainer.step(trainer.micro_batches(i), lr)
+        if i >= warmup:
+            tokens += result.tokens
+        last = result
+    sync()
+    dt = time.perf_counter() - t0
+    logger.close()
+    return {"tokens_per_s": round(tokens / dt / info.world_size, 1), "ms_per_iter": round(1000 * dt / steps, 1),
+            "lm_loss": float(last.loss_sum) / max(last.num_loss_tokens, 1.0)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="for every variant")
+    ap.add_argument("--variant", action="append", required=True, help="NAME=[key=value,...] (repeatable)")
+    ap.add_argument("--docs", default="single,packed")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="epoch seconds: no block starts when the last one would not end before it")
+    args = ap.parse_args(argv)
+    import torch
+
+    from primus_slurm.config.recipe import load_recipe
+    from trainer.data import build_datasets
+    from trainer.model import build
+    from trainer.runtime.distributed import init_distributed, seed_streams
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="interleaved-"))
+    work.mkdir(parents=True, exist_ok=True)
+    variants = [parse_variant(v) for v in args.variant]
+    docs_kinds = [d for d in args.docs.split(",") if d]
+    t = load_recipe(args.recipe, args.overrides, env={}).resolved["trainer"]
+    seq, vocab = t["data"]["seq_length"], t["model"]["vocab_size"]
+    n_packs = (args.warmup + args.steps) * t["schedule"]["global_batch_size"] + 8
+    data = {d: write_data(work, d, seq, vocab, n_packs) for d in docs_kinds}
+    first = docs_kinds[0]
+    precision_name = "fp8" if t["precision"]["fp8"] else ("fp4" if t["precision"]["fp4"] else "bf16")
+    configs, refused = {}, {}
+    for name, sets in variants:
+        try:
+            configs[name] = resolve(args.recipe, [*args.overrides, *sets], data[first], work, name)
+        except Exception as err:  # noqa: BLE001  (a refusal is a result: its row says why)
+            refused[name] = f"{type(err).__name__}: {str(err)[:400]}"
+    base_cfg, _ = next(iter(configs.values()), (None, None))
+    if base_cfg is None:
+        for name, why in refused.items():
+            print(json.dumps({"bench": "interleaved", "label": args.label, "variant": name, "error": why}))
+        return 1
+    info = init_distributed(base_cfg)
+    packs = {}
+    for d in docs_kinds:  # the same packs for every variant: only the data path differs from the variant's recipe
+        cfg_d, _ = resolve(args.recipe, args.overrides, data[d], work, f"data-{d}")
+        packs[d] = build_datasets(cfg_d, info.rank, info.world_size)[0]
+    on_gpu = info.device.type == "cuda"
+    block_s = 0.0
+    for rep, (name, sets) in interleave(variants, args.repeats):
+        base = {"bench": "interleaved", "label": args.label, "variant": name, "rep": rep,
+                "precision": precision_name, "overrides": sets}
+        if name in refused:
+            if rep == 0:
+                print(json.dumps({**base, "error": refused[name]}), flush=True)
+            continue
+        if args.deadline and time.time() + block_s > args.deadline:
+            print(json.dumps({**base, "error": "skipped: the call's deadline"}), flush=True)
+            continue
+        cfg, prec = configs[name]
+        t0 = time.perf_counter()
+        seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank)  # every block starts from the same draws
+        try:
+            built = build(cfg, info.device, prec)
+        except Exception as err:  # noqa: BLE001
+            refused[name] = f"build: {type(err).__name__}: {str(err)[:400]}"
+            print(json.dumps({**base, "error": refused[name]}), flush=True)
+            continue
+        build_s = time.perf_counter() - t0
+        lines = [ln for ln in built.log_lines if ln.split(" |")[0] in ("fused swiglu", "lora epilogue", "lora")]
+        for d in docs_kinds:
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats()
+            tb = time.perf_counter()
+            row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / f"run-{name}"))
+            peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
+            print(json.dumps({**base, "docs": d, **row, "peak_gib": None if peak is None else round(peak, 2),
+                              "build_s": round(build_s, 1), "block_s": round(time.perf_counter() - tb, 1),
+                              "transforms": lines}), flush=True)
+        del built
+        gc.collect()
+        reset_fp8_state()
+        if on_gpu:
+            torch.cuda.empty_cache()
+        block_s = max(block_s, time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
