@@ -107,3 +107,41 @@ def test_rng_states_read_onto_another_device_are_normalised():
         assert "meta" in str(err)
     else:
         raise AssertionError("a meta RNG state was accepted")
+
+
+class _Scaled(torch.nn.Module):
+    """A module with extra state, as Transformer Engine's FP8 modules keep their scales and amax history (torch's
+    extra-state protocol)."""
+
+    def __init__(self):
+        super().__init__()
+        self.amax_history = torch.zeros(4)
+
+    def get_extra_state(self):
+        return self.amax_history.clone()
+
+    def set_extra_state(self, state):
+        self.amax_history = state.clone()
+
+
+def test_module_extra_state_round_trips_through_a_checkpoint(tmp_path):
+    """The FP8 scaling state of a frozen base is saved with the adapters and restored on resume (module_state)."""
+    from trainer.checkpointing.module_state import extra_state, restore_extra_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), _Scaled(), torch.nn.Sequential(_Scaled()))
+    model[1].amax_history = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    model[2][0].amax_history = torch.tensor([5.0, 6.0, 7.0, 8.0])
+    path = ckpt.save(str(tmp_path), 1, {"extra_state": extra_state(model)}, rank=0, coords=(0, 0, 0),
+                     keep_last=None, metadata={})
+    fresh = torch.nn.Sequential(torch.nn.Linear(2, 2), _Scaled(), torch.nn.Sequential(_Scaled()))
+    loaded, _ = ckpt.load(path, rank=0, coords=(0, 0, 0))
+    assert sorted(loaded["extra_state"]) == ["1", "2.0"]  # the Linear has none
+    assert restore_extra_state(fresh, loaded["extra_state"]) == 2
+    assert torch.equal(fresh[1].amax_history, model[1].amax_history)
+    assert torch.equal(fresh[2][0].amax_history, model[2][0].amax_history)
+    try:
+        restore_extra_state(torch.nn.Sequential(torch.nn.Linear(2, 2)), loaded["extra_state"])
+    except KeyError as err:
+        assert "lacks" in str(err)
+    else:
+        raise AssertionError("extra state of modules the model lacks was accepted")

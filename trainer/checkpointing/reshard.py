@@ -7,14 +7,16 @@ Every rank's checkpoint file (trainer/checkpointing/checkpoint.py) holds its ada
 collide) in parameter order, and its AdamW state in the same order. metadata.json records the layout
 (world size, tensor, pipeline, data_parallel, expert); the file name records each file's (tp, pp, dp) coords.
 
-* Same layout: this rank's own file is loaded as is (adapters, AdamW moments, RNG): bit-exact.
+* Same layout: this rank's own file is loaded as is (adapters, AdamW moments, RNG, TE's FP8 scaling state):
+  bit-exact.
 * Different layout: a rank reads shard files (data-parallel rank 0 first, further ones only for
   parameters still missing, e.g. experts spread over EP) until it has every old TP shard of each of
   ITS adapters; shards are merged to full tensors (sharding.merge_shards, the inverse of the TP split,
   SwiGLU's [gate; up] row layout included) and sliced for the new TP rank (sharding.to_local). The
   AdamW moments (exp_avg, exp_avg_sq) are resharded the same way; `step` is carried over. RNG
-  streams are per-rank and layout-specific, so they keep this run's seeding (this matters only for
-  dropout; data order is a pure function of seed and iteration).
+  streams and TE's FP8 scaling state (trainer/checkpointing/module_state.py) are per-rank and layout-specific, so
+  they keep this run's seeding (this matters only for dropout; data order is a pure function of seed and
+  iteration) and FP8 modules start their amax history anew.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def current_layout(info) -> tuple:
 
 def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
     """Load adapters + optimizer (+ RNG on the same layout); returns (iteration, reshard note or None)."""
+    from trainer.checkpointing.module_state import restore_extra_state
     from trainer.model import load_adapter_state_dict
     from trainer.model.lora.layers import adapter_parameters
 
@@ -58,6 +61,7 @@ def restore(path: str, model, optimizer, info) -> tuple[int, Optional[str]]:
             load_adapter_state_dict(model, state["adapter"])
             optimizer.load_state_dict(state["optimizer"])
             ckpt.set_rng_state(state["rng"], info.device)
+            restore_extra_state(model, state.get("extra_state"))  # TE's FP8 scales and amax history
             return int(state["iteration"]), None
     iteration = load_resharded(path, old[1], model, optimizer, info.tp_rank, info.tp_size)
     note = "resharded from " + " ".join(f"{k} {v}" for k, v in zip(LAYOUT_KEYS, old))
