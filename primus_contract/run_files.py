@@ -93,17 +93,23 @@ def number(value):
         return None
 
 
-def parse_events(text: str) -> list[dict]:
-    """The events of a stream's text; a torn last line (the writer was killed mid-line) is skipped."""
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects of JSON-lines text; a torn line (the writer was killed mid-line) or another value is
+    skipped."""
     out = []
     for raw in text.splitlines():
         try:
             record = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("event") in EVENTS:
+        if isinstance(record, dict):
             out.append(record)
     return out
+
+
+def parse_events(text: str) -> list[dict]:
+    """The events of a stream's text."""
+    return [record for record in json_objects(text) if record.get("event") in EVENTS]
 
 
 def read_events(path, tail_bytes: int | None = None) -> list[dict]:

@@ -17,6 +17,7 @@ from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.experiments import cli as experiments_cli
+from primus_slurm.nodes import cli as nodes_cli
 from primus_slurm.jobs.executors import concrete_executor, sbatch_absent_note
 from primus_slurm.config.recipe import find_recipe, load_recipe
 from primus_slurm.config.render import render_script
@@ -118,7 +119,8 @@ def recipes_show(name: str) -> None:
     click.echo(find_recipe(name).read_text(), nl=False)
 
 
-for _commands in (jobs_cli, precision_cli, post_cli, preflight, plan_cli, experiments_cli):  # each module's register(group)
+for _commands in (jobs_cli, precision_cli, post_cli, preflight, plan_cli, experiments_cli,
+                  nodes_cli):  # each module's register(group)
     _commands.register(main)
 
 

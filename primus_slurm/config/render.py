@@ -12,6 +12,7 @@ from primus_contract.rules_data import uses_hub
 from primus_contract.rules_model import nproc_per_node
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executors import concrete_executor, executor_for
+from primus_slurm.nodes import ledger as nodes_ledger
 from primus_slurm.resources import templates_dir
 from primus_slurm.config.validate import WORKSPACE_RE
 
@@ -60,7 +61,8 @@ def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
     lines.append("--requeue" if c["requeue"] else "--no-requeue")
     lines.append(f"--signal=B:{c['signal']}@{c['signal_grace_s']}")
     lines += [f"--output={run_dir}/logs/slurm-%j.out", "--open-mode=append"]
-    return lines + list(c["extra_sbatch"])
+    lines += nodes_ledger.exclusion(resolved, slurm=True).args  # the node ledger's excluded nodes and the
+    return lines + [x for x in c["extra_sbatch"] if not str(x).startswith("--exclude=")]  # recipe's, in one line
 
 
 def job_env(resolved: dict) -> dict:
@@ -118,12 +120,20 @@ def render_script(resolved: dict, run_dir: str, run_id: str, executor: str | Non
         "secrets": list(c["secrets"]),
         "passthrough": sorted({*env, *SCRIPT_VARS, *(JIT_VARS.get(profile["vendor"], ()) if profile["jit_cache"] else ()), *c["secrets"]}),
         "python": python,
+        # the job script's own helpers (the node ledger's settle) run on the host, outside any container
+        "host_python": python if runtime == "none" or runner.container_unused(runtime) else "python3",
+        "ledger_dir": nodes_ledger.ledger_dir(resolved["experiment"]["workspace"]),
         "nproc_per_node": nproc_per_node(c),
         "entrypoint": c["entrypoint"],
         "requeue": c["requeue"],
         "signal": c["signal"],
     }
     context.update(extra or {})
+    return _environment().get_template(template).render(**context)
+
+
+def render_template(template: str, **context) -> str:
+    """Another script from templates/ (its values quoted by its own `q` filters)."""
     return _environment().get_template(template).render(**context)
 
 

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import click
 import submitit
+import yaml
+
+from primus_contract import run_files
 
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executor_base import ACTIVE, STOPPING, TERMINAL, Executor
+from primus_slurm.nodes import ledger as nodes_ledger
 
 POLL_S = 1.0  # a post job's output and state, polled
 
@@ -22,22 +26,29 @@ POLL_S = 1.0  # a post job's output and state, polled
 class _RawScriptExecutor(submitit.SlurmExecutor):
     """submitit's SlurmExecutor, but the sbatch file is our rendered script, byte for byte."""
 
-    def __init__(self, folder: Path, script: str):
+    def __init__(self, folder: Path, script: str, args: list[str] = ()):
         super().__init__(folder)
-        self._script = script
+        self._script, self._args = script, list(args)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return self._script
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        return ["sbatch", *self._args, str(submission_file_path)]  # command-line options beat the script's
 
     def _num_tasks(self) -> int:
         return 1  # one batch script; torchrun inside it starts the ranks
 
 
-def submit_script(script: str, run_dir: Path) -> tuple[str, Path]:
-    """sbatch `script` via submitit; returns (job id, path of the file submitit handed to sbatch)."""
+def submit_script(script: str, run_dir: Path, args: list[str] = ()) -> tuple[str, Path]:
+    """sbatch `script` via submitit (`args`: sbatch options before it); returns (job id, path of the file
+    submitit handed to sbatch)."""
     folder = run_dir / ".submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    executor = _RawScriptExecutor(folder, script)
+    executor = _RawScriptExecutor(folder, script, args)
+    excluded = nodes_ledger.excluded_in(script, list(args))
+    if excluded:
+        nodes_ledger.announce(excluded)
     try:
         # submitit's own path from text to sbatch to job id; it echoes sbatch's stderr on failure, which
         # we fold into our one error line instead
@@ -173,7 +184,13 @@ class SlurmExecutor(Executor):
         return {"job_id": job_id, "submitted_file": str(submitted)}
 
     def resubmit(self, run_dir: Path) -> dict:
-        return self.submit(run_dir)
+        """The run's script again, with the node ledger's exclusions as they are now (its #SBATCH --exclude line
+        holds those of its first submission)."""
+        resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
+        now = nodes_ledger.check_placement(resolved).nodes
+        args = [f"--exclude={','.join(now)}"]  # (empty: the script's line no longer holds)
+        job_id, submitted = submit_script((run_dir / "job.sbatch").read_text(), run_dir, args)
+        return {"job_id": job_id, "submitted_file": str(submitted)}
 
     def state(self, run_dir: Path, info: dict) -> dict:
         return self.states([(run_dir, info)])[0] or {"state": "UNKNOWN"}

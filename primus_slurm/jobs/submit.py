@@ -15,6 +15,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.config.recipe import Recipe, dump, load_recipe
 from primus_slurm.config.render import job_python, render_script
 from primus_slurm.jobs.start_checks import check_start
+from primus_slurm.nodes import ledger as nodes_ledger
 from primus_slurm.config.validate import check_time_limit
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
@@ -63,6 +64,7 @@ def check(p: Prepared) -> list[str]:
     what would run. Returns the checks that could not be made here (paths only the job's nodes see)."""
     unchecked = paths.check_paths(p.recipe.resolved, p.executor, str(p.run_dir))  # data/tokenizer/checkpoint
     unchecked += check_start(p.recipe.resolved, p.executor)  # the W&B key, a local job's interpreter
+    nodes_ledger.check_placement(p.recipe.resolved)  # the node ledger's excluded nodes leave enough to place it
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
     return unchecked

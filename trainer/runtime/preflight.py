@@ -21,7 +21,8 @@ from typing import Optional
 
 from primus_contract.fields import SCHEMA
 from primus_contract.machine import parse_version
-from trainer.runtime.signals import EXIT_CONFIG
+from trainer.runtime import node_preflight
+from trainer.runtime.signals import EXIT_CONFIG, EXIT_ERROR
 
 # (distribution, import name, lowest supported, first unsupported): megatron-core 0.16.1 declares torch>=2.6 and
 # TE >=2.9 (its `dev` extra); the trainer runs megatron-core 0.16.1 (the CPU pin) and 0.19.2 (with TE 2.20.2 on
@@ -148,9 +149,11 @@ def summary(found: list) -> str:
     return " | ".join(f"{name} {version}" for name, version, _ in found if name in keep)
 
 
-def _log_failure(run_dir: Optional[str], line: str) -> None:
-    """The attempt's rank-0 log and event stream (primus_contract.run_files), from node 0 only: status shows it."""
-    if not run_dir or os.environ.get("SLURM_PROCID", "0") != "0":
+def _log_failure(run_dir: Optional[str], line: str, head: str = "config error", code: int = EXIT_CONFIG,
+                 any_node: bool = False) -> None:
+    """The attempt's rank-0 log and event stream (primus_contract.run_files), from node 0 only (`any_node`: from
+    the node that found a problem of its own): status shows it."""
+    if not run_dir or (os.environ.get("SLURM_PROCID", "0") != "0" and not any_node):
         return
     attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     try:
@@ -163,10 +166,10 @@ def _log_failure(run_dir: Optional[str], line: str) -> None:
         name = run_files.log_name(attempt) if run_files else ("debug.log" if attempt == 0 else
                                                                 f"debug.attempt-{attempt}.log")
         with open(os.path.join(folder, name), "a", encoding="utf-8") as fh:
-            fh.write(f"[{time.strftime(STAMP)}] config error | {line}\n")
+            fh.write(f"[{time.strftime(STAMP)}] {head} | {line}\n")
         if run_files is not None:
             with open(os.path.join(folder, run_files.events_name(attempt)), "a", encoding="utf-8") as fh:
-                fh.write(run_files.event_line("outcome", status="config error", exit=EXIT_CONFIG, message=line) + "\n")
+                fh.write(run_files.event_line("outcome", status=head, exit=code, message=line) + "\n")
     except OSError:
         pass
 
@@ -192,6 +195,13 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as err:
         print(f"preflight: cannot read {args.config}: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    device = node_preflight.problem()
+    if device:
+        node = node_preflight.record(args.run_dir, "device", f"preflight: {device}")
+        line = f"node {node}: {device} (preflight)"
+        print(f"preflight: {line}", file=sys.stderr, flush=True)
+        _log_failure(args.run_dir, line, head="error", code=EXIT_ERROR, any_node=True)
+        return EXIT_ERROR
     found = checks(resolved)
     problems = [p for _, _, p in found if p]
     if args.report:
@@ -200,6 +210,7 @@ def main(argv=None) -> int:
     if problems:
         line = f"{where()} {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         print(f"preflight: {line}", file=sys.stderr, flush=True)
+        node_preflight.record(args.run_dir, "preflight", line)  # a node's only when other nodes passed
         _log_failure(args.run_dir, line)
         return EXIT_CONFIG
     print(f"preflight | {summary(found)} | container {container()} | {where()} | {_mount_namespace()}", flush=True)

@@ -27,18 +27,8 @@ def _settings(config: str) -> tuple[str, str]:
     return device, d.get("backend") or ("nccl" if device == "cuda" else "gloo")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.runtime.preflight_comm")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--mib", type=int, default=None, help="message size (default 8 MiB on CPU, 256 MiB on GPU)")
-    args = ap.parse_args(argv)
-    device, backend = _settings(args.config)
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mib = args.mib or (256 if device == "cuda" else 8)
+def timed_all_reduce(mib: int, device: str, world: int) -> tuple[float, bool]:
+    """(seconds per all-reduce of `mib` MiB of float32 across the process group, whether the sum was right)."""
     x = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=torch.device(device, torch.cuda.current_device())
                    if device == "cuda" else "cpu")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -53,6 +43,22 @@ def main(argv=None) -> int:
     seconds = (time.perf_counter() - t0) / TIMED
     expected = float(world) ** (WARMUP + TIMED)  # ones, summed over `world` ranks each time
     ok = bool(torch.allclose(x[:16].double().cpu(), torch.full((16,), expected, dtype=torch.float64), rtol=1e-5))
+    return seconds, ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.runtime.preflight_comm")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--mib", type=int, default=None, help="message size (default 8 MiB on CPU, 256 MiB on GPU)")
+    args = ap.parse_args(argv)
+    device, backend = _settings(args.config)
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mib = args.mib or (256 if device == "cuda" else 8)
+    seconds, ok = timed_all_reduce(mib, device, world)
     if rank == 0:
         algbw = mib * 2**20 / seconds / 1e9
         nodes = world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))

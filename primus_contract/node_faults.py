@@ -1,0 +1,175 @@
+"""What a run learns about its nodes, and what the job does about it once an attempt has ended.
+
+The job's processes write `<run_dir>/logs/nodes.jsonl` (NODES), one JSON object a line:
+
+    rank    attempt, rank, node              every rank at start: which node ran which rank
+    fault   attempt, node, kind, why, rank   a failure that names a node (KINDS)
+    slow    attempt, node, rank, why         a rank consistently slower than the others (named once)
+    attempt attempt, nodes, rc, node, why, action   written by `settle` when the attempt's job step has ended
+
+`settle` (run by the job script after every attempt, `python -m primus_contract.node_faults settle ...`) turns the
+attempt's faults into suspect lines of the node ledger (primus_contract/node_ledger.py), decides whether the job
+is requeued away from them, and prints that decision as one line for the script: `requeue NODES | why` (NODES:
+the job's whole new ExcNodeList, comma-separated) or `end | why`. `primus-slurm status RUN` reads the `attempt`
+lines (which node ended each attempt, and why) and the `slow` lines.
+
+PRIMUS_FAULT_FILE names a file of injected faults for tests (a node made bad on purpose), one a line:
+`KIND NODE [VALUE]`, KIND one of check-slow (the check's GEMM takes VALUE times as long), preflight (the
+preflight's node check fails), slow (the rank sleeps VALUE seconds a step); NODE is a node name or `first`
+(the first node that reads the line, recorded beside the file in `<file>.first`). Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from primus_contract import node_ledger
+
+NODES = "logs/nodes.jsonl"
+# A fault of these kinds names its node by itself: the node's GPU failed (a CUDA/HIP error, the preflight's device
+# check), a collective timed out waiting for that node's rank, or the watchdog found that node's rank stopped.
+NODE_KINDS = ("device", "timeout", "hang")
+# A preflight failure (the interpreter's stack) names a node only when other nodes of the same attempt passed it:
+# when every node fails, the image or recipe is wrong, not a node.
+SHARED_KINDS = ("preflight",)
+KINDS = NODE_KINDS + SHARED_KINDS
+MAX_NODE_REQUEUES = 3  # requeues away from suspect nodes per run; then the job ends (a fleet-wide problem)
+FAULT_ENV = "PRIMUS_FAULT_FILE"
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def record(run_dir, event: str, **fields) -> None:
+    """Append one line to the run's NODES file (any rank, any node: one write, O_APPEND)."""
+    rec = {"event": event, "t": round(time.time(), 3), **fields}
+    try:
+        node_ledger.append(Path(run_dir) / NODES, [json.dumps(rec, default=str)])
+    except OSError:
+        pass  # a run directory that cannot be written to has bigger news; never fail the job over this
+
+
+def read(run_dir) -> list[dict]:
+    return [r for r in node_ledger.json_lines(Path(run_dir) / NODES) if isinstance(r.get("event"), str)]
+
+
+def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[str, str]:
+    """{node: why} that this attempt's faults name (see NODE_KINDS / SHARED_KINDS)."""
+    faults = [r for r in records if r.get("event") == "fault" and r.get("attempt") == attempt
+              and r.get("kind") in KINDS and isinstance(r.get("node"), str)]
+    shared = {r["node"] for r in faults if r["kind"] in SHARED_KINDS}
+    out: dict[str, str] = {}
+    for r in faults:
+        if r["kind"] in SHARED_KINDS and job_nodes and shared >= set(job_nodes):
+            continue  # every node failed it: not a node's fault
+        out.setdefault(r["node"], f"{r['kind']}: {r.get('why', '')}")
+    return out
+
+
+def decide(records: list[dict], attempt: int, job_nodes: list[str], rc: int, requeue: bool,
+           excluded: list[str], partition_nodes: list[str]) -> tuple[str, list[str], str]:
+    """(action, the job's new ExcNodeList, why): `requeue` away from this attempt's suspect nodes, or `end`."""
+    named = suspects(records, attempt, job_nodes)
+    if not named:
+        return "end", list(excluded), "no node named"
+    names = ", ".join(f"{n} ({why})" for n, why in sorted(named.items()))
+    new = sorted(set(excluded) | set(named))
+    if rc == 0:
+        return "end", new, f"suspect: {names}"
+    if not requeue:
+        return "end", new, f"suspect: {names}; cluster.requeue is false, not requeued"
+    done = sum(1 for r in records if r.get("event") == "attempt" and str(r.get("action", "")).startswith("requeue"))
+    if done >= MAX_NODE_REQUEUES:
+        return "end", new, f"suspect: {names}; already requeued {done} times away from nodes, not again"
+    left = [n for n in partition_nodes if n not in new]
+    if partition_nodes and len(left) < len(job_nodes):
+        return "end", new, (f"suspect: {names}; not requeued: excluding {','.join(new)} leaves {len(left)} of the "
+                            f"partition's {len(partition_nodes)} nodes, the job needs {len(job_nodes)}")
+    return "requeue", new, f"suspect: {names}"
+
+
+def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledger, requeue: bool,
+           excluded: list[str], partition_nodes: list[str]) -> str:
+    """Record the attempt's end and its suspects (run file and ledger); returns the script's one line."""
+    records = read(run_dir)
+    named = suspects(records, attempt, job_nodes)
+    by = f"run {Path(run_dir).name} attempt {attempt} (job {job})"
+    problem = ""
+    if ledger:
+        try:
+            node_ledger.append(ledger, [node_ledger.line(n, "suspect", w, by) for n, w in sorted(named.items())])
+        except OSError as err:
+            problem = f"; the node ledger {ledger} could not be written ({err.strerror or err})"
+        excluded = [*excluded, *node_ledger.excluded(ledger)]  # with what this attempt's strikes just excluded
+    action, new, why = decide(records, attempt, job_nodes, rc, requeue, excluded, partition_nodes)
+    why += problem
+    ended_by = sorted(named)[0] if named else None
+    record(run_dir, "attempt", attempt=attempt, job=job, nodes=job_nodes, rc=rc, node=ended_by,
+           why=named.get(ended_by, ""), action=f"requeue excluding {','.join(new)}" if action == "requeue" else
+           ("end" if rc else "finished"))
+    return f"{action} {','.join(new) or '-'} | {why}"
+
+
+def injected(kind: str, node: str | None = None) -> str | None:
+    """The VALUE of an injected fault of `kind` on this node (`` when it has none), None when there is none."""
+    path = os.environ.get(FAULT_ENV)
+    if not path:
+        return None
+    node = node or node_name()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    for raw in lines:
+        parts = raw.split()
+        if len(parts) < 2 or parts[0] != kind:
+            continue
+        target = parts[1]
+        if target == "first":
+            target = _claim(f"{path}.first", node)
+        if target == node:
+            return parts[2] if len(parts) > 2 else ""
+    return None
+
+
+def _claim(path: str, node: str) -> str:
+    """The node that read a `first` fault first (this one, if nobody had)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return Path(path).read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(node + "\n")
+    return node
+
+
+def _split(text: str) -> list[str]:
+    return [n for n in (text or "").replace(" ", ",").split(",") if n]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m primus_contract.node_faults")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("settle", help="after an attempt: its suspects into the ledger, and the requeue decision")
+    s.add_argument("--run-dir", required=True)
+    s.add_argument("--attempt", type=int, required=True)
+    s.add_argument("--job", required=True)
+    s.add_argument("--rc", type=int, required=True)
+    s.add_argument("--nodes", default="", help="the attempt's nodes (comma-separated)")
+    s.add_argument("--ledger", default="", help="the node ledger to append suspects to")
+    s.add_argument("--requeue", action="store_true", help="the job may be requeued (cluster.requeue)")
+    s.add_argument("--excluded", default="", help="the job's ExcNodeList now, and the ledger's excluded nodes")
+    s.add_argument("--partition-nodes", default="", help="every node of the job's partition")
+    args = ap.parse_args(argv)
+    print(settle(args.run_dir, args.attempt, args.job, args.rc, _split(args.nodes), args.ledger, args.requeue,
+                 _split(args.excluded), _split(args.partition_nodes)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The preflight's node check (trainer/runtime/preflight.py, on every node before torchrun starts): the GPUs'
+error counters from the vendor tool (trainer/runtime/gpu_counters.py) and a fault injected for tests
+(primus_contract/node_faults.py: `preflight NODE`). A problem is recorded as a `fault` of kind `device` in the
+run's logs/nodes.jsonl, which the job script settles into the node ledger after the attempt (and requeues the job
+away from the node). Standard library only, as the preflight.
+"""
+from __future__ import annotations
+
+import os
+
+from primus_contract import node_faults
+from trainer.runtime import gpu_counters
+
+
+def attempt() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def problem() -> str | None:
+    """What is wrong with this node's GPUs, else None."""
+    value = node_faults.injected("preflight")
+    if value is not None:
+        return f"injected fault ({node_faults.FAULT_ENV}){': ' + value if value else ''}"
+    tool, found, _ = gpu_counters.counters()
+    bad = gpu_counters.bad(found) if tool else None
+    return f"{tool}: {bad}" if bad else None
+
+
+def record(run_dir: str | None, kind: str, why: str) -> str:
+    """The fault in the run's logs/nodes.jsonl; returns this node's name."""
+    node = node_faults.node_name()
+    if run_dir:
+        node_faults.record(run_dir, "fault", attempt=attempt(), node=node, kind=kind, why=why,
+                           rank=None, task=int(os.environ.get("SLURM_PROCID", "0") or 0))
+    return node
