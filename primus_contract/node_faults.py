@@ -3,8 +3,9 @@
 The job's processes write `<run_dir>/logs/nodes.jsonl` (NODES), one JSON object a line:
 
     rank    attempt, rank, node              every rank at start: which node ran which rank
-    fault   attempt, node, kind, why, rank   a failure that names a node (KINDS)
-    slow    attempt, node, rank, why         a rank consistently slower than the others (named once)
+    fault   attempt, node, kind, why, rank   a failure that names a node (KINDS; `slow`: a rank consistently
+                                             slower than the others, named once)
+    timeout attempt, node, rank, why         a rank whose collective timed out (waiting for another: `stopped`)
     attempt attempt, nodes, rc, node, why, action   written by `settle` when the attempt's job step has ended
 
 `settle` (run by the job script after every attempt, `python -m primus_contract.node_faults settle ...`) turns the
@@ -31,8 +32,9 @@ from primus_contract import node_ledger
 
 NODES = "logs/nodes.jsonl"
 # A fault of these kinds names its node by itself: the node's GPU failed (a CUDA/HIP error, the preflight's device
-# check), a collective timed out waiting for that node's rank, or the watchdog found that node's rank stopped.
-NODE_KINDS = ("device", "timeout", "hang")
+# check), a collective timed out waiting for that node's rank, the node's ranks stopped (`stopped`: a hang), or a
+# rank there was consistently slower than the others (trainer/observability/stragglers.py).
+NODE_KINDS = ("device", "timeout", "hang", "slow")
 # A preflight failure (the interpreter's stack) names a node only when other nodes of the same attempt passed it:
 # when every node fails, the image or recipe is wrong, not a node.
 SHARED_KINDS = ("preflight",)
@@ -68,7 +70,26 @@ def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[st
         if r["kind"] in SHARED_KINDS and job_nodes and shared >= set(job_nodes):
             continue  # every node failed it: not a node's fault
         out.setdefault(r["node"], f"{r['kind']}: {r.get('why', '')}")
+    for node, why in stopped(records, attempt).items():
+        out.setdefault(node, f"hang: {why}")
     return out
+
+
+def stopped(records: list[dict], attempt: int) -> dict[str, str]:
+    """{node: why} of the nodes none of whose ranks saw a collective time out in this attempt while ranks of other
+    nodes did: the others were waiting for them (a hung rank never gets to say so). A node with one rank that timed
+    out is not named, so a node whose ranks were ended by their launcher first is not blamed by mistake."""
+    ranks = {r.get("rank"): r.get("node") for r in records if r.get("event") == "rank" and r.get("attempt") == attempt}
+    waited = [r for r in records if r.get("event") == "timeout" and r.get("attempt") == attempt]
+    if not waited or not ranks:
+        return {}
+    said = {r.get("node") for r in waited}
+    silent = sorted({n for n in ranks.values() if isinstance(n, str) and n not in said})
+    if not silent or len(silent) == len(set(ranks.values())):
+        return {}
+    return {n: f"its ranks {sorted(r for r, m in ranks.items() if m == n)} never timed out while "
+               f"{len(waited)} rank(s) on {', '.join(sorted(said))} waited for them ({waited[0].get('why', '')})"
+            for n in silent}
 
 
 def decide(records: list[dict], attempt: int, job_nodes: list[str], rc: int, requeue: bool,
@@ -108,10 +129,10 @@ def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledge
         excluded = [*excluded, *node_ledger.excluded(ledger)]  # with what this attempt's strikes just excluded
     action, new, why = decide(records, attempt, job_nodes, rc, requeue, excluded, partition_nodes)
     why += problem
-    ended_by = sorted(named)[0] if named else None
+    ended_by = sorted(named)[0] if named and rc else None  # (a finished attempt's suspects: slow ranks)
+    done = f"requeue excluding {','.join(new)}" if action == "requeue" else ("end" if rc else "finished")
     record(run_dir, "attempt", attempt=attempt, job=job, nodes=job_nodes, rc=rc, node=ended_by,
-           why=named.get(ended_by, ""), action=f"requeue excluding {','.join(new)}" if action == "requeue" else
-           ("end" if rc else "finished"))
+           why=named.get(ended_by, ""), suspects=sorted(named), action=done)
     return f"{action} {','.join(new) or '-'} | {why}"
 
 

@@ -18,6 +18,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.jobs.executors import executor_for
 from primus_slurm.experiments import chain_state, cost, leaderboard, pipeline
 from primus_slurm.experiments import cli as experiments_cli
+from primus_slurm.nodes import run_nodes
 
 
 @click.command("submit", cls=pipeline.ThenCommand)
@@ -104,6 +105,7 @@ def status_cmd(run, as_json, wide, show_all):
         measured = (rows[0]["mem_peak_gib"], rows[0].get("avg_tokens_per_s_gpu") or rows[0]["tokens_per_s_gpu"])
         planned = plan_runs.planned(Path(rows[0]["run_dir"]))
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
+        rows[0]["node_history"] = run_nodes.history(Path(rows[0]["run_dir"]))  # each attempt's nodes, slow ranks
     if as_json:
         click.echo(status_mod.to_json(rows[0] if run else rows))
     elif rows:
@@ -113,6 +115,8 @@ def status_cmd(run, as_json, wide, show_all):
             if line:
                 click.echo(line)
             post_cli.show_results(rows[0]["run_dir"], rows=rows[0]["post"])
+            for line in run_nodes.lines(rows[0]["node_history"]):
+                click.echo(line)
             click.echo(cost.line(rows[0]["cost"]))
             if rows[0]["pipeline"]:
                 click.echo(chain_state.chain_line(rows[0], rows[0]["pipeline"]))

@@ -33,6 +33,7 @@ from trainer.step.optim import clip_gradients, reduce_gradients
 from trainer.step.pipeline import accumulate_gradients
 from trainer.precision import fp8_params
 from trainer.observability.profiling import StepProfiler
+from trainer.observability.stragglers import RankTimes
 from trainer.step.schedule import LRSchedule
 from trainer.runtime.signals import (EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, StopSignal)
 
@@ -126,6 +127,8 @@ class Trainer:
         self.checked: list[tuple[int, float, float, float]] = []  # finite (iteration, loss, grad norm, lr)
         self.last_loss = float("nan")
         self.profiler = StepProfiler.from_cfg(t.logging, run_dir, info.rank, self.device, logger, model)
+        self.times = RankTimes(run_dir, info.rank, info.world_size, self.device,  # slow ranks named
+                               int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), logger)
 
     # ------------------------------------------------------------------ one step
     def micro_batches(self, iteration: int) -> list[dict]:
@@ -152,7 +155,8 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         release = (lambda: fp8_params.release_transposes(self.model)) if self.t.precision.fp8_param else None
-        loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device, release)
+        with self.times.compute_section():
+            loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device, release)
         from trainer.model import allreduce_sequence_parallel_grads
 
         allreduce_sequence_parallel_grads(self.model)
@@ -199,6 +203,7 @@ class Trainer:
         # iterations than its twin's, so `primus-slurm compare` reads these, which a requeue leaves equal
         self.log.record("metrics", format_iteration(*metrics.values()), **metrics,
                         losses=[[v[0], v[1]] for v in values])
+        self.times.at_log_point(it)  # every rank: the interval's data wait and compute, compared on rank 0
 
     def save(self, meter: Meter) -> Optional[int]:
         """Checkpoint the current iteration (skipped when already saved); EXIT_SAVE_FAILED on error."""
@@ -275,7 +280,9 @@ class Trainer:
         while self.iteration < train_iters:
             lr = self.schedule.lr_at(self.iteration + 1)
             self.profiler.before_step(self.iteration + 1)
-            result = self.step(self.micro_batches(self.iteration), lr)
+            with self.times.data():
+                batches = self.micro_batches(self.iteration)
+            result = self.step(batches, lr)
             if result is None:
                 reason = "signal"
                 break
