@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def _last_activity(run_dir: Path, progress, info: dict) -> float | None:
     return None
 
 
+_ATTEMPT_START = re.compile(r"primus-slurm: run \S+ job \S+ attempt \d+ on ")  # its opening line, no reason
+
+
 def job_says(run_dir: Path, info: dict) -> str | None:
     """The job script's last own line (`primus-slurm: ...`, but not its closing `exited with code`) in the job's
     stdout: why a job that never reached the trainer's own error line ended."""
@@ -46,7 +50,8 @@ def job_says(run_dir: Path, info: dict) -> str | None:
             tail = fh.read().decode("utf-8", errors="replace").splitlines()
     except (OSError, ValueError, UserError):
         return None
-    said = [line.strip() for line in tail if line.startswith("primus-slurm: ") and " exited with code " not in line]
+    said = [line.strip() for line in tail if line.startswith("primus-slurm: ") and " exited with code " not in line
+            and not _ATTEMPT_START.match(line)]
     return said[-1][:300] if said else None
 
 
@@ -90,8 +95,8 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
             "restarts": progress.attempt, "seconds_since_log": stalled_for, "stall_minutes": stall_minutes,
             **{k: v for k, v in progress.as_dict().items() if k not in ("attempt", "log_mtime", "exit_code")},
         })
-        if rows[-1]["state"] not in ("RUNNING", "COMPLETED", "PENDING") and not (rows[-1]["error"] or
-                                                                              rows[-1]["reason"]):
+        if rows[-1]["state"] not in ("RUNNING", "COMPLETED", "PENDING") and not (
+                progress.finished or rows[-1]["error"] or rows[-1]["reason"]):
             rows[-1]["reason"] = job_says(run_dir, info)  # e.g. the job script's own word on two slow starts
         if rows[-1]["state"] == "UNKNOWN" and not rows[-1]["reason"]:
             rows[-1]["reason"] = f"neither the scheduler nor the run's logs know job {info.get('job_id')}'s state"
