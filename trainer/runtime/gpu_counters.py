@@ -25,10 +25,10 @@ def _run(cmd: list[str]) -> str | None:
 
 def _number(text: str) -> float | None:
     text = text.strip().lower()
-    if text in ("", "n/a", "[n/a]", "no", "[not supported]", "not supported"):
+    if text in ("", "n/a", "[n/a]", "[not supported]", "not supported"):
         return None
-    if text == "yes":  # remapped_rows.failure / retired_pages.pending answer Yes / No
-        return 1.0
+    if text in ("yes", "no"):  # remapped_rows.failure / retired_pages.pending answer Yes / No
+        return 1.0 if text == "yes" else 0.0
     try:
         return float(text)
     except ValueError:

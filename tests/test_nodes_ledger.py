@@ -1,0 +1,152 @@
+"""The node ledger's rules, the job's settle decision, the node check's verdicts (standard-library functions, no
+Slurm), and bad input to every `primus-slurm nodes` command: one line, exit 2, nothing written or submitted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from primus_contract import node_faults, node_health, node_ledger
+from primus_slurm.cli import run
+from trainer.runtime import gpu_counters
+
+
+def _ledger(tmp_path, *records):
+    path = tmp_path / "ledger.jsonl"
+    node_ledger.append(path, [node_ledger.line(*r) for r in records])
+    return path
+
+
+def test_two_strikes_from_different_runs_exclude_and_clear_forgets_them(tmp_path):
+    path = _ledger(tmp_path, ("n1", "suspect", "CUDA error", "run A attempt 0"),
+                   ("n1", "suspect", "again", "run A attempt 0"))  # one run attempt: one strike
+    assert node_ledger.fold(node_ledger.read(path))["n1"].state == "suspect"
+    assert node_ledger.excluded(path) == []
+    node_ledger.append(path, [node_ledger.line("n1", "suspect", "slow GEMM", "check C")])
+    state = node_ledger.fold(node_ledger.read(path))["n1"]
+    assert (state.state, len(state.strikes)) == ("excluded", 2) and "slow GEMM" in state.why
+    node_ledger.append(path, [node_ledger.line("n1", "cleared", "fixed", "hand"),
+                              node_ledger.line("n1", "suspect", "once more", "run B attempt 0")])
+    assert node_ledger.fold(node_ledger.read(path))["n1"].state == "suspect"  # strikes start again
+    node_ledger.append(path, [node_ledger.line("n2", "excluded", "by hand", "hand")])
+    assert node_ledger.excluded(path) == ["n2"]
+
+
+def _fault(node, kind, attempt=0, why="x"):
+    return {"event": "fault", "attempt": attempt, "node": node, "kind": kind, "why": why}
+
+
+def test_settle_requeues_away_from_a_named_node_within_its_limits():
+    nodes, part = ["n1", "n2"], ["n1", "n2", "n3"]
+    action, exclude, _ = node_faults.decide([_fault("n2", "device")], 0, nodes, 1, True, [], part)
+    assert (action, exclude) == ("requeue", ["n2"])
+    # a preflight failure on every node is the image's, not a node's
+    both = [_fault("n1", "preflight"), _fault("n2", "preflight")]
+    assert node_faults.decide(both, 0, nodes, 2, True, [], part)[0] == "end"
+    assert node_faults.decide(both[1:], 0, nodes, 2, True, [], part)[:2] == ("requeue", ["n2"])
+    # placement: excluding n2 and n3 leaves one node for a two-node job
+    action, _, why = node_faults.decide([_fault("n2", "device")], 0, nodes, 1, True, ["n3"], part)
+    assert action == "end" and "leaves 1 of the partition's 3 nodes" in why
+    # no requeue without cluster.requeue, after a finish, or past the limit
+    assert node_faults.decide([_fault("n2", "device")], 0, nodes, 1, False, [], part)[0] == "end"
+    assert node_faults.decide([_fault("n2", "slow")], 0, nodes, 0, True, [], part)[0] == "end"
+    earlier = [{"event": "attempt", "action": "requeue excluding x"}] * node_faults.MAX_NODE_REQUEUES
+    assert node_faults.decide([*earlier, _fault("n2", "device")], 0, nodes, 1, True, [], part)[0] == "end"
+    # only this attempt's faults count
+    assert node_faults.decide([_fault("n2", "device", attempt=0)], 1, nodes, 1, True, [], part)[0] == "end"
+
+
+def test_a_hang_names_the_node_whose_ranks_never_timed_out():
+    ranks = [{"event": "rank", "attempt": 0, "rank": r, "node": n} for r, n in enumerate(["n1", "n1", "n2", "n2"])]
+    waited = [{"event": "timeout", "attempt": 0, "rank": r, "node": "n1", "why": "Timed out"} for r in (0, 1)]
+    assert list(node_faults.stopped(ranks + waited, 0)) == ["n2"]
+    one_on_n2 = waited + [{"event": "timeout", "attempt": 0, "rank": 3, "node": "n2"}]
+    assert node_faults.stopped(ranks + one_on_n2, 0) == {}  # each node had a rank waiting: nobody is named
+    assert node_faults.stopped(ranks, 0) == {}
+
+
+def test_settle_writes_the_ledger_and_the_attempt(tmp_path):
+    run_dir, ledger = tmp_path / "run", tmp_path / "ws" / ".nodes" / "c.jsonl"
+    node_faults.record(run_dir, "fault", attempt=0, node="n2", kind="device", why="CUDA error: ECC")
+    out = node_faults.settle(run_dir, 0, "7", 1, ["n2"], ledger, True, [], ["n1", "n2"])
+    assert out.startswith("requeue n2 | suspect: n2 (device: CUDA error: ECC)")
+    assert node_ledger.fold(node_ledger.read(ledger))["n2"].state == "suspect"
+    last = node_faults.read(run_dir)[-1]
+    assert (last["event"], last["node"], last["action"]) == ("attempt", "n2", "requeue excluding n2")
+
+
+def _report(node, gemm, device="cpu", gpu_name=None, **extra):
+    return {"node": node, "device": device, "gpu_name": gpu_name, "gemm_tflops": gemm, "gpus": [],
+            "disk": {"path": "/tmp", "free_gib": 100.0}, "shared_fs": {"path": "/ws", "write_ms": 3.0}, **extra}
+
+
+def test_node_check_verdicts():
+    # CPU nodes: against the median node only
+    v = node_health.judge([_report("a", 1.0), _report("b", 0.9), _report("c", 0.1)])
+    assert [x["verdict"] for x in v] == ["ok", "ok", "slow"] and node_health.exit_code(v) == 3
+    # an H200 is held to the planner's rate (plan/calibration.py, scaled by plan/gpus.py)
+    want = node_health.expected_tflops(node_health.gpu_of("NVIDIA H200"))
+    assert 500 < want < 900
+    gpu = dict(device="cuda", gpu_name="NVIDIA H200")
+    v = node_health.judge([_report("a", want, **gpu), _report("b", 0.5 * want, **gpu)])
+    assert [x["verdict"] for x in v] == ["ok", "slow"] and "planner expects" in v[1]["why"][0]
+    held = {"index": 0, "free_gib": 20.0, "total_gib": 140.0, "errors": {"ecc.errors.uncorrected.volatile.total": 2}}
+    v = node_health.judge([_report("a", want, gpus=[held], **gpu)])
+    assert v[0]["verdict"] == "failed" and len(v[0]["why"]) == 2
+    v = node_health.judge([_report("a", 1.0), _report("b", 1.0, shared_fs={"path": "/ws", "error": "EROFS"})])
+    assert [x["verdict"] for x in v] == ["ok", "failed"]
+    ring = {"ring": [{"src": "a", "dst": "b", "gb_s": 10.0}, {"src": "b", "dst": "c", "gb_s": 10.0},
+                     {"src": "c", "dst": "a", "gb_s": 1.0}]}
+    v = node_health.judge([_report(n, 1.0) for n in "abc"], ring)
+    assert [x["verdict"] for x in v] == ["slow", "ok", "slow"] and "link c->a" in v[0]["why"][0]
+    assert node_health.exit_code(node_health.judge([_report("a", 1.0)])) == 0
+
+
+def test_vendor_counters_parse():
+    text = "0, 0, No, [N/A]\n1, 3, Yes, 0\n"
+    found = gpu_counters.nvidia(text)
+    assert found[0] == {"ecc.errors.uncorrected.volatile.total": 0.0, "remapped_rows.failure": 0.0}
+    assert gpu_counters.bad(found) == "GPU 1: ecc.errors.uncorrected.volatile.total 3, remapped_rows.failure 1"
+    assert gpu_counters.bad(gpu_counters.nvidia("0, 0, No, No\n")) is None
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["exclude", "node 2", "--reason", "x"], "NODE must be one Slurm node name"),
+    (["exclude", "node2"], "--reason"),
+    (["exclude", "node2", "--reason", " "], "--reason is required"),
+    (["exclude", "node2", "--reason", "a\nb"], "--reason must be one line"),
+    (["clear", "node9"], "node node9 is not in the ledger"),
+    (["clear", "no;de"], "NODE must be one Slurm node name"),
+    (["check", "--nodes", "2", "--nodelist", "node1"], "--nodes and --nodelist"),
+    (["check", "--nodes", "0"], "--nodes"),
+    (["check", "--nodelist", "node1;rm -rf /"], "--nodelist must be a Slurm host list"),
+    (["check", "--partition", "deb ug"], "--partition must be a partition name"),
+    (["check", "--gpus-per-node", "-1"], "--gpus-per-node"),
+    (["check", "--timeout", "5"], "--timeout"),
+    (["check", "--python", "py thon"], "--python must be an interpreter path"),
+    (["check", "--bogus"], "--bogus"),
+    (["--bogus"], "--bogus"),
+])
+def test_bad_input_to_nodes_commands_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
+    ws = tmp_path / "ws"
+    sub, rest = (args[0], args[1:]) if args[0] in ("exclude", "clear", "check") else (None, args)
+    assert run(["nodes", *([sub] if sub else []), *rest, "--workspace", str(ws)]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.err
+    assert "Traceback" not in out.err and out.out == ""
+    assert not ws.exists()  # nothing written: no ledger, no check directory (so no job either)
+
+
+def test_nodes_lists_and_edits_the_ledger(tmp_path, capsys):
+    ws = ["--workspace", str(tmp_path / "ws")]
+    assert run(["nodes", *ws]) == 0 and "no nodes in the ledger" in capsys.readouterr().out
+    assert run(["nodes", "exclude", "node7", "--reason", "fans failing", *ws]) == 0
+    assert "node7 excluded" in capsys.readouterr().out
+    assert run(["nodes", "--json", *ws]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(n["node"], n["state"], n["why"]) for n in shown["nodes"]] == [("node7", "excluded", "fans failing")]
+    assert run(["nodes", *ws]) == 0 and "node7  excluded" in capsys.readouterr().out
+    assert run(["nodes", "clear", "node7", *ws]) == 0 and "was excluded" in capsys.readouterr().out
+    assert run(["nodes", "--json", *ws]) == 0
+    assert json.loads(capsys.readouterr().out)["nodes"][0]["state"] == "ok"
