@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from primus_contract.errors import ContractError
 from primus_contract.rules_data import checkpoint_rules, data_and_schedule_rules
-from primus_contract.rules_model import lora_rules, model_rules, parallel_rules
+from primus_contract.rules_model import epilogue_rules, lora_rules, model_rules, parallel_rules
 from primus_contract.rules_pipeline import pipeline_rules
 from primus_contract.rules_precision import device_rules, recipe_precision_rules
 from primus_contract.rules_shapes import fp8_shape_rules
@@ -29,6 +29,7 @@ def check(r: dict) -> None:
     fp8_shape_rules(t)
     device_rules(t, c["env_profile"])
     lora_rules(t["lora"], t["model"])
+    epilogue_rules(t)
     data_and_schedule_rules(t)
     tracking_rules(t)
     pipeline_rules(r.get("after") or [], t)

@@ -218,11 +218,16 @@ SCHEMA: dict = {
             "exclude_modules": Field("list", []),
             "fused": Field("bool", True, help="two autograd nodes per adapter, its input gradient added in place "
                            "into the frozen base's (trainer/model/lora/fused.py): linear_proj/linear_fc2 and other "
-                           "non-norm linears, any TP/SP layout, without dropout; elsewhere the unfused path"),
+                           "non-norm linears, any TP/SP layout, pre-dropout fused into A; elsewhere the unfused path"),
             # trainer/model/lora/swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
             # ops on CPU); not with precision.fp8_swiglu_input or recompute.adapter_inputs scope all|fc2
             "fused_swiglu": Field("bool", False, help="fold fc1's adapter into dense MLPs' SwiGLU kernels (not "
                                   "yet measured on a GPU)"),
+            # trainer/model/lora/epilogue.py: not with fp8/fp4, tensor > 1, post-dropout (primus_contract/rules_model.py)
+            "epilogue": Field("bool", False, help="one node owns each non-norm linear's frozen base GEMM: it adds "
+                              "into the adapter's product (beta 1), dy is read once for dh and dB, pre-dropout is "
+                              "fused into A (trainer/model/lora/epilogue.py); TP 1, 16/32-bit base GEMMs only; not "
+                              "yet measured on a GPU"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),

@@ -113,3 +113,29 @@ def lora_rules(lora: dict, model: dict) -> None:
                      f"available: {', '.join(n.rsplit('.', 1)[-1] for n in names)}")
     if not lora["target_modules"]:
         fail("`trainer.lora.target_modules` is empty; name at least one linear layer (e.g. linear_qkv)")
+
+
+def epilogue_rules(t: dict) -> None:
+    """trainer.lora.epilogue owns the frozen base GEMM in 16/32-bit at TP 1 (trainer/model/lora/epilogue.py): refused
+    where no linear could take it, never accepted and ignored."""
+    lora, prec = t["lora"], t["precision"]
+    if not lora["epilogue"]:
+        return
+    if not lora["enabled"]:
+        fail("`trainer.lora.epilogue` needs LoRA: `trainer.lora.enabled` is false; set epilogue: false")
+    quantized = [k for k in ("fp8", "fp4") if prec[k]]
+    if quantized:
+        fail(f"`trainer.lora.epilogue` owns each base GEMM in 16/32-bit, and `trainer.precision.{quantized[0]}` runs "
+             "them quantized in Transformer Engine (an epilogue there needs TE's quantized functional GEMMs, not "
+             "built); set epilogue: false (trainer.lora.fused keeps TE's GEMMs)")
+    if t["parallelism"]["tensor"] > 1:
+        fail("`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only (the node would own the TP "
+             f"collectives of the base too); tensor is {t['parallelism']['tensor']}: set epilogue: false")
+    if lora["dropout"] and lora["dropout_position"] == "post":
+        fail("`trainer.lora.epilogue` fuses pre-dropout into A; `trainer.lora.dropout_position` post applies the "
+             "mask to the adapter's output, which the base GEMM adds into: set dropout_position: pre or epilogue: false")
+    names = [n for n in model_linear_names(t["model"]) if any(pattern_matches(p, [n]) for p in lora["target_modules"])
+             and not any(pattern_matches(p, [n]) for p in lora["exclude_modules"])]
+    if names and all(".experts." in f".{n}" for n in names):
+        fail("`trainer.lora.epilogue` takes no expert linear (they keep their grouped path), and "
+             "`trainer.lora.target_modules` names only experts: set epilogue: false")

@@ -171,3 +171,14 @@ def trained_export(cfg, tokens, adapter_dir, seed: int = 6, std: float = 0.2):
             logits = model(input_ids=tokens, position_ids=None, attention_mask=None)
         export_peft(model, cfg, adapter_dir)
     return logits
+
+
+class FrozenLinear(torch.nn.Module):
+    """A frozen bias-free linear returning (out, bias) as megatron's parallel linears do (the LoRA path tests' base)."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.weight = torch.nn.Parameter(w, requires_grad=False)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight), None

@@ -66,6 +66,12 @@ BAD = [
      "`trainer.lora.fused_swiglu` and `trainer.recompute.adapter_inputs` scope all"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8_swiglu_input: true}, "
      "recompute: {adapter_inputs: true}}", "`trainer.precision.fp8_swiglu_input` and `trainer.recompute.adapter_inputs`"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8: hybrid}, "
+     "lora: {epilogue: true}}", "`trainer.lora.epilogue` owns each base GEMM in 16/32-bit"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2}, lora: {epilogue: true}}",
+     "`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only"),
+    ("trainer: {lora: {epilogue: true, dropout: 0.1, dropout_position: post}}", "fuses pre-dropout into A"),
+    ("trainer: {lora: {epilogue: true, enabled: false}}", "`trainer.lora.epilogue` needs LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
     ("cluster: {nproc_per_node: 3}\ntrainer: {parallelism: {tensor: 3}}", "`trainer.parallelism.tensor`"),

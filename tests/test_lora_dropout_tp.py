@@ -37,9 +37,21 @@ def _masks(rank, world, position, sp, port):
                 masks.setdefault(name, ((out == 0) & (inp[0] != 0)).clone())
             return hook
 
+        current = {}
         for name, module in model.named_modules():
             if type(module).__name__ == "LoRALinear":
-                module.dropout.register_forward_hook(record(name))
+                module.dropout.register_forward_hook(record(name))  # the unfused path's nn.Dropout
+                module.register_forward_pre_hook(lambda mod, inp, name=name: current.update(name=name))
+        import trainer.model.lora.layers as layers
+
+        draw = layers.draw
+
+        def recorded_draw(z, p):  # the fused path's pre-dropout (trainer.model.lora.drop.draw, under the TP rules)
+            out, keep = draw(z, p)
+            masks.setdefault(current["name"], ((out == 0) & (z != 0)).clone())
+            return out, keep
+
+        layers.draw = recorded_draw
         model.train()
         forward_losses(model, packed_batch(2, 32, [13, 22, 8, 21], vocab=128, seed=1))
     return masks

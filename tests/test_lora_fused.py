@@ -3,23 +3,13 @@ same gradients of A, B and the input; bitwise where the order of sums is unchang
 dtype's rounding for dx (dh A is added in the GEMM's accumulator instead of being rounded first)."""
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from tests.model_helpers import tiny_cfg, train_losses
+from tests.model_helpers import FrozenLinear, tiny_cfg, train_losses
 from trainer.model.lora.fused import fused_adapter
 from trainer.model.lora.inputs import gated_silu
 
 
-class _Base(nn.Module):
-    """A frozen linear returning (out, bias) as megatron's parallel linears do."""
-
-    def __init__(self, w):
-        super().__init__()
-        self.weight = nn.Parameter(w, requires_grad=False)
-
-    def forward(self, x):
-        return F.linear(x, self.weight), None
+_Base = FrozenLinear
 
 
 
@@ -127,5 +117,8 @@ def test_which_layouts_take_the_fused_path():
               b_init="zero", tp_rank=0, sequence_parallel=False, seed=0, fused=True)
     assert LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **kw).uses_fused_path()
     assert LoRALinear(_Base(torch.randn(6, 5)), tp_size=2, **kw).uses_fused_path()  # the collective sits between
-    assert not LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **{**kw, "dropout": 0.1}).uses_fused_path()
+    # pre-dropout is fused into A (tests/test_lora_epilogue.py pins it against the unfused path); post is not
+    assert LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **{**kw, "dropout": 0.1}).uses_fused_path()
+    assert not LoRALinear(_Base(torch.randn(6, 5)), tp_size=1,
+                          **{**kw, "dropout": 0.1, "dropout_position": "post"}).uses_fused_path()
     assert not LoRALinear(_Base(torch.randn(6, 5)), tp_size=1, **{**kw, "fused": False}).uses_fused_path()

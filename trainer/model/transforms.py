@@ -6,7 +6,7 @@
 
 In order: HF import (checkpoint.pretrained) | FP8 params (random-init FP8 weights drawn again with their own
 scales) | LoRA (base frozen, adapters wrapped) | FP8 weight transposes (made in each linear's backward, freed
-after it) | adapter-input recompute | the TE userbuffers' report (set up
+after it) | adapter-input recompute | fused SwiGLU | the LoRA epilogue | the TE userbuffers' report (set up
 before the model was built) | chunked loss | FP4 emulation. The train loop
 logs the lines in this order, after the precision line.
 """
@@ -107,6 +107,22 @@ def _fused_swiglu(model, ctx: BuildContext) -> str:
     return f"fused swiglu | fc1 adapters folded into the activation | {wired} MLPs | {how}"
 
 
+def _epilogue(model, ctx: BuildContext) -> str:
+    """trainer.lora.epilogue: which wrapped linears own their base GEMM (trainer/model/lora/epilogue.py); none is a
+    refusal (the contract refused what it can see; a norm-fused or quantized base is seen only here)."""
+    from trainer.config import ConfigError
+    from trainer.model.lora.kernels import kernels_usable
+    from trainer.model.lora.layers import LoRALinear
+
+    wrapped = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    taken = sum(m.uses_epilogue() for m in wrapped)
+    if not taken:
+        raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
+                          "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
+    how = "Triton rank-r kernels" if kernels_usable(ctx.device) else "torch ops (no Triton device here)"
+    return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears | {how}"
+
+
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
     if not install_chunked_loss(model):
         return None  # megatron's own output layer + loss stays (trainer.model.chunked_loss says when)
@@ -126,6 +142,7 @@ TRANSFORMS = (
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
     Transform("fused swiglu", lambda ctx: bool(ctx.cfg.trainer.lora.fused_swiglu), _fused_swiglu),
+    Transform("lora epilogue", lambda ctx: bool(ctx.cfg.trainer.lora.epilogue), _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
               lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),
     Transform("chunked loss", lambda ctx: bool(ctx.cfg.trainer.recompute.chunked_loss), _chunked_loss),

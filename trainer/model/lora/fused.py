@@ -23,10 +23,15 @@ Numerics: out, h, y, dh, dB and dA are the same ops in the same order as the unf
 the GPU); dx differs only in where dh A is rounded (added in the GEMM's accumulator instead of rounded to the
 activation dtype first). tests/test_lora_fused.py pins both, and 20 iterations of a small model.
 
+Pre-dropout (lora.dropout with dropout_position pre, the MLPerf recipes') is fused into A: the mask is drawn as
+nn.Dropout draws it (trainer.model.lora.drop: the same RNG calls, so the same mask), the masked input feeds A and is
+kept for dA, and the tap adds the masked dh A into dx (one Triton pass on a GPU, trainer.model.lora.kernels; the
+dropout's own backward op on CPU, so dx stays bitwise there).
+
 Applies to a base whose adapter input is the base's own input x: linear_proj, linear_fc2 (also with fc2's SwiGLU
 recomputed from fc1's output, trainer.model.lora.inputs), any non-norm linear, at any TP size with or without
-sequence parallelism (the same collectives as the unfused path, between A and B), without adapter dropout.
-Elsewhere (a LayerNormLinear whose adapter reads TE's returned norm output, the folded-norm adapter, dropout)
+sequence parallelism (the same collectives as the unfused path, between A and B), with or without pre-dropout.
+Elsewhere (a LayerNormLinear whose adapter reads TE's returned norm output, the folded-norm adapter, post-dropout)
 LoRALinear keeps the unfused path.
 """
 from __future__ import annotations
@@ -34,17 +39,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.model.lora.kernels import masked_product
+
 
 class _Slot:
-    """Hands (dh, A) from the adapter's A node's backward to the tap's backward; used once."""
-    __slots__ = ("dh", "a")
+    """Hands (dh, A, the dropout mask) from the adapter's A node's backward to the tap's backward; used once."""
+    __slots__ = ("dh", "a", "keep", "p", "kernels")
 
-    def __init__(self):
-        self.dh = self.a = None
+    def __init__(self, p: float = 0.0, kernels: bool = False):
+        self.dh = self.a = self.keep = None
+        self.p, self.kernels = p, kernels
 
 
 class _InputGradTap(torch.autograd.Function):
-    """Identity on x; in backward, dx += dh A with the slot's dh and A (in place, one GEMM with accumulation)."""
+    """Identity on x; in backward, dx += dh A with the slot's dh and A (in place, one GEMM with accumulation), or with
+    pre-dropout dx += undrop(dh A) (one masked pass, trainer.model.lora.kernels.masked_product)."""
 
     @staticmethod
     def forward(ctx, x, slot):
@@ -54,12 +63,16 @@ class _InputGradTap(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dx):
         slot, ctx.slot = ctx.slot, None
-        dh, a = slot.dh, slot.a
-        slot.dh = slot.a = None
+        dh, a, keep = slot.dh, slot.a, slot.keep
+        slot.dh = slot.a = slot.keep = None
         if dh is None:  # the adapter node ran no backward (its output was unused): nothing to add
             return dx, None
         dx = dx.contiguous()
-        dx.view(-1, dx.shape[-1]).addmm_(dh.view(-1, dh.shape[-1]), a)
+        dx2 = dx.view(-1, dx.shape[-1])
+        if keep is None:
+            dx2.addmm_(dh.view(-1, dh.shape[-1]), a)
+        else:
+            masked_product(dh, a, keep.view(dx2.shape), slot.p, out=dx2, accumulate=True, kernels=slot.kernels)
         return dx, None
 
 
@@ -67,25 +80,27 @@ class _AdapterA(torch.autograd.Function):
     """h = x A^T. Backward: dA = dh^T x, and (dh, A) handed to the tap instead of a gradient for x.
 
     With (u, act) given, x = act(u) and u is kept instead of x: x is recomputed in backward for dA
-    (trainer.model.lora.inputs)."""
+    (trainer.model.lora.inputs). With (xd, keep) given (pre-dropout, drawn by the caller): h = xd A^T, xd kept for dA
+    and the mask handed to the tap."""
 
     @staticmethod
-    def forward(ctx, x, u, a, dtype, slot, act):
+    def forward(ctx, x, u, a, dtype, slot, act, xd=None, keep=None):
         a_c = a.to(dtype)
+        src = x if xd is None else xd
         ctx.slot, ctx.act, ctx.a_dtype = slot, act if u is not None else None, a.dtype
-        ctx.save_for_backward(u if u is not None else x, a_c)
-        return F.linear(x, a_c)
+        ctx.save_for_backward(u if u is not None else src, a_c, keep)
+        return F.linear(src, a_c)
 
     @staticmethod
     def backward(ctx, dh):
-        kept, a_c = ctx.saved_tensors
+        kept, a_c, keep = ctx.saved_tensors
         with torch.no_grad():
             xin = kept if ctx.act is None else ctx.act(kept)
         dh2 = dh.reshape(-1, dh.shape[-1])
         da = dh2.t().mm(xin.reshape(-1, xin.shape[-1]))
         slot, ctx.slot = ctx.slot, None
-        slot.dh, slot.a = dh2, a_c
-        return None, None, da.to(ctx.a_dtype), None, None, None
+        slot.dh, slot.a, slot.keep = dh2, a_c, keep
+        return None, None, da.to(ctx.a_dtype), None, None, None, None, None
 
 
 class _AdapterB(torch.autograd.Function):
@@ -119,17 +134,19 @@ class _AdapterB(torch.autograd.Function):
 
 
 def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
-                  u=None, act=None, collective=None):
-    """(y, bias) of base(x) + scale * collective(x A^T) B^T through the fused path; base returns (out, bias).
-    `collective`: the TP/SP mapping between A and B (megatron's autograd functions), None at TP 1."""
-    slot = _Slot()
+                  u=None, act=None, collective=None, drop=None, p: float = 0.0, kernels: bool = False):
+    """(y, bias) of base(x) + scale * collective(drop(x) A^T) B^T through the fused path; base returns (out, bias).
+    `collective`: the TP/SP mapping between A and B (megatron's autograd functions), None at TP 1. `drop`: pre-dropout
+    of probability p, a callable x -> (xd, keep) (trainer.model.lora.drop.draw under the caller's RNG rules)."""
+    slot = _Slot(p, kernels)
     needs_dx = torch.is_grad_enabled() and x.requires_grad
     # A reads the tapped x too (and gives it no gradient): the tap's backward then waits for A's, whose dh it adds
     x_in = _InputGradTap.apply(x, slot) if needs_dx else x
     out, bias = base(x_in, *args, **(kwargs or {}))
     if not out.is_contiguous():
         out = out.contiguous()
-    h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act)
+    xd, keep = drop(x.detach()) if drop is not None else (None, None)  # drawn after the base, as the unfused path
+    h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act, xd, keep)
     if collective is not None:
         h = collective(h)
     return _AdapterB.apply(out, h, b, scale), bias

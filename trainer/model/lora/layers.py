@@ -41,7 +41,10 @@ import torch.nn.functional as F
 
 from trainer.model.lora.grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
 from trainer.model.adapter_grads import adapter_a
+from trainer.model.lora.drop import draw
+from trainer.model.lora.epilogue import epilogue_adapter, owns_base_gemm
 from trainer.model.lora.fused import fused_adapter
+from trainer.model.lora.kernels import kernels_usable
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -84,7 +87,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
                  dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
-                 sequence_parallel: bool, seed: int, fused: bool = False):
+                 sequence_parallel: bool, seed: int, fused: bool = False, epilogue: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -115,6 +118,8 @@ class LoRALinear(nn.Module):
         self.pending_act_input = None
         self.adapter_norm = None  # set by trainer.model.lora.inputs: the adapter norms x itself
         self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
+        self.epilogue = bool(epilogue)  # trainer.lora.epilogue: trainer.model.lora.epilogue where it owns the GEMM
+        self.duplicated = getattr(base, "parallel_mode", None) == "duplicated"
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
@@ -160,7 +165,10 @@ class LoRALinear(nn.Module):
     def _drop(self, t: torch.Tensor, sharded: bool) -> torch.Tensor:
         """Dropout of a tensor that is `sharded` across TP ranks (or holds this rank's own tokens) with a mask of
         this rank's own (trainer.model.lora.grouped.dropout_per_tp_rank)."""
-        return dropout_per_tp_rank(self.dropout, t, self.tokens_per_rank or (sharded and self.tp_size > 1))
+        return dropout_per_tp_rank(self.dropout, t, self._per_rank(sharded))
+
+    def _per_rank(self, sharded: bool) -> bool:
+        return self.tokens_per_rank or (sharded and self.tp_size > 1)
 
     def _adapter_h(self, x: torch.Tensor, act_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """h = A(drop(x)), rank-sized, laid out like the base output (TP/SP collectives applied)."""
@@ -209,16 +217,39 @@ class LoRALinear(nn.Module):
             return None
         return u
 
+    def _reads_own_input(self) -> bool:
+        """The adapter reads the base's own input x (no norm output, no folded norm), no post-dropout."""
+        return (not self.fused_norm and self.adapter_norm is None
+                and (self.dropout is None or self.dropout_position == "pre"))
+
     def uses_fused_path(self) -> bool:
-        """trainer.model.lora.fused applies: the adapter reads the base's own input, no dropout."""
-        return self.fused and self.dropout is None and not self.fused_norm and self.adapter_norm is None
+        """trainer.model.lora.fused applies: the adapter reads the base's own input (pre-dropout fused into A)."""
+        return self.fused and self._reads_own_input()
+
+    def uses_epilogue(self) -> bool:
+        """trainer.model.lora.epilogue applies: it can own the base GEMM (TP 1, a plain 16/32-bit weight, no bias;
+        not an expert or duplicated linear) and the adapter reads the base's own input."""
+        return (self.epilogue and self.tp_size == 1 and not self.is_expert and not self.duplicated
+                and self._reads_own_input() and owns_base_gemm(self.base))
+
+    def _p(self) -> float:
+        """The pre-dropout probability in effect (0 without dropout, or in eval mode)."""
+        return float(self.dropout.p) if self.dropout is not None and self.dropout.training else 0.0
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
-        if self.uses_fused_path():
+        if self.uses_epilogue() and not args and not kwargs:
             u = self._take_act_input(x)
+            y = epilogue_adapter(self.base.weight, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
+                                 act=self.input_act if u is not None else None, kernels=kernels_usable(x.device))
+            return y, None
+        if self.uses_fused_path():
+            u, p = self._take_act_input(x), self._p()
+            per_rank = self._per_rank(self.mode == ROW or self.sequence_parallel)  # as _adapter_h's pre-dropout
+            drop = (lambda t: dropout_per_tp_rank(lambda z: draw(z, p), t, per_rank)) if p else None
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
-                                 collective=self._collective if self.tp_size > 1 else None)
+                                 collective=self._collective if self.tp_size > 1 else None, drop=drop, p=p,
+                                 kernels=kernels_usable(x.device))
         out, bias, h = self._base_and_h(x, args, kwargs)
         b = self.lora_b.to(out.dtype)
         if self.dropout is not None and self.dropout_position == "post":
@@ -281,7 +312,8 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             base, leaf, dim=int(lcfg.dim), alpha=float(lcfg.alpha), dropout=float(lcfg.dropout or 0.0),
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
-            seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)))
+            seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)),
+            epilogue=bool(getattr(lcfg, "epilogue", False)))
         setattr(parent, leaf, wrapped)
     return names
 

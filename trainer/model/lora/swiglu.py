@@ -21,12 +21,12 @@ megatron's swiglu; the MLP's other paths are megatron's own forward.
 """
 from __future__ import annotations
 
-import os
 import types
 
 import torch
 
 from trainer.model.lora.inputs import gated_silu, swiglu_of
+from trainer.model.lora.kernels import kernels_usable
 
 try:
     import triton
@@ -118,11 +118,6 @@ class _SwigluLoRA(torch.autograd.Function):
         dh = du.mm(b_c).mul_(s)
         db = du.t().mm(h_c).mul_(s)
         return du.view(ctx.shape), dh.view(*ctx.shape[:-1], -1).to(ctx.h_dtype), db.to(ctx.b_dtype), None
-
-
-def kernels_usable(device: torch.device) -> bool:
-    """The Triton kernels run on `device`: a CUDA device with Triton, or anywhere in Triton's CPU interpreter."""
-    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def swiglu_lora(u_base: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float, act=gated_silu,

@@ -1,0 +1,91 @@
+"""The GEMM-epilogue adapter path (trainer.lora.epilogue): one autograd node owns the frozen base GEMM and its adapter.
+
+    y  = s (drop(x) A^T) B^T  ->  y += x W^T          the rank-r product writes y once; the base GEMM adds into it
+                                                       (beta = 1: the read of y hides in a compute-bound GEMM)
+    dh, dB = s dy B, s dy^T h                          dy read once for both (trainer.model.lora.kernels.dual_grad)
+    dx = (dh A) * mask  ->  dx += dy W                 the adapter's input gradient (dropout's mask applied as it is
+                                                       formed) written once; the base dgrad GEMM adds into it
+    dA = dh^T drop(x)
+
+Against trainer.lora.fused (which keeps the base module's own forward and adds the adapter after it: out read and
+written again, dy read twice, dx read and written again) this saves one [tokens, out] pass forward and one
+[tokens, out] plus one [tokens, in] pass backward per linear (bench/adapter_traffic.py, design "epilogue"). The design
+follows LoRAFusion's fused linear+LoRA kernels and Transformer Engine's op fuser (BasicLinear's functional forward /
+backward with accumulate_into_out / accumulate_into_grad_input); the base GEMMs here are torch's (cuBLAS with
+beta = 1), the rank-r passes Triton kernels where they run.
+
+Dropout (pre, the MLPerf recipes' 0.1) is drawn as nn.Dropout draws it (trainer.model.lora.drop: the same generator
+calls, so the same mask from the same RNG state) and folded into A: the masked input feeds A, the mask is kept for
+dx. Numerics against the unfused path (tests/test_lora_epilogue.py): h, dh, dB, dA identical ops on CPU; y and dx
+differ only in where the two GEMMs' sums are rounded (bitwise in fp32 on CPU, to rounding in bf16).
+
+Runs where the base GEMM is a plain 16/32-bit x W^T this node can own: TP 1, no bias, not a norm-fused linear, not an
+expert or duplicated linear, no FP8/FP4 (the contract refuses trainer.lora.epilogue with those; FP8 base GEMMs would
+need TE's quantized functional GEMMs). LoRALinear.uses_epilogue says where; the others keep their path.
+"""
+from __future__ import annotations
+
+import torch
+
+from trainer.model.lora.drop import draw
+from trainer.model.lora.kernels import dual_grad, masked_product
+
+PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def owns_base_gemm(base) -> bool:
+    """The base's forward is y = x W^T alone: a plain 16/32-bit 2-D weight (no FP8 tensor), no bias added."""
+    w = getattr(base, "weight", None)
+    if type(w) not in (torch.nn.Parameter, torch.Tensor) or w.dim() != 2 or w.dtype not in PLAIN_DTYPES:
+        return False
+    bias = getattr(base, "bias", None)
+    if getattr(base, "use_bias", False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0):
+        return False
+    return not getattr(base, "fp8", False)
+
+
+class _Epilogue(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, u, w, a, b, scale, p, act, kernels):
+        x2 = x.reshape(-1, x.shape[-1])
+        a_c, b_c = a.to(x.dtype), b.to(x.dtype)
+        xd2, keep = draw(x2, p) if p else (x2, None)
+        h = xd2.mm(a_c.t())
+        y = torch.addmm(torch.empty(x2.shape[0], w.shape[0], dtype=x.dtype, device=x.device), h, b_c.t(),
+                        beta=0, alpha=scale)
+        y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
+        kept = u.detach() if u is not None else xd2
+        ctx.save_for_backward(kept, keep, h, a_c, b_c, w)
+        ctx.meta = (scale, p, act if u is not None else None, kernels, x.shape, a.dtype, b.dtype)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        kept, keep, h, a_c, b_c, w = ctx.saved_tensors
+        scale, p, act, kernels, x_shape, a_dtype, b_dtype = ctx.meta
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dh, db = dual_grad(dy2, b_c, h, scale, kernels)
+        with torch.no_grad():
+            xin = kept if act is None else act(kept).reshape(-1, a_c.shape[1])
+        da = dh.t().mm(xin)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = masked_product(dh, a_c, keep, p, kernels=kernels)
+            dx.addmm_(dy2, w)  # the base dgrad GEMM accumulates into the adapter's input gradient (beta = 1)
+            dx = dx.view(x_shape)
+        return dx, None, None, da.to(a_dtype), db.to(b_dtype), None, None, None, None
+
+
+def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
+                     p: float = 0.0, u=None, act=None, kernels: bool = False) -> torch.Tensor:
+    """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. With (u, act): x = act(u), u kept instead of x
+    (trainer.model.lora.inputs; only without dropout). p: the pre-dropout probability in effect (0: none)."""
+    if u is not None and p:
+        raise ValueError("the epilogue path recomputes x = act(u) only without dropout")
+    if not (torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)):
+        with torch.no_grad():
+            x2 = x.reshape(-1, x.shape[-1])
+            xd2 = draw(x2, p)[0] if p else x2
+            y = torch.addmm(x2.mm(w.t()), xd2.mm(a.to(x.dtype).t()), b.to(x.dtype).t(), alpha=scale)
+            return y.view(*x.shape[:-1], w.shape[0])
+    return _Epilogue.apply(x, u, w, a, b, scale, float(p), act, kernels)

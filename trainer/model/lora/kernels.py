@@ -1,0 +1,119 @@
+"""Triton kernels for the adapters' rank-r passes (memory-bound at rank 16), each with the torch ops it replaces.
+
+    dh, db = dual_grad(dy, b, h, s)              # dh = s dy B, dB = s dy^T h: dy [tokens, out] read ONCE
+    out = masked_product(dh, a, keep, p, out)    # (dh A) * keep, written into `out` or added to it (accumulate=True)
+
+dual_grad: one program per block of token rows streams its rows of dy once, in column blocks: each block feeds both
+products (dh's rows accumulate in registers; dB's partial sums go to an fp32 buffer by atomic adds, so dB's summation
+order differs from one GPU run to the next at fp32 rounding). The torch path reads dy twice (two GEMMs).
+
+masked_product: the K=r product dh A formed tile by tile in registers, multiplied by the dropout mask (bool with its
+1/(1-p), or CPU noise) and written once, or added in place into `out` (one read and one write of out); the torch path
+writes dh A, masks it (undrop) and adds it in further passes.
+
+Kernels run where `kernels_usable(device)` (a CUDA device with Triton, or Triton's CPU interpreter,
+TRITON_INTERPRET=1); tests/test_lora_epilogue.py runs them in the interpreter against the torch ops.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from trainer.model.lora.drop import keep_scale, undrop
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+
+def kernels_usable(device: torch.device) -> bool:
+    """The Triton kernels run on `device`: a CUDA device with Triton, or anywhere in Triton's CPU interpreter."""
+    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def rank_block(r: int) -> int:
+    """The rank padded to what tl.dot takes (a power of two, at least 16)."""
+    return max(16, triton.next_power_of_2(r))
+
+
+if triton is not None:
+    @triton.jit
+    def _dual_kernel(dy_ptr, b_ptr, h_ptr, dh_ptr, db_ptr, T, N, R, sdy, sb, sh, sdh, scale,
+                     BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
+        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rk = tl.arange(0, RP)
+        mt, mk = rt < T, rk < R
+        h = tl.load(h_ptr + rt[:, None] * sh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+        acc = tl.zeros((BT, RP), dtype=tl.float32)
+        for n0 in range(0, N, BN):
+            rn = n0 + tl.arange(0, BN)
+            mn = rn < N
+            dy = tl.load(dy_ptr + rt[:, None] * sdy + rn[None, :], mask=mt[:, None] & mn[None, :], other=0.0)
+            b = tl.load(b_ptr + rn[:, None] * sb + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            acc += tl.dot(dy, b)
+            part = tl.dot(tl.trans(dy), h) * scale
+            tl.atomic_add(db_ptr + rn[:, None] * R + rk[None, :], part, mask=mn[:, None] & mk[None, :])
+        out = (acc * scale).to(dh_ptr.dtype.element_ty)
+        tl.store(dh_ptr + rt[:, None] * sdh + rk[None, :], out, mask=mt[:, None] & mk[None, :])
+
+    @triton.jit
+    def _masked_kernel(dh_ptr, a_ptr, k_ptr, o_ptr, T, K, R, sdh, sa, sk, so, scale,
+                       HAS_KEEP: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       RP: tl.constexpr):
+        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rc = tl.program_id(1) * BK + tl.arange(0, BK)
+        rk = tl.arange(0, RP)
+        mt, mc, mk = rt < T, rc < K, rk < R
+        dh = tl.load(dh_ptr + rt[:, None] * sdh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+        a = tl.load(a_ptr + rk[:, None] * sa + rc[None, :], mask=mk[:, None] & mc[None, :], other=0.0)
+        prod = tl.dot(dh, a)
+        m = mt[:, None] & mc[None, :]
+        if HAS_KEEP:
+            keep = tl.load(k_ptr + rt[:, None] * sk + rc[None, :], mask=m, other=0).to(tl.float32)
+            prod = prod * keep * scale
+        if ACC:
+            prod += tl.load(o_ptr + rt[:, None] * so + rc[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(o_ptr + rt[:, None] * so + rc[None, :], prod.to(o_ptr.dtype.element_ty), mask=m)
+
+
+_BT, _BN = 64, 64
+
+
+def dual_grad(dy: torch.Tensor, b: torch.Tensor, h: torch.Tensor, scale: float, kernels: bool = False):
+    """(dh, dB) = (s dy B, s dy^T h) for 2-D dy [T, N], b [N, R], h [T, R]; dB in fp32 on the kernel path."""
+    if not kernels:  # the products in the unfused path's order (addmm's backward): dh = (dy B) s, dB = (dy^T h) s
+        dh, db = dy.mm(b), dy.t().mm(h)
+        return (dh.mul_(scale), db.mul_(scale)) if scale != 1.0 else (dh, db)
+    dy, b, h = dy.contiguous(), b.contiguous(), h.contiguous()
+    t, n = dy.shape
+    r = b.shape[1]
+    dh = torch.empty(t, r, dtype=dy.dtype, device=dy.device)
+    db = torch.zeros(n, r, dtype=torch.float32, device=dy.device)
+    _dual_kernel[(triton.cdiv(t, _BT),)](dy, b, h, dh, db, t, n, r, dy.stride(0), b.stride(0), h.stride(0),
+                                         dh.stride(0), float(scale), BT=_BT, BN=_BN, RP=rank_block(r))
+    return dh, db
+
+
+def masked_product(dh: torch.Tensor, a: torch.Tensor, keep, p: float, out: torch.Tensor = None,
+                   accumulate: bool = False, kernels: bool = False) -> torch.Tensor:
+    """(dh A) * keep (keep None: no dropout) for dh [T, R], a [R, K]; written into `out` (a new tensor when None) or,
+    with accumulate, added to it in place."""
+    if not kernels:
+        prod = dh.mm(a) if keep is None else undrop(dh.mm(a), keep, p)
+        if out is None:
+            return prod
+        return out.add_(prod) if accumulate else out.copy_(prod)
+    t, k = dh.shape[0], a.shape[1]
+    if out is None:
+        out, accumulate = torch.empty(t, k, dtype=dh.dtype, device=dh.device), False
+    dh, a = dh.contiguous(), a.contiguous()
+    kp = keep.view(torch.uint8) if keep is not None and keep.dtype == torch.bool else keep
+    grid = (triton.cdiv(t, _BT), triton.cdiv(k, _BN))
+    _masked_kernel[grid](dh, a, kp if kp is not None else dh, out, t, k, dh.shape[1], dh.stride(0), a.stride(0),
+                         kp.stride(0) if kp is not None else 0, out.stride(0),
+                         keep_scale(keep, p) if keep is not None else 1.0, HAS_KEEP=keep is not None,
+                         ACC=accumulate, BT=_BT, BK=_BN, RP=rank_block(dh.shape[1]))
+    return out
