@@ -1,4 +1,4 @@
-.PHONY: quickstart check test
+.PHONY: quickstart check test gpu-test
 
 # Train the tiny quickstart model on CPU with the local executor (no Slurm needed). PORTABLE goes into the run's
 # cluster.env: one trainer thread and the AVX2 kernels of PyTorch, MKL and oneDNN, the same digits on every x86-64
@@ -19,3 +19,8 @@ check:
 # The whole test suite; starts the project's local Slurm cluster when root and apt are available.
 test:
 	start=$$(date +%s) && scripts/setup-env.sh && PRIMUS_SETUP_S=$$(( $$(date +%s) - start )) scripts/run-tests.sh
+
+# The GPU lifecycle suite (tests/gpu): resume, eval, generate, export, a pipelined sweep and cost on the device. First
+# in every device session (scripts/gpu-test.sh says how to stage it); skipped where there is no CUDA device.
+gpu-test:
+	bash scripts/gpu-test.sh

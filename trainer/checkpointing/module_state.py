@@ -12,6 +12,8 @@ no TE modules, the dict is empty.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Iterable
 
 import torch
@@ -51,6 +53,23 @@ def restore_extra_state(model, saved: dict | None) -> int:
     unknown = sorted(set(saved) - set(modules))
     if unknown:
         raise KeyError(f"checkpoint holds extra state of {len(unknown)} modules this model lacks, e.g. {unknown[:3]}")
-    for name, value in saved.items():
-        modules[name].set_extra_state(value)
+    with _own_pickles():
+        for name, value in saved.items():
+            modules[name].set_extra_state(value)
     return len(saved)
+
+
+@contextlib.contextmanager
+def _own_pickles():
+    """TE (since 2.18) refuses a pickled delayed-scaling state unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1: the
+    state restored here is this run's own checkpoint, written by this trainer, so it is allowed while restoring."""
+    key = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `make gpu-test`: the GPU lifecycle suite (tests/gpu, marker `gpu`): the first call of every device session.
+#   bash scripts/gpu-test.sh stage      here (registries reachable): pytest + pytest-timeout wheels for the device's
+#                                       Python 3.12 into the git-ignored .gpu/test-wheels (send it along once)
+#   PRIMUS_COMMIT=<sha> make gpu-test   on the device, after `bash .gpu/bin/gpu-install.sh` (../shared/gpu): its
+#                                       JSON goes to $OUT/lifecycle.json, else bench/results/<date>_<gpu>_lifecycle/
+# PRIMUS_LIFECYCLE_ON_CPU=1 runs the same suite on the CPU (FP8 and the 8B shape skipped), to prove it before device
+# time is spent on it. Extra arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ "${1:-}" = stage ]; then
+  shift
+  exec "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d .gpu/test-wheels pytest pytest-timeout
+fi
+if ! "$PY" -c "import pytest, pytest_timeout" 2>/dev/null; then
+  ls .gpu/test-wheels/*.whl >/dev/null 2>&1 || { echo "gpu-test: no pytest here and no .gpu/test-wheels (run: bash scripts/gpu-test.sh stage, then send .gpu/test-wheels)" >&2; exit 2; }
+  "$PY" -m pip install -q --no-index --find-links .gpu/test-wheels pytest pytest-timeout || exit 2
+fi
+gpu=$("$PY" -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower() if torch.cuda.is_available() else 'cpu')")
+dir=${OUT:-bench/results/$(date +%F)_${gpu}_lifecycle}
+mkdir -p "$dir"
+start=$SECONDS
+PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider -p lifecycle_report \
+  -m gpu tests/gpu --lifecycle-json "$dir/lifecycle.json" -rA "$@"
+rc=$?
+echo "gpu-test: $((SECONDS - start)) s, pytest exit $rc, $dir/lifecycle.json"
+exit "$rc"

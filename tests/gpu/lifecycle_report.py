@@ -1,0 +1,79 @@
+"""pytest plugin of the GPU lifecycle suite (`-p lifecycle_report`, scripts/gpu-test.sh): a `record` fixture for
+what a test measured, and one JSON document at the end (--lifecycle-json PATH): the commit, date, device and
+versions, and each test's outcome, duration and records."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+_RESULTS: dict[str, dict] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lifecycle-json", default=None, help="write the suite's JSON result here")
+
+
+@pytest.fixture
+def record(request):
+    """record(**measured): kept with this test's outcome in the suite's JSON."""
+    entry = _RESULTS.setdefault(request.node.nodeid, {})
+
+    def add(**measured):
+        entry.setdefault("measured", {}).update(measured)
+    return add
+
+
+def pytest_runtest_logreport(report):
+    entry = _RESULTS.setdefault(report.nodeid, {})
+    if report.when == "call" or report.outcome != "passed":
+        entry.setdefault("outcome", report.outcome)
+        if report.outcome == "failed":
+            entry["outcome"] = "failed"
+            entry["error"] = str(report.longrepr)[-2000:]
+        elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            entry["reason"] = report.longrepr[2]
+    entry["duration_s"] = round(entry.get("duration_s", 0) + report.duration, 1)
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("torch", "megatron.core", "transformer_engine", "transformers", "peft"):
+        try:
+            module = __import__(name, fromlist=["__version__"])
+            out[name] = getattr(module, "__version__", "?")
+        except Exception as err:  # noqa: BLE001  (absent here: say so)
+            out[name] = f"absent ({type(err).__name__})"
+    try:  # for the stretch goal of a Slurm cluster on the device machine: which distribution's packages fit it
+        out["os"] = next(line.split("=", 1)[1].strip().strip('"') for line in open("/etc/os-release")
+                         if line.startswith("PRETTY_NAME="))
+    except (OSError, StopIteration):
+        out["os"] = "unknown"
+    out["slurm_on_path"] = bool(shutil.which("slurmd") or shutil.which("sbatch"))
+    try:
+        import torch
+
+        out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001
+        out["device"] = "unknown"
+    return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--lifecycle-json")
+    if not path:
+        return
+    root = Path(__file__).resolve().parents[2]
+    commit = os.environ.get("PRIMUS_COMMIT") or subprocess.run(  # the device's copy of the tree has no .git
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    doc = {"suite": "gpu lifecycle (tests/gpu)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "commit": commit.strip() or "unknown (no git here)", "exit_status": int(exitstatus),
+           "versions": _versions(), "tests": _RESULTS}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")

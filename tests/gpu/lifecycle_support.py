@@ -1,0 +1,146 @@
+"""What the GPU lifecycle suite (tests/gpu/test_lifecycle.py) drives: the real CLI (`python -m primus_slurm`, as on
+the device machine, where nothing is pip-installed), local-executor runs of the real-text recipe, and the run
+directories' event streams.
+
+The device is CUDA when there is one. `PRIMUS_LIFECYCLE_ON_CPU=1` runs the same suite on the CPU (FP8 and the 8B
+shape skipped) so that its own logic is proven before device time is spent on it; without either it is skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "compare_realtext.yaml"
+BASE = ROOT / "recipes" / "data" / "realtext" / "base"
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "DIVERGED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
+# long enough that a cancel after the first checkpoint (iteration 20) lands mid-run: on an H200 the tiny model
+# steps in tens of milliseconds; on the CPU it takes 0.1-1.5 s a step
+ITERS, SAVE_EVERY = (300 if os.environ.get("PRIMUS_LIFECYCLE_ON_CPU") != "1" else 120), 20
+
+
+def device() -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu" if os.environ.get("PRIMUS_LIFECYCLE_ON_CPU") == "1" else None
+
+
+def precisions(dev: str) -> tuple[str, ...]:
+    return ("bf16", "fp8") if dev == "cuda" else ("fp32",)
+
+
+def precision_sets(precision: str) -> list[str]:
+    return {"bf16": ["trainer.precision.bf16=true", "trainer.precision.fp8=null"],
+            "fp8": ["trainer.precision.bf16=true", "trainer.precision.fp8=hybrid"],
+            "fp32": ["trainer.precision.bf16=false"]}[precision]
+
+
+def device_sets(dev: str, tmp: Path) -> list[str]:
+    """Every run's overrides: the device, deterministic kernels (so a resume can be compared bit for bit), this
+    interpreter for the job, a short schedule with a checkpoint every SAVE_EVERY iterations."""
+    sets = [f"cluster.python={sys.executable}", f"trainer.data.cache_dir={tmp / 'cache'}",
+            f"trainer.schedule.train_iters={ITERS}", f"trainer.checkpoint.save_interval={SAVE_EVERY}",
+            f"trainer.schedule.eval_interval={ITERS // 2}", "trainer.schedule.eval_iters=4",
+            "cluster.env.CUBLAS_WORKSPACE_CONFIG=:4096:8", "cluster.env.NVTE_ALLOW_NONDETERMINISTIC_ALGO=0"]
+    if dev == "cuda":
+        return sets + ["trainer.distributed.device=cuda", "trainer.distributed.backend=nccl",
+                       "cluster.env_profile=h200"]
+    return sets + ["trainer.distributed.device=cpu", "cluster.env.OMP_NUM_THREADS=1"]
+
+
+def env_for(tmp: Path) -> dict:
+    return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
+                HF_HUB_OFFLINE="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def cli(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "primus_slurm", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ok(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode == 0, (out.args[3:], out.stdout[-3000:], out.stderr[-3000:])
+    return out.stdout
+
+
+def submit(env: dict, *sets: str, recipe: Path = RECIPE, then: tuple = ()) -> dict:
+    args = [a for s in sets for a in ("--set", s)] + [a for step in then for a in ("--then", step)]
+    return json.loads(ok(cli(env, "submit", str(recipe), "--executor", "local", "--json", *args)))
+
+
+def status(env: dict, run: str) -> dict:
+    return json.loads(ok(cli(env, "status", run, "--json")))
+
+
+def wait_state(env: dict, run: str, states=TERMINAL, timeout: float = 600) -> dict:
+    end = time.monotonic() + timeout
+    row = {}
+    while time.monotonic() < end:
+        row = status(env, run)
+        if row.get("state") in states:
+            return row
+        time.sleep(1)
+    raise AssertionError(f"{run} never reached {sorted(states)}: {row}")
+
+
+def events(run_dir: Path) -> list[list[dict]]:
+    from primus_contract import run_files
+
+    return [run_files.read_events(p) for p in run_files.attempt_files(run_dir, "jsonl")]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """{iteration: lm loss} over every attempt (a later attempt's value for an iteration wins)."""
+    out: dict[int, float] = {}
+    for attempt in events(run_dir):
+        for e in attempt:
+            if e.get("event") == "metrics":
+                out.update({int(it): float(v) for it, v in e.get("losses") or ()})
+    return out
+
+
+def logged_eval(run_dir: Path, iteration: int) -> float:
+    found = [e["eval_loss"] for a in events(run_dir) for e in a if e.get("event") == "eval"
+             and e.get("iteration") == iteration]
+    assert found, f"no eval at iteration {iteration} in {run_dir}"
+    return float(found[-1])
+
+
+def wait_checkpoint(run_dir: Path, timeout: float = 600) -> int:
+    """The iteration of the run's first checkpoint event, once it is there."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        saved = [e["iteration"] for a in events(run_dir) for e in a if e.get("event") == "checkpoint"]
+        if saved:
+            return int(saved[0])
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint in {run_dir} after {timeout} s")
+
+
+def job_script_pid(run_dir: Path) -> int:
+    """The pid of `bash job.sbatch` under the local executor's wrapper: where Slurm's --signal=B:SIG@T lands."""
+    wrapper = json.loads((run_dir / "run.json").read_text())["pid"]
+    for child in Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split():
+        if "job.sbatch" in Path(f"/proc/{child}/cmdline").read_text():
+            return int(child)
+    raise AssertionError(f"no job.sbatch under the wrapper {wrapper}")
+
+
+def warn_time_limit(run_dir: Path, sig: str = "USR2") -> None:
+    os.kill(job_script_pid(run_dir), getattr(signal, f"SIG{sig}"))
+
+
+def compare(got: dict[int, float], want: dict[int, float], first: int) -> dict:
+    """How the resumed run's losses from iteration `first` on match the uninterrupted run's."""
+    its = sorted(i for i in want if i >= first)
+    missing = [i for i in its if i not in got]
+    diffs = [abs(got[i] - want[i]) for i in its if i in got]
+    return {"from_iteration": first, "iterations": len(its), "missing": missing[:5],
+            "max_abs_diff": max(diffs) if diffs else None, "bitwise": bool(diffs) and max(diffs) == 0.0}

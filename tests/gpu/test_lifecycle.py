@@ -1,0 +1,239 @@
+"""The GPU lifecycle suite (issue 36): every command that reads a checkpoint, on the device it runs on. Run first in
+every device session with `make gpu-test` (scripts/gpu-test.sh: pytest -m gpu tests/gpu, its JSON into
+bench/results/<date>_<gpu>_lifecycle/). Marked `gpu`; skipped without CUDA (PRIMUS_LIFECYCLE_ON_CPU=1: on the CPU).
+
+Everything starts at once in one module fixture, so the runs share the device's time (the H200 has room for all):
+- a sweep over the precisions (BF16 / FP8 delayed; on the CPU two LoRA alphas) with `--then eval --then export`:
+  its trials are also the uninterrupted references;
+- per precision, a run cancelled after its first checkpoint and resumed;
+- a run warned of its time limit (the recipe's cluster.signal to the job script, as Slurm's --signal=B:SIG@T),
+  which checkpoints and stops with the preempted code, then resumes;
+- on CUDA, the Llama-3-8B shape (bench/recipes/llama3_8b_h200.yaml, FP8) cancelled, resumed and exported.
+Each test records what it measured (the `record` fixture, tests/gpu/lifecycle_report.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+import pytest
+
+import lifecycle_support as ls
+
+DEV = ls.device()
+if DEV is None:
+    pytest.skip("no CUDA device (PRIMUS_LIFECYCLE_ON_CPU=1 runs this suite on the CPU)", allow_module_level=True)
+pytestmark = pytest.mark.gpu
+PRECISIONS = ls.precisions(DEV)
+# bitwise where the kernels are deterministic (CUBLAS_WORKSPACE_CONFIG, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0)
+RESUME_TOL = {"bf16": 0.0, "fp8": 0.0, "fp32": 0.0}
+EVAL_RTOL = {"bf16": 1e-5, "fp8": 1e-3, "fp32": 2e-6}  # FP8: the eval forward moves TE's amax history
+R8 = ls.ROOT / "bench" / "recipes" / "llama3_8b_h200.yaml"
+
+
+def _grid() -> tuple[str, list[str]]:
+    if DEV == "cuda":
+        return "trainer.precision.fp8=null,hybrid", ["trainer.precision.bf16=true"]
+    return "trainer.lora.alpha=64,32", ls.precision_sets("fp32")  # 64 is the recipe's: trial 0 = the reference
+
+
+def _eight_b(env, tmp: Path) -> dict:
+    from trainer.data.mlperf import write_synthetic
+
+    data = tmp / "data-8b"
+    write_synthetic(str(data), 40, 8192, 128256, seed=1)
+    return ls.submit(env, f"trainer.data.train.path={data}", f"experiment.workspace={tmp / 'ws8b'}",
+                     f"cluster.python={sys.executable}", "trainer.precision.fp8=hybrid",
+                     "trainer.schedule.train_iters=16", "trainer.checkpoint.save_interval=2",
+                     "trainer.checkpoint.resume=auto", "trainer.logging.log_interval=1", recipe=R8)
+
+
+def _interrupt(env, entry: dict, how: str, timeout: float = 600):
+    """Once the run's first checkpoint is there: `cancel` it, or warn it of its time limit as Slurm does (the
+    schema's default cluster.signal, USR2, to the job script); returns its status once it has stopped."""
+    run_dir = Path(entry["run_dir"])
+    ls.wait_checkpoint(run_dir, timeout=timeout)
+    if how == "cancel":
+        ls.ok(ls.cli(env, "cancel", entry["run_id"]))
+    else:
+        ls.warn_time_limit(run_dir, "USR2")
+    return ls.wait_state(env, entry["run_id"])
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """Everything started at once; each interruption made by a thread of its own the moment its run has
+    checkpointed (a test that waited its turn would find a tiny run already finished)."""
+    tmp = tmp_path_factory.mktemp("lifecycle")
+    env = ls.env_for(tmp)
+    base = ls.device_sets(DEV, tmp)
+    axis, fixed = _grid()
+    sweep = json.loads(ls.ok(ls.cli(env, "sweep", str(ls.RECIPE), "--executor", "local", "--json", "--grid", axis,
+                                    *[a for s in (*base, *fixed) for a in ("--set", s)],
+                                    "--then", "eval", "--then", "export")))
+    runs = {("cancel", p): ls.submit(env, *base, *ls.precision_sets(p)) for p in PRECISIONS}
+    runs["warn", PRECISIONS[0]] = ls.submit(env, *base, *ls.precision_sets(PRECISIONS[0]))
+    if DEV == "cuda":
+        runs["cancel", "8b"] = _eight_b(env, tmp)
+    with ThreadPoolExecutor(len(runs)) as pool:
+        stopped = {key: pool.submit(_interrupt, env, entry, key[0], 900 if key[1] == "8b" else 600)
+                   for key, entry in runs.items()}
+        wait(stopped.values())
+    return {"env": env, "tmp": tmp, "sweep": sweep, "trials": [t["run_id"] for t in sweep["trials"]],
+            "runs": runs, "stopped": stopped}
+
+
+def _stopped(lab, key) -> tuple[str, Path, dict]:
+    """(run id, run dir, its status when it stopped); the interruption's own error, if it failed, is raised here."""
+    entry = lab["runs"][key]
+    return entry["run_id"], Path(entry["run_dir"]), lab["stopped"][key].result()
+
+
+def _reference(lab, precision: str) -> Path:
+    run = lab["trials"][PRECISIONS.index(precision)]
+    row = ls.wait_state(lab["env"], run, timeout=900)
+    assert row["state"] == "COMPLETED", row
+    return Path(row["run_dir"])
+
+
+def _stop_iteration(run_dir: Path) -> int:
+    saved = [e["iteration"] for a in ls.events(run_dir) for e in a if e.get("event") == "checkpoint"]
+    return max(saved)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_cancel_then_resume_continues_the_uninterrupted_run(lab, precision, record):
+    env = lab["env"]
+    run, run_dir, row = _stopped(lab, ("cancel", precision))
+    assert row["state"] == "CANCELLED", row
+    stop = _stop_iteration(run_dir)
+    assert stop < ls.ITERS, stop  # the cancel landed mid-run, after a checkpoint
+    ls.ok(ls.cli(env, "resume", run, "--follow", timeout=900))
+    row = ls.wait_state(env, run)
+    assert row["state"] == "COMPLETED", row
+    log = (run_dir / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
+    assert f"checkpoint loaded | iteration {stop} |" in log
+    match = ls.compare(ls.losses(run_dir), ls.losses(_reference(lab, precision)), stop + 1)
+    record(precision=precision, cancelled_at=stop, **match)
+    assert not match["missing"] and match["iterations"] == ls.ITERS - stop, match
+    assert match["max_abs_diff"] <= RESUME_TOL[precision], match
+
+
+def test_time_limit_warning_checkpoints_and_resumes(lab, record):
+    env = lab["env"]
+    run, run_dir, row = _stopped(lab, ("warn", PRECISIONS[0]))
+    stop = _stop_iteration(run_dir)
+    assert row["exit_code"] == 75 and stop < ls.ITERS, row  # trainer/runtime/signals.py: EXIT_PREEMPTED
+    assert "caught SIGUSR2" in (run_dir / "logs" / "local.out").read_text()
+    ls.ok(ls.cli(env, "resume", run, "--follow", timeout=900))
+    assert ls.wait_state(env, run)["state"] == "COMPLETED"
+    match = ls.compare(ls.losses(run_dir), ls.losses(_reference(lab, PRECISIONS[0])), stop + 1)
+    record(stopped_at=stop, slurm_requeue="not run: no Slurm cluster on this machine", **match)
+    assert not match["missing"] and match["max_abs_diff"] <= RESUME_TOL[PRECISIONS[0]], match
+
+
+def _chain(lab) -> list[dict]:
+    """Each trial's status once its training and both steps have ended."""
+    rows = []
+    for run in lab["trials"]:
+        row = ls.wait_state(lab["env"], run, timeout=900)
+        end = time.monotonic() + 600
+        while not (row["pipeline"] and all(s["state"] in ls.TERMINAL for s in row["pipeline"])):
+            assert time.monotonic() < end, row
+            time.sleep(1)
+            row = ls.status(lab["env"], run)
+        rows.append(row)
+    return rows
+
+
+def test_sweep_pipeline_completes_and_eval_equals_the_logged_loss(lab, record):
+    rows = _chain(lab)
+    measured = []
+    for precision, row in zip(PRECISIONS if DEV == "cuda" else ("fp32", "fp32"), rows):
+        assert row["state"] == "COMPLETED" and [s["state"] for s in row["pipeline"]] == ["COMPLETED"] * 2, row
+        evaluated = json.loads((Path(row["pipeline"][0]["dir"]) / "result.json").read_text())
+        logged = ls.logged_eval(Path(row["run_dir"]), ls.ITERS)
+        rel = abs(evaluated["eval_loss"] - logged) / logged
+        measured.append({"precision": precision, "eval_loss": evaluated["eval_loss"], "logged": logged, "rel": rel})
+        assert evaluated["iteration"] == ls.ITERS and rel <= EVAL_RTOL[precision], measured[-1]
+        exported = json.loads((Path(row["pipeline"][1]["dir"]) / "result.json").read_text())
+        assert (Path(exported["adapter"]) / "adapter_model.safetensors").is_file()
+    board = json.loads(ls.ok(ls.cli(lab["env"], "status", lab["sweep"]["sweep_id"], "--json")))
+    assert {t["state"] for t in board["trials"]} == {"COMPLETED"}, board
+    record(evals=measured)
+
+
+def test_generate_answers(lab, record):
+    run = lab["trials"][0]
+    _reference(lab, PRECISIONS[0])
+    out = ls.ok(ls.cli(lab["env"], "generate", run, "--prompt", "Return the number of items.", "--executor",
+                       "local", "--max-new-tokens", "16", timeout=600))
+    result = json.loads(Path(out.strip().splitlines()[-1].split("result: ", 1)[1]).read_text())
+    rows = [json.loads(x) for x in Path(result["generations"]).read_text().splitlines()]
+    record(answer=rows[0]["answer"])
+    assert len(rows) == 1 and rows[0]["answer"].strip(), rows
+
+
+def test_adapter_and_merged_exports_load_in_peft_with_equal_logits(lab, record):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = lab["trials"][0]
+    _reference(lab, PRECISIONS[0])
+    out_dir = lab["tmp"] / "export"
+    out_dir.mkdir()
+    out = ls.ok(ls.cli(lab["env"], "export", run, "--adapter", str(out_dir / "adapter"), "--merged",
+                       str(out_dir / "merged"), "--executor", "local", timeout=600))
+    assert "result: " in out
+    dev = torch.device(DEV)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ids = AutoTokenizer.from_pretrained(out_dir / "merged")(["def count(items):\n    return len(items)"],
+                                                           return_tensors="pt")["input_ids"].to(dev)
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(ls.BASE, dtype=torch.float32).to(dev).eval()
+        plain = base(ids).logits
+        peft = PeftModel.from_pretrained(base, str(out_dir / "adapter")).eval()(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(out_dir / "merged", dtype=torch.float32).to(dev).eval()(
+            ids).logits
+    effect, diff = float((peft - plain).abs().max()), float((merged - peft).abs().max())
+    record(adapter_effect=effect, merged_vs_peft_max_abs=diff)
+    assert effect > 1e-2 and diff < 1e-3, (effect, diff)
+
+
+def test_a_gpu_run_costs_its_gpu_hours(lab, record):
+    _reference(lab, PRECISIONS[0])
+    cost = ls.status(lab["env"], lab["trials"][0])["cost"]
+    record(**{k: cost[k] for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour")})
+    if DEV == "cuda":
+        assert cost["gpu_hours"] > 0 and cost["tokens_per_gpu_hour"], cost
+        assert math.isclose(cost["gpu_hours"], cost["elapsed_s"] / 3600, rel_tol=0.01), cost  # one GPU held
+    else:
+        assert cost["gpu_hours"] == 0, cost  # a CPU run holds no GPU
+
+
+def test_8b_shape_saves_resumes_and_exports(lab, record):
+    if ("cancel", "8b") not in lab["runs"]:
+        pytest.skip("the 8B shape needs the GPU")
+    env = lab["env"]
+    run, run_dir, row = _stopped(lab, ("cancel", "8b"))
+    assert row["state"] == "CANCELLED", row
+    stop = _stop_iteration(run_dir)
+    ls.ok(ls.cli(env, "resume", run, "--follow", timeout=600))
+    assert ls.wait_state(env, run)["state"] == "COMPLETED"
+    got = ls.losses(run_dir)
+    log = (run_dir / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
+    assert f"checkpoint loaded | iteration {stop} |" in log and max(got) == 16
+    assert all(math.isfinite(v) for v in got.values())
+    out = ls.ok(ls.cli(env, "export", run, "--adapter", str(lab["tmp"] / "adapter-8b"), "--executor", "local",
+                       timeout=600))
+    from safetensors.torch import load_file
+
+    tensors = load_file(lab["tmp"] / "adapter-8b" / "adapter_model.safetensors")
+    layers = {int(k.split(".layers.", 1)[1].split(".", 1)[0]) for k in tensors if ".layers." in k}
+    record(stopped_at=stop, last_loss=got[16], adapter_tensors=len(tensors), export=out.strip().splitlines()[-1])
+    assert layers == set(range(32)) and all(".lora_A." in k or ".lora_B." in k for k in tensors), sorted(tensors)[:4]
