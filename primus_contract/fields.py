@@ -220,7 +220,8 @@ SCHEMA: dict = {
                            "into the frozen base's (trainer/model/lora/fused.py): linear_proj/linear_fc2 and other "
                            "non-norm linears, any TP/SP layout, pre-dropout fused into A; elsewhere the unfused path"),
             # trainer/model/lora/swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
-            # ops on CPU); not with precision.fp8_swiglu_input or recompute.adapter_inputs scope all|fc2
+            # ops on CPU); not with recompute.adapter_inputs scope all|fc2; with precision.fp8_swiglu_input its
+            # kernels keep fc1's output in FP8
             "fused_swiglu": Field("bool", False, help="fold fc1's adapter into dense MLPs' SwiGLU kernels (not "
                                   "yet measured on a GPU)"),
             # trainer/model/lora/epilogue.py: not with fp8/fp4, tensor > 1, post-dropout (primus_contract/rules_model.py)

@@ -91,12 +91,11 @@ def recipe_precision_rules(t: Mapping, profile: str) -> None:
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], device)
     rec = t["recompute"]
     fc2_recompute = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2")
-    if t["lora"]["fused_swiglu"] and (t["precision"]["fp8_swiglu_input"] or fc2_recompute):
-        other = (f"`{P}.fp8_swiglu_input` (megatron's own FP8-storing SwiGLU)" if t["precision"]["fp8_swiglu_input"]
-                 else f"`trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} (fc2's adapter "
-                      "recomputes its input from fc1's full output, which the fused SwiGLU never writes)")
-        fail(f"`trainer.lora.fused_swiglu` and {other} exclude each other; set one of them to false "
-             "(or adapter_inputs_scope: norm)")
+    # (fused_swiglu with fp8_swiglu_input: its kernels keep fc1's output in FP8 themselves, trainer/model/lora/swiglu.py)
+    if t["lora"]["fused_swiglu"] and fc2_recompute:
+        fail(f"`trainer.lora.fused_swiglu` and `trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} "
+             "(fc2's adapter recomputes its input from fc1's full output, which the fused SwiGLU never writes) "
+             "exclude each other; set one of them to false (or adapter_inputs_scope: norm)")
     if t["precision"]["fp8_swiglu_input"] and fc2_recompute:
         fail(f"`{P}.fp8_swiglu_input` and `trainer.recompute.adapter_inputs` (scope {rec['adapter_inputs_scope']}) "
              "exclude each other: the fc2 adapter's recompute needs the exact 16-bit SwiGLU input; set "

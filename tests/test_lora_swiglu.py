@@ -75,3 +75,59 @@ def test_wired_model_with_the_kernels_trains_as_the_unfused_one():
     ref, ours, launches = json.loads(done.stdout.split("LOSSES", 1)[1])
     assert ref[-1] < ref[0] and launches == 20 * 2 * 2  # forward and backward kernel, 2 MLPs, 20 iterations
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+
+
+FP8_STORE = textwrap.dedent("""
+    import torch
+    from trainer.model.lora.inputs import gated_silu
+    from trainer.model.lora.swiglu import swiglu_lora
+    torch.manual_seed(0)
+    for t, n, r in ((70, 40, 4), (33, 130, 16)):
+        u = (torch.randn(t, 2 * n) * 2).requires_grad_(True)
+        h, b, up = torch.randn(t, r, requires_grad=True), torch.randn(2 * n, r, requires_grad=True), torch.randn(t, n)
+        act = swiglu_lora(u, h, b, 0.5, kernels=True, fp8_store=True)
+        (act * up).sum().backward()
+        got = (act.detach(), u.grad, h.grad, b.grad)
+        # reference: the forward from u itself; the backward at u's FP8 e4m3 copy plus the exact adapter product
+        uq = u.detach().to(torch.float8_e4m3fn).float()
+        hh, bb = h.detach().requires_grad_(True), b.detach().requires_grad_(True)
+        full = (uq + 0.5 * hh @ bb.t()).detach().requires_grad_(True)
+        (gated_silu(full) * up).sum().backward()
+        ref_du = full.grad
+        ref = (gated_silu(u.detach() + 0.5 * h.detach() @ b.detach().t()), ref_du, 0.5 * ref_du @ b.detach(),
+               0.5 * ref_du.t() @ h.detach())
+        for name, x, y in zip(("act", "du", "dh", "dB"), ref, got):
+            torch.testing.assert_close(y, x, rtol=2e-5, atol=2e-5, msg=f"{name} {t}x{n} r{r}")
+        assert not torch.equal(uq, u.detach())  # the store really rounds (so the check above is not vacuous)
+    print("fp8 store ok")
+""")
+
+
+def test_fp8_store_kernels_keep_fc1_output_in_fp8():
+    """With precision.fp8_swiglu_input the kernels keep u_base as FP8 e4m3 (megatron's plain cast) and add s h B^T
+    back exactly in backward: the forward is unchanged, the gradients are those at the FP8 copy (interpreter)."""
+    pytest.importorskip("triton")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", FP8_STORE], cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "fp8 store ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired():
+    """The FP8 store (GPU only by the contract) is wired with the kernels and refused without them (the unfused ops
+    would drop the FP8 copy); a model with no fc1 adapter refuses fused_swiglu instead of ignoring it."""
+    from tests.model_helpers import dist_session
+    from trainer.config import ConfigError
+    from trainer.model import build, build_model
+    from trainer.model.lora.swiglu import wire_fused_swiglu
+
+    cfg = tiny_cfg()
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        model.config.activation_func_fp8_input_store = True  # what precision.fp8_swiglu_input sets on a GPU
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            with pytest.raises(ConfigError, match="needs its Triton kernels"):
+                wire_fused_swiglu(model)
+        none = tiny_cfg(trainer={"lora": {"fused_swiglu": True, "target_modules": ["linear_qkv", "linear_proj"]}})
+        with pytest.raises(ConfigError, match="no dense gated-SiLU MLP with an adapter on linear_fc1"):
+            build(none, info.device)

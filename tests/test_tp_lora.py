@@ -1,6 +1,8 @@
 """TP=2 (two gloo processes) gives the same per-token losses and LoRA grads as TP=1 (with sequence
-parallelism also with recompute.adapter_inputs). The TP=1 reference takes megatron's output layer +
-cross-entropy; the TP=2 runs take trainer.model.chunked_loss (vocab-parallel, 9-token chunks).
+parallelism also with recompute.adapter_inputs; and with sequence parallelism and trainer.lora.fused_swiglu, its
+Triton kernels run in the interpreter on each rank's shard of fc1, against TP=1 with fused_swiglu on). The TP=1
+reference takes megatron's output layer + cross-entropy; the TP=2 runs take trainer.model.chunked_loss
+(vocab-parallel, 9-token chunks).
 
 Tolerance: fp32 on CPU, rtol 1e-4 / atol 1e-5 (only the summation order of the TP reductions
 differs between the layouts).
@@ -16,12 +18,15 @@ from trainer.model import allreduce_sequence_parallel_grads, build, build_model,
 from trainer.model.sharding import full_state_dict, load_full_state_dict, to_full
 
 DOCS = [13, 22, 8, 21]
+RUNS = ((False, False), (True, False), (True, True))  # (sequence parallel, fused_swiglu)
 
 
-def _cfg(tp: int, sp: bool):
-    # the sequence-parallel run also keeps fc1's output instead of the fc2 adapter's input (lora.inputs)
+def _cfg(tp: int, sp: bool, swiglu: bool = False):
+    # the sequence-parallel run also keeps fc1's output instead of the fc2 adapter's input (lora.inputs), unless
+    # fc1's adapter is folded into the SwiGLU (the two exclude each other)
     return tiny_cfg(trainer={"parallelism": {"tensor": tp, "sequence_parallel": sp},
-                             "recompute": {"adapter_inputs": sp, "chunked_loss": tp > 1}})
+                             "lora": {"fused_swiglu": swiglu},
+                             "recompute": {"adapter_inputs": sp and not swiglu, "chunked_loss": tp > 1}})
 
 
 def _run(model, batch):
@@ -33,16 +38,16 @@ def _run(model, batch):
 
 def _worker(rank, world, ports, full, batch, out_path):
     results = {}
-    for sp, port in zip((False, True), ports):
-        results[sp] = _tp_run(rank, world, port, sp, full, batch)
+    for (sp, swiglu), port in zip(RUNS, ports):
+        results[(sp, swiglu)] = _tp_run(rank, world, port, sp, full, batch, swiglu)
     if rank == 0:
         torch.save(results, out_path)
 
 
-def _tp_run(rank, world, port, sp, full, batch):
+def _tp_run(rank, world, port, sp, full, batch, swiglu=False):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cfg = _cfg(world, sp)
+    cfg = _cfg(world, sp, swiglu)
     chunked_loss.CHUNK_BYTES = 4 * 64 * 9  # 64 = this rank's vocab shard: 9-token chunks
     with dist_session(cfg) as info:
         from megatron.core import parallel_state as ps
@@ -50,7 +55,12 @@ def _tp_run(rank, world, port, sp, full, batch):
         built = build(cfg, info.device)
         model = built.model
         assert built.line("chunked loss")  # installed (not megatron's output layer + loss)
-        assert (model.decoder.layers[0].mlp.linear_fc2.input_act is not None) == sp
+        assert (model.decoder.layers[0].mlp.linear_fc2.input_act is not None) == (sp and not swiglu)
+        if swiglu:  # every dense MLP wired, with the Triton kernels (the interpreter: TRITON_INTERPRET=1)
+            from trainer.model.lora.swiglu import kernels_usable
+
+            assert built.line("fused swiglu").startswith("fused swiglu | fc1 adapters folded into the activation | 2")
+            assert kernels_usable(info.device)
         # trainer.lora.fused (the default) with the TP/SP collectives between A and B (tests/test_lora_fused.py pins
         # it against the unfused path at TP 1)
         assert all(m.uses_fused_path() for m in model.modules() if type(m).__name__ == "LoRALinear")
@@ -71,20 +81,26 @@ def _tp_run(rank, world, port, sp, full, batch):
 
 
 @pytest.mark.slow
-def test_tp2_matches_tp1(tmp_path):
-    """One spawn of two gloo ranks runs TP=2 and TP=2 + sequence parallel (spawn + imports dominate)."""
+def test_tp2_matches_tp1(tmp_path, monkeypatch):
+    """One spawn of two gloo ranks runs TP=2, TP=2 + sequence parallel, and TP=2 + sequence parallel + fused_swiglu
+    (spawn + imports dominate)."""
     batch = packed_batch(2, 32, DOCS, vocab=128, seed=11)
-    with dist_session(_cfg(1, False)) as info:
-        model = build_model(_cfg(1, False), info.device)
-        perturb_adapters(model, seed=12)
-        full = {k: v.clone() for k, v in full_state_dict(model).items()}
-        ref_losses = _run(model, batch)
-        ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    refs = {}
+    for swiglu in (False, True):  # TP=1 with fused_swiglu on: on CPU its unfused ops (tests/test_lora_swiglu.py)
+        with dist_session(_cfg(1, False, swiglu)) as info:
+            model = build_model(_cfg(1, False, swiglu), info.device)
+            perturb_adapters(model, seed=12)
+            full = {k: v.clone() for k, v in full_state_dict(model).items()}
+            refs[swiglu] = (_run(model, batch),
+                            {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
     out = tmp_path / "tp2.pt"
-    mp.start_processes(_worker, args=(2, (free_port(), free_port()), full, batch, str(out)),
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the ranks (spawned: they import Triton anew) run its kernels
+    mp.start_processes(_worker, args=(2, tuple(free_port() for _ in RUNS), full, batch, str(out)),
                        nprocs=2, join=True, start_method="spawn")
     results = torch.load(out)
-    for sp, got in results.items():
+    assert set(results) == set(RUNS)
+    for (sp, swiglu), got in results.items():
+        ref_losses, ref_grads = refs[swiglu]
         # the adapters really are sharded: column-parallel B and row-parallel A are half-size
         assert got["shapes"]["decoder.layers.0.self_attention.linear_qkv.lora_b"] == (64, 4)
         assert got["shapes"]["decoder.layers.0.mlp.linear_fc2.lora_a"] == (4, 80)

@@ -102,6 +102,11 @@ def _fused_swiglu(model, ctx: BuildContext) -> str:
     from trainer.model.lora.swiglu import kernels_usable, wire_fused_swiglu
 
     wired = wire_fused_swiglu(model)
+    if not wired:  # accepted and ignored would be a lie: no dense MLP here has an fc1 adapter it could fold
+        from trainer.config import ConfigError
+
+        raise ConfigError("trainer.lora.fused_swiglu: no dense gated-SiLU MLP with an adapter on linear_fc1 here "
+                          "(targets, experts, bias or activation); set fused_swiglu: false")
     how = ("Triton kernels" if kernels_usable(ctx.device)
            else "the unfused ops (no GPU Triton here: same numerics, no saving)")
     return f"fused swiglu | fc1 adapters folded into the activation | {wired} MLPs | {how}"

@@ -36,11 +36,13 @@ def gated_silu(y: torch.Tensor) -> torch.Tensor:
     return F.silu(y_glu) * y_linear
 
 
-def swiglu_of(config):
-    """The exact function megatron's dense MLP applies to fc1's output under `config`, or None."""
+def swiglu_of(config, fp8_store_ok: bool = False):
+    """The exact function megatron's dense MLP applies to fc1's output under `config`, or None. fp8_store_ok: also
+    under activation_func_fp8_input_store (its forward is the same function; only what it keeps differs)."""
     if not config.gated_linear_unit or config.activation_func is not F.silu or config.add_bias_linear:
         return None
-    if any(getattr(config, k, False) for k in ("use_te_activation_func", "activation_func_fp8_input_store")):
+    refused = ("use_te_activation_func",) + (() if fp8_store_ok else ("activation_func_fp8_input_store",))
+    if any(getattr(config, k, False) for k in refused):
         return None
     if getattr(config, "activation_func_clamp_value", None) is not None:
         return None

@@ -97,38 +97,44 @@ def _launch(kernel, u2, h2, b, tensors, scale):
 
 
 class _SwigluLoRA(torch.autograd.Function):
+    """fp8_store (precision.fp8_swiglu_input): u_base is kept for backward as float8 e4m3 (the plain cast megatron's
+    activation_func_fp8_input_store makes of the whole u; here only the base part is rounded: s h B^T is added back
+    exactly in the backward kernel, which reads the FP8 copy directly)."""
+
     @staticmethod
-    def forward(ctx, u_base, h, b, scale):
+    def forward(ctx, u_base, h, b, scale, fp8_store=False):
         u2 = u_base.reshape(-1, u_base.shape[-1]).contiguous()
         h2 = h.reshape(-1, h.shape[-1]).contiguous()
         h_c, b_c = h2.to(u2.dtype), b.to(u2.dtype).contiguous()
         out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
         _launch(_fwd_kernel, u2, h_c, b_c, (out,), scale)
-        ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape = scale, b.dtype, h.dtype, u_base.shape
-        ctx.save_for_backward(u2, h_c, b_c)
+        ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape, ctx.u_dtype = scale, b.dtype, h.dtype, u_base.shape, u2.dtype
+        ctx.save_for_backward(u2.to(torch.float8_e4m3fn) if fp8_store else u2, h_c, b_c)
         return out.view(*u_base.shape[:-1], -1)
 
     @staticmethod
     def backward(ctx, dact):
         u2, h_c, b_c = ctx.saved_tensors
         d2 = dact.reshape(-1, dact.shape[-1]).contiguous()
-        du = torch.empty_like(u2)
+        du = torch.empty(u2.shape, dtype=ctx.u_dtype, device=u2.device)
         _launch(_bwd_kernel, u2, h_c, b_c, (d2, du), ctx.scale)
         s = ctx.scale
         dh = du.mm(b_c).mul_(s)
         db = du.t().mm(h_c).mul_(s)
-        return du.view(ctx.shape), dh.view(*ctx.shape[:-1], -1).to(ctx.h_dtype), db.to(ctx.b_dtype), None
+        return du.view(ctx.shape), dh.view(*ctx.shape[:-1], -1).to(ctx.h_dtype), db.to(ctx.b_dtype), None, None
 
 
 def swiglu_lora(u_base: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float, act=gated_silu,
-                kernels: bool | None = None) -> torch.Tensor:
+                kernels: bool | None = None, fp8_store: bool = False) -> torch.Tensor:
     """act(u_base + scale * h B^T) without writing the sum (kernels: act is SiLU-gated), or by the unfused ops with
-    `act` (no kernels)."""
+    `act` (no kernels). fp8_store: u_base kept in FP8 for backward (kernels only)."""
     if kernels is None:
         kernels = kernels_usable(u_base.device)
     if not kernels:
+        if fp8_store:  # (wire_fused_swiglu refuses this before a step runs)
+            raise RuntimeError("fused_swiglu with fp8_swiglu_input needs the Triton kernels")
         return swiglu_lora_reference(u_base, h, b.to(u_base.dtype), scale, act)
-    return _SwigluLoRA.apply(u_base, h, b, scale)
+    return _SwigluLoRA.apply(u_base, h, b, scale, fp8_store)
 
 
 def _mlp_forward(self, hidden_states, per_token_scale=None, **kwargs):
@@ -139,20 +145,23 @@ def _mlp_forward(self, hidden_states, per_token_scale=None, **kwargs):
         return self._primus_megatron_forward(hidden_states, per_token_scale, **kwargs)
     fc1 = self.linear_fc1
     u_base, h = fc1.forward_parts(hidden_states)
-    act = swiglu_lora(u_base, h, fc1.lora_b, fc1.scale, self._primus_swiglu)
+    act = swiglu_lora(u_base, h, fc1.lora_b, fc1.scale, self._primus_swiglu, fp8_store=self._primus_fp8_store)
     return self.linear_fc2(act)
 
 
 def eligible(mlp, lora_cls) -> bool:
     fc1 = getattr(mlp, "linear_fc1", None)
-    return (isinstance(fc1, lora_cls) and not fc1.is_expert and swiglu_of(mlp.config) is not None
+    return (isinstance(fc1, lora_cls) and not fc1.is_expert and swiglu_of(mlp.config, fp8_store_ok=True) is not None
             and not (fc1.dropout is not None and fc1.dropout_position == "post"))
 
 
 def wire_fused_swiglu(model) -> int:
-    """Route every eligible dense MLP through swiglu_lora; returns how many were wired."""
+    """Route every eligible dense MLP through swiglu_lora; returns how many were wired. With the FP8 SwiGLU input
+    store (megatron's activation_func_fp8_input_store) the fused kernels keep fc1's output in FP8 as megatron would;
+    a ConfigError where they cannot run (no Triton device: the unfused ops would drop the store)."""
     from megatron.core.transformer.mlp import MLP
 
+    from trainer.config import ConfigError
     from trainer.model.lora.layers import LoRALinear
 
     wired = 0
@@ -162,8 +171,14 @@ def wire_fused_swiglu(model) -> int:
         fc2 = getattr(module, "linear_fc2", None)
         if getattr(fc2, "input_act", None) is not None:  # fc2's adapter recomputes swiglu(u): it needs u itself
             continue
+        store = bool(getattr(module.config, "activation_func_fp8_input_store", False))
+        if store and not kernels_usable(module.linear_fc1.weight.device):
+            raise ConfigError("trainer.lora.fused_swiglu with trainer.precision.fp8_swiglu_input needs its Triton "
+                              "kernels (a GPU with Triton): the unfused ops here would not keep the FP8 copy")
         module._primus_megatron_forward = module.forward
-        module._primus_swiglu = swiglu_of(module.config)  # what megatron applies: the unfused path's activation
+        module._primus_fp8_store = store
+        # what megatron applies (its forward: the store changes only what it keeps): the unfused path's activation
+        module._primus_swiglu = swiglu_of(module.config, fp8_store_ok=True)
         module.forward = types.MethodType(_mlp_forward, module)
         wired += 1
     return wired
