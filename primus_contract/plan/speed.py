@@ -16,7 +16,8 @@ Adapters: A [r, in] and B [out, r] are skinny GEMMs (rank 16-64 against widths o
 under the ~200 a BF16 GEMM needs to be compute-bound), so their time follows the activations they stream, tokens x
 (in + out) per adapted linear and pass (x and the output in forward; the output's gradient, x and dx in backward),
 whatever the rank. That traffic is the feature `adapter`; their FLOPs (2 r (in + out) a token, BF16) are added to
-gemm_bf16 at the base GEMMs' rate, which is what a larger rank adds.
+gemm_bf16 at the base GEMMs' rate, which is what a larger rank adds. trainer.lora.epilogue and fused_swiglu scale a
+linear's traffic by their pass counts over the default path's (adapter_passes.traffic_ratio; not yet measured).
 
 Packed sequences are assumed to hold documents like the benchmarks' GovReport-like packs (sum of squared lengths
 PACKED_ATTENTION_FILL x seq^2), unpacked one a sequence.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
+from primus_contract.plan.adapter_passes import traffic_ratio
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
 
@@ -80,9 +82,9 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
         for lin in layer_linears_local(m, lora, lay, layer):
             if lin.short != "router":  # FP8 GEMM operands: the input (each forward), the output's gradient
                 quantized += (lin.in_local * (1 + redo) + lin.out_local) * lin.uses
-            if lin.adapted:
+            if lin.adapted:  # (epilogue / fused_swiglu: their pass counts, primus_contract/plan/adapter_passes.py)
                 adapted_in += lin.in_local * lin.uses
-                adapted_io += (lin.in_local + lin.out_local) * lin.uses
+                adapted_io += (lin.in_local + lin.out_local) * lin.uses * traffic_ratio(lora, lin, lay.tp)
     f["adapter"] = adapted_io * tokens / lay.pp * (3 + redo)  # activations streamed: forward, backward (2), recompute
     if gclass == "fp8" and t["precision"]["fp8_recipe"] == "tensorwise":
         f["current_scaling_elementwise"] = quantized * tokens / lay.pp  # amax pass before each cast

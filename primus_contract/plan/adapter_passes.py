@@ -1,0 +1,56 @@
+"""Passes an adapter's memory-bound work makes over its linear's activations, by adapter path: the one table behind
+bench/adapter_traffic.py (bytes a step, calibrated on a measured call) and the planner's adapter feature (speed.py).
+
+At rank 16 every adapter GEMM is memory-bound: its cost is the passes over the [tokens, in] inputs and [tokens, out]
+outputs (the rank-sized tensors and the factors are noise). Per wrapped linear, forward + backward:
+
+  unfused   fwd: read x (A) + read/write y (addmm)                        in + 2 out
+            bwd: read dy twice (dh, dB) + read x (dA) + write dx_a + sum   2 out + 5 in      -> (6 in, 4 out)
+  fused     trainer/model/lora/fused.py (non-norm linears): dx_a added in place into the base's dx    -> (4, 4)
+  epilogue  trainer/model/lora/epilogue.py (non-norm linears, TP 1, 16-bit): the adapter writes y once and the
+            base GEMM adds into it (its read of y hides in a compute-bound GEMM), dy read once for dh and dB, dx_a
+            written once for the base dgrad GEMM to add into                                         -> (3, 2)
+  epilogue-all  the same for every linear, the norm-fed too (TE's op fuser with its norm; not built)   -> (3, 2)
+Norm-fed linears (qkv, dense fc1: their adapter reads TE's returned norm output) stay unfused under fused/epilogue.
+  fused_swiglu  fc1's output + s h B^T is never written nor re-read (trainer/model/lora/swiglu.py): fc1 out - 2
+  pre-dropout   draw (read x, write the dropped copy, a 1-byte mask: 2.5 in), and in backward the mask applied:
+                unfused + 2.5 in (dropout backward: read dx_a and the mask, write), fused/epilogue + 0.5 in (the
+                mask read inside the pass that adds dx_a)
+"""
+from __future__ import annotations
+
+DESIGNS = ("unfused", "fused", "epilogue", "epilogue-all")
+
+
+def passes(design: str, norm_fed: bool, short: str = "", swiglu: bool = False,
+           dropout: bool = False) -> tuple[float, float]:
+    """(passes over [tokens, in], passes over [tokens, out]) of one wrapped linear, forward + backward."""
+    if design not in DESIGNS:
+        raise ValueError(f"unknown adapter design {design!r} ({', '.join(DESIGNS)})")
+    path = design if design == "epilogue-all" or not norm_fed else "unfused"
+    p_in, p_out = {"unfused": (6.0, 4.0), "fused": (4.0, 4.0), "epilogue": (3.0, 2.0), "epilogue-all": (3.0, 2.0)}[path]
+    if swiglu and short == "linear_fc1":
+        p_out -= 2.0
+    if dropout:
+        p_in += 2.5 + (2.5 if path == "unfused" else 0.5)
+    return p_in, p_out
+
+
+def design_of(lora: dict, tp: int = 1) -> str:
+    """The design a recipe's trainer.lora runs (epilogue only where the contract lets it: TP 1)."""
+    if lora.get("epilogue") and tp == 1:
+        return "epilogue"
+    return "fused" if lora.get("fused", True) else "unfused"
+
+
+def traffic_ratio(lora: dict, lin, tp: int = 1) -> float:
+    """The planner's adapter-traffic factor of one adapted linear: its bytes under the recipe's epilogue /
+    fused_swiglu keys over its bytes without them (1.0 when neither is on: the calibrated cost already holds the
+    default path, so the measured rows keep their fit)."""
+    if not (lora.get("epilogue") or lora.get("fused_swiglu")) or lin.expert:
+        return 1.0
+    dropout = bool(lora.get("dropout")) and lora.get("dropout_position", "pre") == "pre"
+    base = {**lora, "epilogue": False}
+    now = passes(design_of(lora, tp), lin.norm_fed, lin.short, bool(lora.get("fused_swiglu")), dropout)
+    ref = passes(design_of(base, tp), lin.norm_fed, lin.short, False, dropout)
+    return (now[0] * lin.in_local + now[1] * lin.out_local) / (ref[0] * lin.in_local + ref[1] * lin.out_local)
