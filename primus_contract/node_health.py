@@ -14,7 +14,8 @@ Thresholds, and why:
   large square GEMM runs at or above the training mix's rate; a power- or thermally-throttled GPU loses 25 % and
   more. Nodes whose GPU the table lacks (and CPU nodes) are judged against the other nodes only: slow below
   RELATIVE (0.5) of the median node; on CPU the figures only prove that the code paths run.
-- Links: a ring link below RELATIVE of the median link marks both its ends slow (the link is named).
+- Links: a ring link below RELATIVE of the median link marks both its ends slow (the link is named); GPU nodes
+  only (on CPU nodes the links are gloo over whatever the host has, measured but not judged).
 - Free GPU memory below FREE_FRACTION (0.9) of the total: failed (another process holds the GPU).
 - Vendor error counters (uncorrectable ECC, retired / pending pages, XID where reported) above zero: failed.
 - Local disk: not writable, failed; under DISK_MIN_GIB free, slow. Shared filesystem: not writable, failed; a
@@ -61,6 +62,8 @@ def judge(reports: list[dict], cross: dict | None = None) -> list[dict]:
     cross = cross or {}
     median_gemm = _median([r.get("gemm_tflops") or 0.0 for r in reports if not r.get("error")])
     links = [link for link in cross.get("ring") or [] if isinstance(link.get("gb_s"), (int, float))]
+    if any(r.get("device") == "cpu" for r in reports):
+        links = []  # gloo over the loopback of shared cores: the figures prove the code path, not a link
     median_link = _median([link["gb_s"] for link in links])
     out = []
     for r in reports:

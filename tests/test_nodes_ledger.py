@@ -97,8 +97,9 @@ def test_node_check_verdicts():
     assert [x["verdict"] for x in v] == ["ok", "failed"]
     ring = {"ring": [{"src": "a", "dst": "b", "gb_s": 10.0}, {"src": "b", "dst": "c", "gb_s": 10.0},
                      {"src": "c", "dst": "a", "gb_s": 1.0}]}
-    v = node_health.judge([_report(n, 1.0) for n in "abc"], ring)
+    v = node_health.judge([_report(n, want, **gpu) for n in "abc"], ring)
     assert [x["verdict"] for x in v] == ["slow", "ok", "slow"] and "link c->a" in v[0]["why"][0]
+    assert {x["verdict"] for x in node_health.judge([_report(n, 1.0) for n in "abc"], ring)} == {"ok"}  # CPU
     assert node_health.exit_code(node_health.judge([_report("a", 1.0)])) == 0
 
 
@@ -124,6 +125,7 @@ def test_vendor_counters_parse():
     (["check", "--gpus-per-node", "-1"], "--gpus-per-node"),
     (["check", "--timeout", "5"], "--timeout"),
     (["check", "--python", "py thon"], "--python must be an interpreter path"),
+    (["check", "--local", "--nodes", "2"], "--local checks this machine only; not with --nodes"),
     (["check", "--bogus"], "--bogus"),
     (["--bogus"], "--bogus"),
 ])
@@ -150,3 +152,11 @@ def test_nodes_lists_and_edits_the_ledger(tmp_path, capsys):
     assert run(["nodes", "clear", "node7", *ws]) == 0 and "was excluded" in capsys.readouterr().out
     assert run(["nodes", "--json", *ws]) == 0
     assert json.loads(capsys.readouterr().out)["nodes"][0]["state"] == "ok"
+
+
+def test_local_check_judges_this_machine_without_slurm(tmp_path, capsys):
+    assert run(["nodes", "check", "--local", "--json", "--workspace", str(tmp_path / "ws")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (node,) = result["nodes"]
+    assert node["verdict"] == "ok" and node["report"]["device"] == "cpu" and node["report"]["gemm_tflops"] > 0
+    assert node["report"]["shared_fs"]["write_ms"] > 0 and "error counters" in node["report"]["notes"][0]

@@ -8,6 +8,7 @@ The check's directory is `<workspace>/.nodes/checks/<check-id>/` (job.sbatch, co
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ class CheckSpec:
     timeout: float
     python: str
     workspace: str
+    local: bool = False  # this machine's probe as a process, no Slurm (a GPU box without a cluster)
 
 
 def validate(spec: CheckSpec) -> None:
@@ -57,8 +59,13 @@ def validate(spec: CheckSpec) -> None:
                         f"{spec.partition!r:.80}")
     if not PYTHON_RE.match(spec.python):
         raise UserError(f"--python must be an interpreter path (letters, digits, ./_+-), got {spec.python!r:.80}")
-    if not shutil.which("sbatch"):
-        raise UserError("nodes check runs a Slurm job, and `sbatch` is not on PATH here")
+    if spec.local:
+        given = [o for o, v in (("--nodes", spec.nodes), ("--nodelist", spec.nodelist), ("--partition", spec.partition),
+                                ("--gpus-per-node", spec.gpus_per_node), ("--exclusive", spec.exclusive)) if v]
+        if given:
+            raise UserError(f"--local checks this machine only; not with {', '.join(given)}")
+    elif not shutil.which("sbatch"):
+        raise UserError("nodes check runs a Slurm job, and `sbatch` is not on PATH here (--local: this machine)")
 
 
 def _sbatch(spec: CheckSpec, check_dir: Path) -> list[str]:
@@ -116,9 +123,10 @@ def _last_line(path: Path) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
-def collect(check_dir: Path, job_id: str) -> tuple[list[dict], dict | None]:
-    """Every node's report (a missing one as a failed report naming its last output line), and cross.json."""
-    nodelist = (slurm_states([job_id]).get(job_id) or {}).get("nodes") or ""
+def collect(check_dir: Path, job_id: str | None) -> tuple[list[dict], dict | None]:
+    """Every node's report (a missing one as a failed report naming its last output line), and cross.json (the
+    Slurm job's nodes; without a job, the reports there are)."""
+    nodelist = (slurm_states([job_id]).get(job_id) or {}).get("nodes") or "" if job_id else ""
     names = _hostnames(nodelist) if nodelist and nodelist not in ("None", "None assigned") else []
     found = {p.stem: r for p in (check_dir / "reports").glob("*.json") if p.stem != "cross" and (r := _read(p))}
     reports = [found.get(n) or {"node": n, "error": f"no report; its task's last line: "
@@ -129,15 +137,14 @@ def collect(check_dir: Path, job_id: str) -> tuple[list[dict], dict | None]:
 
 
 def _line(v: dict) -> str:
+    """`node1  ok  GEMM … | device, disk, shared filesystem`, or `node2  slow  <each reason, with its figure>`."""
     r = v["report"]
-    if v["why"]:
-        detail = "; ".join(v["why"])
-    else:
-        disk, fs = r.get("disk") or {}, r.get("shared_fs") or {}
-        detail = (f"{r.get('gpu_name') or r.get('device')}, local disk {disk.get('free_gib', '?')} GiB free, shared "
-                  f"filesystem {fs.get('write_ms', '?')} ms")
     notes = "".join(f" (note: {n})" for n in r.get("notes") or [])
-    return f"{v['node']:<16} {v['verdict']:<6} {v['figure']} | {detail}{notes}"
+    if v["why"]:
+        return f"{v['node']:<16} {v['verdict']:<6} {'; '.join(v['why'])}{notes}"
+    disk, fs = r.get("disk") or {}, r.get("shared_fs") or {}
+    return (f"{v['node']:<16} {v['verdict']:<6} {v['figure']} | {r.get('gpu_name') or r.get('device')}, local disk "
+            f"{disk.get('free_gib', '?')} GiB free, shared filesystem {fs.get('write_ms', '?')} ms{notes}")
 
 
 def _cross_lines(cross: dict | None, size: int) -> list[str]:
@@ -151,16 +158,32 @@ def _cross_lines(cross: dict | None, size: int) -> list[str]:
             f" | result {'ok' if a['correct'] else 'WRONG'}", f"ring | {ring}"]
 
 
-def run(spec: CheckSpec, as_json: bool) -> int:
-    validate(spec)
-    check_id, check_dir = prepare(spec)
+def _start(spec: CheckSpec, check_dir: Path) -> tuple[str, int]:
+    """Run the check (a Slurm job, or with --local this machine's probe as a process); (the job's name, its exit)."""
+    if spec.local:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(check_dir / "code"), os.environ.get("PYTHONPATH", "")]))
+        cmd = [spec.python, "-m", "trainer.runtime.node_check", "--out", str(check_dir)]
+        with open(check_dir / "logs" / "task-0.out", "w") as out:
+            try:
+                rc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=spec.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        return "local", rc
     job: list[str] = []
-    t0 = time.monotonic()
     rc, _ = executor_for("slurm").run_check(
         check_dir, spec.timeout, lambda job_id: (job.append(job_id),
                                                   click.echo(f"nodes check: Slurm job {job_id} ({check_dir})",
                                                              err=True)))
-    reports, cross = collect(check_dir, job[0])
+    return job[0], rc
+
+
+def run(spec: CheckSpec, as_json: bool) -> int:
+    validate(spec)
+    check_id, check_dir = prepare(spec)
+    t0 = time.monotonic()
+    job_id, rc = _start(spec, check_dir)
+    job = [job_id]
+    reports, cross = collect(check_dir, None if spec.local else job_id)
     verdicts = node_health.judge(reports, cross)
     broken = len(reports) > 1 and (not cross or not cross["allreduce"].get("correct"))
     code = 3 if broken else node_health.exit_code(verdicts)
@@ -170,8 +193,9 @@ def run(spec: CheckSpec, as_json: bool) -> int:
                        [node_ledger.line(v["node"], "suspect", f"nodes check: {'; '.join(v['why'])}", by)
                         for v in bad if v["node"]])
     counts = {k: sum(v["verdict"] == k for v in verdicts) for k in node_health.VERDICTS}
+    ended = "" if rc == 0 else ", which failed"
     summary = (f"{len(verdicts)} node(s) checked: {counts['ok']} ok, {counts['slow']} slow, {counts['failed']} failed"
-               f" (job {job[0]}, exit {rc}, {time.monotonic() - t0:.0f} s)")
+               f" ({'this machine' if spec.local else 'Slurm job ' + job[0]}{ended}, {time.monotonic() - t0:.0f} s)")
     if bad:
         summary += f"; suspect in the node ledger: {', '.join(v['node'] for v in bad)}"
     if as_json:

@@ -94,14 +94,16 @@ def clear_cmd(node: str, reason: str, workspace: str) -> None:
 @click.option("--timeout", type=click.FloatRange(30, 3600), default=300.0, show_default=True,
               help="seconds to wait for the check job")
 @click.option("--python", "python", default=None, help="the interpreter on the nodes (default: this one)")
+@click.option("--local", is_flag=True, help="check this machine, without Slurm (per-node figures only)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @WORKSPACE
-def check_cmd(count, nodelist, partition, gpus_per_node, exclusive, timeout, python, as_json, workspace) -> None:
+def check_cmd(count, nodelist, partition, gpus_per_node, exclusive, timeout, python, local, as_json,
+              workspace) -> None:
     """Check nodes with a short job, one task a node: a timed GEMM against the GPU's expected rate, free GPU
     memory, the GPU error counters, local disk, the shared filesystem; across nodes an all-reduce and each link
     of a ring. One line a node (ok / slow / failed); exit 0 when all are ok, 3 otherwise."""
     spec = check_mod.CheckSpec(count, nodelist, partition, gpus_per_node, exclusive, timeout,
-                               python or check_mod.default_python(), workspace)
+                               python or check_mod.default_python(), workspace, local)
     raise click.exceptions.Exit(check_mod.run(spec, as_json))
 
 
