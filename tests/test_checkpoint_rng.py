@@ -51,8 +51,9 @@ def test_restore_on_another_device_is_exact(tmp_path):
         perturb_adapters(model, seed=3)
         optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)
         _one_adam_step(model, optimizer)
+        elsewhere = dataclasses.replace(info, device=torch.device("meta"))  # the process that saves and restores
         state = {"iteration": 5, "adapter": adapter_state_dict(model), "optimizer": optimizer.state_dict(),
-                 "rng": ckpt.rng_state(info.device)}
+                 "rng": ckpt.rng_state(elsewhere.device)}
         path = ckpt.save(str(tmp_path), 5, state, rank=0, coords=(0, 0, 0), keep_last=None,
                          metadata={"world_size": 1, "tensor": 1, "pipeline": 1, "data_parallel": 1, "expert": 1})
         want_adapters = {n: t.clone() for n, t in adapter_state_dict(model).items()}
@@ -70,7 +71,6 @@ def test_restore_on_another_device_is_exact(tmp_path):
         for name, t in rng.items():
             assert t.device.type == "cpu" and t.dtype == torch.uint8, (name, t.device, t.dtype)
 
-        elsewhere = dataclasses.replace(info, device=torch.device("meta"))
         iteration, note = restore(path, model, optimizer, elsewhere)
         assert (iteration, note) == (5, None)
         for n, t in adapter_state_dict(model).items():
@@ -145,3 +145,23 @@ def test_module_extra_state_round_trips_through_a_checkpoint(tmp_path):
         assert "lacks" in str(err)
     else:
         raise AssertionError("extra state of modules the model lacks was accepted")
+
+
+def test_a_checkpoint_of_another_device_kind_keeps_this_process_tracker():
+    """A GPU run's checkpoint read on the CPU: its CUDA tracker state (a 16-byte Philox state) is not put into the
+    CPU tracker, whose next fork would fail; Python/NumPy/torch CPU streams are restored all the same."""
+    from megatron.core import tensor_parallel
+
+    cfg = tiny_cfg()
+    with dist_session(cfg) as info:
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        mine = {n: t.clone() for n, t in tracker.get_states().items()}
+        state = ckpt.rng_state(info.device)
+        want = torch.rand(3)
+        gpu_state = dict(state, device="cuda", cuda=torch.zeros(16, dtype=torch.uint8),
+                         tracker={n: torch.zeros(16, dtype=torch.uint8) for n in mine})
+        ckpt.set_rng_state(gpu_state, info.device)
+        assert torch.equal(torch.rand(3), want)
+        assert all(torch.equal(tracker.get_states()[n], t) for n, t in mine.items())
+        with tracker.fork():
+            torch.rand(2)

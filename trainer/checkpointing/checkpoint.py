@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 LATEST = "latest"
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
-# Fields that may change on resume without changing the training trajectory's state (the parallel
-# layout too: trainer.checkpointing.reshard reshards adapters and optimizer state on a layout change; the LR decay end is
+# Fields that may change on resume without changing the training trajectory's state (the parallel layout too:
+# trainer.checkpointing.reshard reshards adapters and optimizer state on a layout change; the LR decay end is
 # checked on its own, trainer.step.schedule.resume_change).
 RESUME_MUTABLE = (("schedule", "train_iters"), ("schedule", "lr_decay_iters"), ("logging",), ("parallelism",),
                   ("checkpoint", "save_interval"), ("checkpoint", "keep_last"), ("checkpoint", "resume"),
@@ -88,7 +88,7 @@ def rng_state(device: torch.device) -> dict:
     from megatron.core import tensor_parallel
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None, "device": device.type}
     try:
         tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
     except Exception:  # tracker not initialised (no megatron parallel state)
@@ -98,12 +98,17 @@ def rng_state(device: torch.device) -> dict:
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
-    """Restore what rng_state saved, whatever device the shard's tensors were read onto."""
+    """Restore what rng_state saved, whatever device the shard's tensors were read onto. Saved on another kind of
+    device (a GPU run's checkpoint evaluated on a CPU, or the reverse), the CUDA generator and megatron's tracker
+    keep this process's seeding: a CUDA Philox state (16 bytes) is no CPU generator state (5056) and would fail at
+    the tracker's first fork."""
     from megatron.core import tensor_parallel
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(_cpu_bytes(state["torch"]))
+    if state.get("device", device.type) != device.type:
+        return
     if device.type == "cuda" and state.get("cuda") is not None:
         torch.cuda.set_rng_state(_cpu_bytes(state["cuda"]), device)
     if state.get("tracker"):
@@ -169,7 +174,7 @@ def _agree(ok: bool, device) -> int:
 
 
 # ---------------------------------------------------------------- save
-def save(ckpt_dir: str, iteration: int, state: dict, *, rank: int, coords: tuple[int, int, int],
+def save(ckpt_dir: str, iteration: int, state: dict | Callable[[], dict], *, rank: int, coords: tuple[int, int, int],
          metadata: dict, keep_last: Optional[int], device=torch.device("cpu")) -> str:
     """Collective atomic save of `state` (this rank's shard); returns the final directory path."""
     final = os.path.join(ckpt_dir, iter_name(iteration))
@@ -190,9 +195,10 @@ def save(ckpt_dir: str, iteration: int, state: dict, *, rank: int, coords: tuple
         raise CheckpointError(_reason("preparing", error))
 
     try:
-        # serialise in memory first so a failing write surfaces as the OS error (ENOSPC, EFBIG, EDQUOT)
+        # serialise in memory first so a failing write surfaces as the OS error (ENOSPC, EFBIG, EDQUOT); a state
+        # given as a callable is built here, so that its own failure on one rank goes through the ranks' agreement
         buf = io.BytesIO()
-        torch.save(state, buf)
+        torch.save(state() if callable(state) else state, buf)
         _write_durable(os.path.join(tmp, shard_name(rank, *coords)), lambda fh: fh.write(buf.getbuffer()))
         del buf
     except Exception as err:  # noqa: BLE001

@@ -213,12 +213,13 @@ class Trainer:
         from trainer.checkpointing.module_state import extra_state
 
         t0 = time.perf_counter()
-        state = {"iteration": self.iteration, "adapter": self.adapter_state_dict(self.model),
-                 "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
-                 "data": {"consumed_samples": self.iteration * int(self.t.schedule.global_batch_size),
-                          "iteration": self.iteration},
-                 "rng": rng_state(self.device), "extra_state": extra_state(self.model),
-                 "recipe_hash": self.recipe_hash}
+        def state() -> dict:  # built inside save's agreement: a failure here is "checkpoint failed" on every rank
+            return {"iteration": self.iteration, "adapter": self.adapter_state_dict(self.model),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
+                    "data": {"consumed_samples": self.iteration * int(self.t.schedule.global_batch_size),
+                             "iteration": self.iteration},
+                    "rng": rng_state(self.device), "extra_state": extra_state(self.model),
+                    "recipe_hash": self.recipe_hash}
         meta = {"recipe_hash": self.recipe_hash, "world_size": self.info.world_size,
                 "tensor": self.info.tp_size, "pipeline": self.info.pp_size, "data_parallel": self.dp_size,
                 "expert": self.info.ep_size, "lm_loss": self.last_loss, "lr_decay_iters": self.schedule.decay_iters,
