@@ -117,6 +117,21 @@ def run_block(cfg, info, model, packs, warmup: int, steps: int, run_dir: str) ->
             "lm_loss": float(last.loss_sum) / max(last.num_loss_tokens, 1.0)}
 
 
+def with_job_env(recipe: str, overrides: list[str], argv: list[str]) -> None:
+    """Run again under the variables a submitted job exports (env profile + cluster.env: the allocator, connection
+    and TE settings bench/trainer_throughput.py's runs get), this process's own environment winning, before anything
+    initialises CUDA; the first row lists them."""
+    if os.environ.get("PRIMUS_BENCH_JOB_ENV"):
+        return
+    from primus_slurm.config.recipe import load_recipe
+    from primus_slurm.config.render import job_env
+
+    job = {k: str(v) for k, v in job_env(load_recipe(recipe, overrides, env={}).resolved).items()}
+    env = {**job, **os.environ, "PRIMUS_BENCH_JOB_ENV": json.dumps(sorted(job))}
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--recipe", required=True)
@@ -131,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="epoch seconds: no block starts when the last one would not end before it")
     args = ap.parse_args(argv)
+    with_job_env(args.recipe, args.overrides, sys.argv[1:] if argv is None else argv)
+    print(json.dumps({"bench": "interleaved_env", "label": args.label, "job_env": {
+        k: os.environ.get(k) for k in json.loads(os.environ["PRIMUS_BENCH_JOB_ENV"])}}), flush=True)
     import torch
 
     from primus_slurm.config.recipe import load_recipe

@@ -79,7 +79,7 @@ def test_variant_parsing():
         interleaved.parse_variant("=x=1")
 
 
-# ~4 s on two cores: the real trainer step (tiny model), two variants and a refused one, two repeats
+@pytest.mark.slow  # 5-16 s on two cores (load): the real trainer step (tiny model), 2 variants + a refused one, 2 repeats
 def test_interleaved_call_on_cpu(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench/interleaved.py"), "--recipe", str(ROOT / "recipes/quickstart.yaml"),
            "--set", "trainer.data.seq_length=128", "--set", "trainer.checkpoint.pretrained=null",
@@ -90,6 +90,8 @@ def test_interleaved_call_on_cpu(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+    env = rows.pop(0)  # the job's variables it ran under (the recipe's env profile: cpu)
+    assert env["bench"] == "interleaved_env" and env["job_env"]["CUDA_VISIBLE_DEVICES"] == ""
     order = [(r["rep"], r["variant"], r.get("docs")) for r in rows]
     assert order == [(0, "default", "single"), (0, "default", "packed"), (0, "swiglu", "single"),
                      (0, "swiglu", "packed"), (0, "bad", None), (1, "default", "single"), (1, "default", "packed"),
