@@ -129,3 +129,17 @@ def test_seed_streams_gives_each_resume_iteration_its_own_streams():
     with dist_session(tiny_cfg()):
         first, again, later = draws(0), draws(0), draws(500)
     assert torch.equal(first, again) and not torch.equal(first[:4], later[:4]) and not torch.equal(first[4:], later[4:])
+
+
+def test_move_batch_keeps_cu_seqlens_on_the_host():
+    """packed_seq_params reads cu_seqlens on the host: moved to the device with the rest of the batch, reading it
+    back cost a device-to-host sync every micro-batch (found by the GPU-path audit)."""
+    import torch
+
+    from trainer.step.evaluate import move_batch
+
+    batch = {"tokens": torch.zeros(2, 4, dtype=torch.long), "cu_seqlens": torch.tensor([0, 3, 8], dtype=torch.int32),
+             "max_seqlen": 5}
+    moved = move_batch(batch, torch.device("meta"))
+    assert moved["tokens"].device.type == "meta" and moved["cu_seqlens"].device.type == "cpu"
+    assert moved["max_seqlen"] == 5

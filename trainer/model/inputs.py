@@ -9,7 +9,7 @@ def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, dev
     """PackedSeqParams for THD attention; a trailing segment covers any rows past cu_seqlens[-1]."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    # Validate/extend on a host copy (a few int32s; at most one tiny sync if already on the GPU).
+    # Validate/extend on the host (move_batch leaves cu_seqlens there: a device copy here would sync the stream).
     cu = cu_seqlens.detach().reshape(-1).to("cpu", torch.int32)
     if cu.numel() == 0 or int(cu[0]) != 0:
         cu = torch.cat([torch.zeros(1, dtype=torch.int32), cu])

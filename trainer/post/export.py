@@ -27,8 +27,21 @@ def export_adapter(cfg, run_dir: str, iteration: Optional[int], out_dir: str) ->
     finally:
         del model
         destroy_distributed()
+        _free_device_memory()  # generate/merge load another model next, into the same memory
     say(f"adapter exported | iteration {it} | path {out_dir}")
     return it
+
+
+def _free_device_memory() -> None:
+    """The megatron model is held in a reference cycle (chunked_loss binds its loss to the model), so `del` alone
+    frees nothing until a later cyclic collection: collect now and give the allocator's cache back."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def save_tokenizer(cfg, out_dir: str) -> bool:

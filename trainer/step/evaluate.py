@@ -21,9 +21,14 @@ from trainer.step.loss import all_reduce_sum, masked_sum
 from trainer.model.tp_overlap import check_tokens
 
 
+HOST_KEYS = ("cu_seqlens",)  # read on the host (trainer.model.inputs.packed_seq_params): a device copy would cost a
+                             # device-to-host sync every micro-batch
+
+
 def move_batch(batch: dict, device: torch.device) -> dict:
-    """Tensors of a collated batch onto `device` (non-blocking); python scalars unchanged."""
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """Tensors of a collated batch onto `device` (non-blocking), but HOST_KEYS; python scalars unchanged."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) and k not in HOST_KEYS else v
+            for k, v in batch.items()}
 
 
 def num_eval_batches(num_val_packs: int, global_batch_size: int, eval_iters: int) -> int:
