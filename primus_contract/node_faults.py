@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 
 from primus_contract import node_ledger
-
-NODES = "logs/nodes.jsonl"
+from primus_contract.run_files import NODES
 # A fault of these kinds names its node by itself: the node's GPU failed (a CUDA/HIP error, the preflight's device
 # check), a collective timed out waiting for that node's rank, the node's ranks stopped (`stopped`: a hang), or a
 # rank there was consistently slower than the others (trainer/observability/stragglers.py).

@@ -3,6 +3,7 @@
     <run_dir>/job.sbatch  recipe.yaml  recipe.resolved.yaml  run.json  code/{trainer,primus_contract}/
     <run_dir>/logs/rank-0/debug.log | debug.attempt-N.log        the human log (attempt N = SLURM_RESTART_COUNT)
     <run_dir>/logs/rank-0/events.jsonl | events.attempt-N.jsonl  one JSON object a line: the machine-readable API
+    <run_dir>/logs/nodes.jsonl   what the job learns about its nodes (primus_contract/node_faults.py)
     <run_dir>/checkpoints/iter_NNNNNNN/  checkpoints/latest
     <run_dir>/tensorboard/attempt-N/   TensorBoard event files (trainer.logging.tensorboard)
     <run_dir>/wandb/run-id  wandb/offline-run-*/  the W&B run id every attempt reuses; wandb's own files
@@ -37,6 +38,7 @@ RUN_JSON = "run.json"
 CODE = "code"
 CHECKPOINTS = "checkpoints"
 LATEST = "checkpoints/latest"
+NODES = "logs/nodes.jsonl"
 TENSORBOARD = "tensorboard"
 WANDB_DIR = "wandb"
 WANDB_RUN_ID = "wandb/run-id"

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from conftest import ROOT
 from primus_contract import node_faults, node_health, node_ledger
 from primus_slurm.cli import run
 from trainer.runtime import gpu_counters
@@ -160,3 +161,18 @@ def test_local_check_judges_this_machine_without_slurm(tmp_path, capsys):
     (node,) = result["nodes"]
     assert node["verdict"] == "ok" and node["report"]["device"] == "cpu" and node["report"]["gemm_tflops"] > 0
     assert node["report"]["shared_fs"]["write_ms"] > 0 and "error counters" in node["report"]["notes"][0]
+
+
+def test_excluded_nodes_reach_every_script_of_submit_pipelines_and_sweeps(tmp_path, capsys):
+    ws = tmp_path / "ws"
+    assert run(["nodes", "exclude", "node2", "--reason", "bad GPU", "--workspace", str(ws)]) == 0
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps({
+        "extends": str(ROOT / "recipes" / "quickstart.yaml"), "experiment": {"name": "x", "workspace": str(ws)},
+        "cluster": {"executor": "slurm", "nodes": 1, "exclusive": False, "extra_sbatch": ["--exclude=node3"]}}))
+    capsys.readouterr()
+    assert run(["submit", str(recipe), "--dry-run", "--then", "eval", "--then", "export"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("#SBATCH --exclude=node2,node3\n") == 3 == text.count("#SBATCH --exclude")  # training, 2 steps
+    assert run(["sweep", str(recipe), "--grid", "trainer.schedule.lr=1e-2,2e-2", "--dry-run"]) == 0
+    assert "#SBATCH --exclude=node2,node3\n" in capsys.readouterr().out  # the array script
