@@ -165,3 +165,24 @@ def test_a_checkpoint_of_another_device_kind_keeps_this_process_tracker():
         assert all(torch.equal(tracker.get_states()[n], t) for n, t in mine.items())
         with tracker.fork():
             torch.rand(2)
+
+
+def test_a_random_base_on_a_gpu_is_not_resharded_across_tp(tmp_path):
+    """On a GPU megatron draws each TP shard of a random base from that TP rank's stream: another TP size is another
+    base, and resharded adapters would be paired with weights they never saw. restore refuses that in one line
+    (a post job runs at TP 1, so eval/export of such a TP 2 run says so instead of a silently wrong loss)."""
+    import json
+
+    from trainer.runtime.distributed import DistInfo
+
+    (tmp_path / "metadata.json").write_text(json.dumps({"world_size": 2, "tensor": 2, "pipeline": 1,
+                                                        "data_parallel": 1, "expert": 1}))
+    one = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"), backend="nccl", tp_size=1,
+                   tp_rank=0, pp_size=1, pp_rank=0, cp_size=1, ep_size=1, dp_size=1, dp_rank=0, is_first_stage=True,
+                   is_last_stage=True, dp_group=None, tp_group=None, pp_group=None)
+    try:
+        restore(str(tmp_path), None, None, one, random_base=True)
+    except ckpt.CheckpointError as err:
+        assert "tensor parallel 2 over a randomly initialised base" in str(err)
+    else:
+        raise AssertionError("a random base was resharded across TP on a GPU")

@@ -129,7 +129,8 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
             logger.line(schedule_note)
         trainer = _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path)
         return trainer.run()
-    except (SetupError, DataError, ConfigError, TrackerError) as err:
+    except (SetupError, DataError, ConfigError, TrackerError, ckpt.CheckpointError) as err:  # (the last: a
+        # checkpoint this run cannot resume from, e.g. a random base at another TP size on a GPU)
         _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
         return EXIT_CONFIG
     except Exception as err:  # noqa: BLE001
@@ -170,7 +171,8 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
     if resume_path is not None:
         from trainer.checkpointing.reshard import restore  # same layout: this rank's file; else resharded adapters + AdamW
 
-        start, note = restore(resume_path, model, optimizer, info)
+        start, note = restore(resume_path, model, optimizer, info,
+                              random_base=not cfg.trainer.checkpoint.pretrained)
         if note:  # another layout: the saved RNG streams do not map onto these ranks (dropout would replay step 1's)
             from trainer.runtime.distributed import seed_streams
 

@@ -77,7 +77,10 @@ def load_model(cfg, path: str):
     info = init_distributed(cfg)
     model = build_model(cfg, info.device, prec)  # (FP4 emulation included: trainer.model.transforms)
     optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)  # restore() fills it too
-    iteration, note = restore(path, model, optimizer, info)
+    try:
+        iteration, note = restore(path, model, optimizer, info, random_base=not cfg.trainer.checkpoint.pretrained)
+    except ckpt.CheckpointError as err:
+        raise PostError(str(err)) from None
     say(f"checkpoint loaded | iteration {iteration} | path {path}" + (f" | {note}" if note else ""))
     model.eval()
     return model, info, iteration
