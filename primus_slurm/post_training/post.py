@@ -78,6 +78,22 @@ def check_checkpoint(run_dir: Path, iteration: int | None) -> str:
     return name
 
 
+def check_layout(run_dir: Path, name: str, resolved: dict) -> None:
+    """A post job runs at tensor parallel 1. On a GPU a random base (no trainer.checkpoint.pretrained) differs at
+    each TP size, so a TP > 1 checkpoint over one cannot be evaluated or exported there: refused here, as the job
+    itself would (trainer/checkpointing/reshard.py)."""
+    if pretrained(resolved) or resolved["trainer"]["distributed"]["device"] == "cpu":
+        return
+    try:
+        tensor = int(json.loads((run_dir / "checkpoints" / name / "metadata.json").read_text()).get("tensor", 1))
+    except (OSError, ValueError, TypeError):
+        return  # the job reads it and says what is wrong
+    if tensor > 1:
+        raise UserError(f"checkpoint {name} was saved at tensor parallel {tensor} over a randomly initialised base "
+                        "(no trainer.checkpoint.pretrained); a post job runs at tensor parallel 1, where that base "
+                        "differs on a GPU")
+
+
 def pretrained(resolved: dict) -> str | None:
     return ((resolved.get("trainer") or {}).get("checkpoint") or {}).get("pretrained") or None
 

@@ -31,7 +31,7 @@ def _finish(job: post.PostJob) -> None:
 
 
 def _checkpoint_args(job: post.PostJob, iteration) -> None:
-    post.check_checkpoint(job.run_dir, iteration)
+    post.check_layout(job.run_dir, post.check_checkpoint(job.run_dir, iteration), job.resolved)
     if iteration is not None:
         job.args += ["--checkpoint", iteration]
 

@@ -1,0 +1,31 @@
+"""A post job (eval, export, generate) runs at tensor parallel 1: a TP > 1 checkpoint over a random base is refused at
+submit on a GPU recipe (the base differs per TP size there), and accepted where it is the same base."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from primus_slurm.errors import UserError
+from primus_slurm.post_training import post
+
+
+def _run(tmp_path, tensor: int):
+    ck = tmp_path / "checkpoints" / "iter_0000010"
+    ck.mkdir(parents=True)
+    (ck / "metadata.json").write_text(json.dumps({"tensor": tensor}))
+    return tmp_path
+
+
+def _resolved(device: str, pretrained=None) -> dict:
+    return {"trainer": {"distributed": {"device": device}, "checkpoint": {"pretrained": pretrained}}}
+
+
+def test_tp2_random_base_on_a_gpu_is_refused(tmp_path):
+    with pytest.raises(UserError, match="tensor parallel 2 over a randomly initialised base"):
+        post.check_layout(_run(tmp_path, 2), "iter_0000010", _resolved("cuda"))
+
+
+@pytest.mark.parametrize("tensor, device, pretrained", [(1, "cuda", None), (2, "cpu", None), (2, "cuda", "/base")])
+def test_the_same_base_is_accepted(tmp_path, tensor, device, pretrained):
+    post.check_layout(_run(tmp_path, tensor), "iter_0000010", _resolved(device, pretrained))
