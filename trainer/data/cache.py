@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import uuid
 from typing import Callable
 
 import numpy as np
@@ -35,7 +37,9 @@ def _read(path: str) -> tuple[dict, dict]:
 
 
 def _write(path: str, arrays: dict, stats: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
+    # unique across nodes too: where the lock is node-local (a filesystem mounted with localflock) two nodes'
+    # builders, whose container pids may repeat, must not share a temporary file
+    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with open(tmp, "wb") as f:
         np.savez(f, stats_json=np.asarray(json.dumps(stats)), **arrays)
     os.replace(tmp, path)
