@@ -95,7 +95,8 @@ def test_pipeline_dry_run_shows_every_script(env):
     assert len(parts) == 4 and "#SBATCH --gpus-per-node=2\n" in parts[0]
     assert "#SBATCH --dependency=afterok:TRAIN_JOB\n#SBATCH --kill-on-invalid-dep=yes\n" in parts[1]
     assert "--gpus-per-node=1\n" in parts[1] and "#SBATCH --exclusive\n" in parts[1]
-    assert "--gpus-per-node" not in parts[2] and "--exclusive" not in parts[2]  # export needs no GPU, no whole node
+    # export builds the run's model under its precision, as eval does (a CPU node refuses FP8): one GPU too
+    assert "--gpus-per-node=1\n" in parts[2] and "#SBATCH --exclusive\n" in parts[2]
     assert "--dependency=afterok:STEP_0_JOB" in parts[2] and "--merged" in parts[2]
     assert "--dependency=afterany:STEP_1_JOB" in parts[3] and "prompts.jsonl" in parts[3]
     assert "- step: generate\n#   when: afterany\n" in parts[0]  # the resolved recipe's after:

@@ -38,7 +38,9 @@ THEN_OPTIONS = {"eval": {"--data": ("data", True)},
                              "--max-new-tokens": ("max_new_tokens", True)}}
 ANY_STEP = {"--afterany": ("when", False)}
 PATHS = ("data", "prompts")
-GPUS = {"export": 0, "eval": 1, "generate": 1}  # per step job (0 where the run itself has no GPU)
+# GPUs per step job (0 where the run itself has none). Export builds the run's model under the run's precision as
+# eval does (an FP8/FP4 run is refused on a CPU, a 70B base would be built in host memory): one GPU, as eval.
+GPUS = {"export": 1, "eval": 1, "generate": 1}
 
 
 def parse_then(args: list[str]) -> tuple[list[str], list[dict]]:
