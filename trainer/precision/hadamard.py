@@ -28,7 +28,13 @@ def _matrix_cpu(size: int, random_signs: bool) -> torch.Tensor:
 
 
 def rht_matrix(size: int = 16, dtype=torch.float32, device=None, random_signs: bool = True) -> torch.Tensor:
-    """The transform T (entries +-1/sqrt(size)) in `dtype`."""
+    """The transform T (entries +-1/sqrt(size)) in `dtype`, on `device`: made once per (device, dtype), not copied
+    to the GPU at every call (a blocking host-to-device copy on each emulated-FP4 wgrad)."""
+    return _matrix_on(size, dtype, None if device is None else torch.device(device), random_signs)
+
+
+@functools.lru_cache(maxsize=64)
+def _matrix_on(size: int, dtype, device, random_signs: bool) -> torch.Tensor:
     return (_matrix_cpu(size, random_signs) * (1.0 / size ** 0.5)).to(device=device, dtype=dtype)
 
 
