@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +210,13 @@ def main(argv=None) -> int:
             if on_gpu:
                 torch.cuda.reset_peak_memory_stats()
             tb = time.perf_counter()
-            row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / f"run-{name}"))
+            try:
+                row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / f"run-{name}"))
+            except Exception as err:  # noqa: BLE001  (a variant failing here is a row; the others still run)
+                refused[name] = f"run: {type(err).__name__}: {str(err)[:400]}"
+                print(json.dumps({**base, "docs": d, "error": refused[name],
+                                  "trace": traceback.format_exc()[-2000:]}), flush=True)
+                break
             peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
             print(json.dumps({**base, "docs": d, **row, "peak_gib": None if peak is None else round(peak, 2),
                               "build_s": round(build_s, 1), "block_s": round(time.perf_counter() - tb, 1),

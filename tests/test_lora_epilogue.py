@@ -204,3 +204,15 @@ def test_build_refuses_when_no_linear_can_take_it(monkeypatch):
     with dist_session(cfg) as info:
         with pytest.raises(ConfigError, match="no wrapped linear can own its base GEMM"):
             build(cfg, info.device)
+
+
+def test_the_build_line_counts_the_linears_on_the_path():
+    """With fused_swiglu, fc1's adapter lives in the SwiGLU kernels: the epilogue owns the other 6 of 8 linears."""
+    from tests.model_helpers import dist_session
+    from trainer.model import build
+
+    for swiglu, taken in ((False, 8), (True, 6)):
+        cfg = tiny_cfg(trainer={"lora": {"epilogue": True, "fused_swiglu": swiglu}})
+        with dist_session(cfg) as info:
+            line = build(cfg, info.device).line("lora epilogue")
+        assert line.startswith(f"lora epilogue | base GEMMs accumulate the adapters | {taken} of 8 linears"), line

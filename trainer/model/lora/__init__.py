@@ -1,2 +1,3 @@
-"""LoRA adapters: the layers and their wiring (layers), the fused paths (fused, swiglu), grouped experts
-(grouped) and the adapters' input handling (inputs)."""
+"""LoRA adapters: the layers and their wiring (layers), the fused paths (fused; epilogue, which owns the base GEMM;
+swiglu), their pre-dropout (drop) and Triton rank-r kernels (kernels), grouped experts (grouped) and the adapters'
+input handling (inputs)."""

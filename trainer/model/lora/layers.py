@@ -117,6 +117,7 @@ class LoRALinear(nn.Module):
         self.input_act = None
         self.pending_act_input = None
         self.adapter_norm = None  # set by trainer.model.lora.inputs: the adapter norms x itself
+        self.swiglu_folded = False  # set by trainer.model.lora.swiglu: its MLP calls forward_parts, never forward
         self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
         self.epilogue = bool(epilogue)  # trainer.lora.epilogue: trainer.model.lora.epilogue where it owns the GEMM
         self.duplicated = getattr(base, "parallel_mode", None) == "duplicated"
@@ -219,7 +220,7 @@ class LoRALinear(nn.Module):
 
     def _reads_own_input(self) -> bool:
         """The adapter reads the base's own input x (no norm output, no folded norm), no post-dropout."""
-        return (not self.fused_norm and self.adapter_norm is None
+        return (not self.fused_norm and self.adapter_norm is None and not self.swiglu_folded
                 and (self.dropout is None or self.dropout_position == "pre"))
 
     def uses_fused_path(self) -> bool:

@@ -177,6 +177,7 @@ def wire_fused_swiglu(model) -> int:
                               "kernels (a GPU with Triton): the unfused ops here would not keep the FP8 copy")
         module._primus_megatron_forward = module.forward
         module._primus_fp8_store = store
+        module.linear_fc1.swiglu_folded = True
         # what megatron applies (its forward: the store changes only what it keeps): the unfused path's activation
         module._primus_swiglu = swiglu_of(module.config, fp8_store_ok=True)
         module.forward = types.MethodType(_mlp_forward, module)
