@@ -50,22 +50,23 @@ PY
 }
 
 interleaved_call() {  # $1: the group; then bench/interleaved.py --variant arguments. One call, about 9 minutes:
-  # the anchor and the adapter-free ceiling (single + packed), each 3 times, interleaved inside their processes; then
-  # per precision (PRECISIONS, default "bf16 fp8") one bench/interleaved.py process running the variants A B C A B C
-  # (REPEATS, default 3) on single-document and packed batches; bench/spread.py prints min / median / max per cell and
-  # the verdicts. Every process has its share of the call's time (BUDGET_S, default 560 s: anchor 1/4, ceiling 7/20,
-  # ours the rest, 3:2 between BF16 and FP8 (SHARES)): no block starts that would end past it, so one device call
-  # (600 s) returns.
+  # bench/kernel_check.py (the adapters' Triton kernels on this GPU vs the torch ops); the anchor and the adapter-free
+  # ceiling (single + packed), each 3 times, interleaved inside their processes; then per precision (PRECISIONS,
+  # default "bf16 fp8") one bench/interleaved.py process running the variants A B C A B C (REPEATS, default 3) on
+  # single-document and packed batches; bench/spread.py prints min / median / max per cell and the verdicts. Every
+  # process has its share of the call's time (BUDGET_S, default 560 s: anchor 1/4, ceiling 7/20, ours the rest, 3:2
+  # between BF16 and FP8 (SHARES)): no block starts that would end past it, so one device call (600 s) returns.
   local name=$1; shift
   local end=$(( $(date +%s) + ${BUDGET_S:-560} )) r=${REPEATS:-3} precs=(${PRECISIONS:-bf16 fp8})
   local anchor=() ceiling=()
   for _ in $(seq "$r"); do
     anchor+=(bf16 fp8_delayed); ceiling+=(bf16 packed:bf16 fp8_delayed packed:fp8_delayed)
   done
-  local budget=$(( end - $(date +%s) ))
-  { timeout $(( budget / 4 )) python3 .gpu/bin/anchor_mcore_te.py "${anchor[@]}"
+  { timeout 90 python3 bench/kernel_check.py  # the Triton kernels on this GPU against the torch ops, first (~20 s)
+    budget=$(( end - $(date +%s) ))
+    timeout $(( budget / 4 )) python3 .gpu/bin/anchor_mcore_te.py "${anchor[@]}"
     timeout $(( budget * 7 / 20 )) python3 bench/lora_ceiling.py "${ceiling[@]}"
-    local weights=(${SHARES:-3 2}) i=0  # BF16 runs every variant; FP8 one fewer (the contract refuses the epilogue)
+    weights=(${SHARES:-3 2}); i=0  # BF16 runs every variant; FP8 one fewer (the contract refuses the epilogue)
     for p in "${precs[@]}"; do
       set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
       wsum=0; for w in "${weights[@]:i:${#precs[@]}-i}"; do wsum=$((wsum + w)); done

@@ -216,3 +216,13 @@ def test_the_build_line_counts_the_linears_on_the_path():
         with dist_session(cfg) as info:
             line = build(cfg, info.device).line("lora epilogue")
         assert line.startswith(f"lora epilogue | base GEMMs accumulate the adapters | {taken} of 8 linears"), line
+
+
+@pytest.mark.slow  # ~8 s on two cores: every check of bench/kernel_check.py at tiny fp32 shapes in the interpreter
+def test_the_device_calls_kernel_check_runs_on_cpu():
+    """bench/kernel_check.py is the first thing the prepared device call runs: its own logic, checked here."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench/kernel_check.py"), "--cpu"], cwd=ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and len(rows) == 7 and all('"ok": true' in r for r in rows), done.stdout + done.stderr[-2000:]

@@ -1,0 +1,93 @@
+"""The adapters' Triton kernels on this GPU against the torch ops they replace, at the 8B shape's widths: one JSON line
+per check (max error relative to the reference's largest value, the tolerance, ok). The CPU tests run the same
+kernels in Triton's interpreter only; this is the first thing a device call runs before timing them.
+
+    python3 bench/kernel_check.py            # GPU; ~20 s with the Triton compiles
+    TRITON_INTERPRET=1 python3 bench/kernel_check.py --cpu    # the script itself, tiny fp32 shapes, on CPU
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+R = 16
+TOL = 2e-2  # bf16 inputs, fp32 accumulation on both sides: rounding of the bf16 results
+GPU_SHAPE = dict(tokens=8192, hidden=4096, ffn=14336, dtype=torch.bfloat16)
+CPU_SHAPE = dict(tokens=70, hidden=40, ffn=130, dtype=torch.float32)
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
+
+
+def _row(name: str, pairs: dict) -> dict:
+    errs = {k: round(_err(g, r), 6) for k, (g, r) in pairs.items()}
+    return {"bench": "kernel_check", "check": name, "rel_err": errs, "tol": TOL, "ok": max(errs.values()) <= TOL}
+
+
+def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.dtype):
+    from trainer.model.lora.drop import draw
+    from trainer.model.lora.epilogue import epilogue_adapter
+    from trainer.model.lora.kernels import dual_grad, masked_product
+    from trainer.model.lora.swiglu import swiglu_lora
+
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g, device=dev) * s).to(dtype)
+
+    for n in (hidden, ffn):  # proj/fc2 outputs and fc2's input width
+        dy, b, h = rnd(tokens, n), rnd(n, R, s=0.1), rnd(tokens, R)
+        yield _row(f"dual_grad n{n}", dict(zip(("dh", "dB"), zip(dual_grad(dy, b, h, 2.0, kernels=True),
+                                                                  dual_grad(dy, b, h, 2.0)))))
+        dh, a, dx = rnd(tokens, R), rnd(R, n, s=0.1), rnd(tokens, n)
+        keep = draw(rnd(tokens, n), 0.1)[1]
+        yield _row(f"masked_product n{n}", {
+            "write": (masked_product(dh, a, keep, 0.1, kernels=True), masked_product(dh, a, keep, 0.1)),
+            "accumulate": (masked_product(dh, a, keep, 0.1, dx.clone(), True, kernels=True),
+                           masked_product(dh, a, keep, 0.1, dx.clone(), True))})
+    for store in (False, True):  # fc1 at the 8B's FFN width; the FP8 store checked against its own reference
+        u, h, b = rnd(tokens, 2 * ffn), rnd(tokens, R), rnd(2 * ffn, R, s=0.1)
+        grads = []
+        for kernels in (True, False):
+            uu, hh, bb = (t.clone().requires_grad_(True) for t in (u, h, b))
+            # the reference reads the FP8-rounded copy; its gradient passes straight through to u (not rounded)
+            base = uu if kernels or not store else uu + (uu.detach().to(torch.float8_e4m3fn).to(dtype) - uu.detach())
+            act = swiglu_lora(base, hh, bb, 2.0, kernels=kernels, fp8_store=store and kernels)
+            act.backward(torch.ones_like(act))
+            grads.append((act.detach(), uu.grad, hh.grad, bb.grad))
+        pairs = dict(zip(("du", "dh", "dB"), zip(grads[0][1:], grads[1][1:])))
+        if not store:  # (with the store the reference's forward reads the rounded copy: only the grads compare)
+            pairs["act"] = (grads[0][0], grads[1][0])
+        yield _row(f"swiglu_lora fp8_store={store}", pairs)
+    w, x = rnd(hidden, ffn, s=0.01), rnd(tokens, ffn)
+    a, b = rnd(R, ffn, s=0.01).float(), rnd(hidden, R, s=0.1).float()
+    outs = []
+    for kernels in (True, False):  # the fc2 epilogue node with dropout, same draw both times
+        xx, aa, bb = x.clone().requires_grad_(True), a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        torch.manual_seed(5)
+        y = epilogue_adapter(w, xx, aa, bb, 2.0, 0.1, kernels=kernels)
+        y.backward(torch.ones_like(y))
+        outs.append((y.detach(), xx.grad, aa.grad, bb.grad))
+    yield _row("epilogue fc2 dropout 0.1", dict(zip(("y", "dx", "dA", "dB"), zip(*outs))))
+
+
+def main() -> int:
+    cpu = "--cpu" in sys.argv[1:]
+    if not cpu and not torch.cuda.is_available():
+        print(json.dumps({"bench": "kernel_check", "error": "no CUDA device"}))
+        return 1
+    bad = 0
+    for row in checks(torch.device("cpu" if cpu else "cuda"), **(CPU_SHAPE if cpu else GPU_SHAPE)):
+        bad += not row["ok"]
+        print(json.dumps(row), flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
