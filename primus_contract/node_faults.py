@@ -38,6 +38,7 @@ NODE_KINDS = ("device", "timeout", "hang", "slow")
 # when every node fails, the image or recipe is wrong, not a node.
 SHARED_KINDS = ("preflight",)
 KINDS = NODE_KINDS + SHARED_KINDS
+WAIT_SPREAD_S = 2.0  # timeouts of ranks waiting in the same collective, apart (`stopped`)
 MAX_NODE_REQUEUES = 3  # requeues away from suspect nodes per run; then the job ends (a fleet-wide problem)
 FAULT_ENV = "PRIMUS_FAULT_FILE"
 
@@ -77,11 +78,16 @@ def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[st
 def stopped(records: list[dict], attempt: int) -> dict[str, str]:
     """{node: why} of the nodes none of whose ranks saw a collective time out in this attempt while ranks of other
     nodes did: the others were waiting for them (a hung rank never gets to say so). A node with one rank that timed
-    out is not named, so a node whose ranks were ended by their launcher first is not blamed by mistake."""
+    out is not named, so a node whose ranks were ended by their launcher first is not blamed by mistake. Ranks
+    waiting in one collective time out together: a timeout more than WAIT_SPREAD_S after the first is a rank that
+    was woken only to be killed (Slurm ends a step with SIGCONT, then SIGTERM: a stopped rank then finds its
+    collective's time long past), not one that waited."""
     ranks = {r.get("rank"): r.get("node") for r in records if r.get("event") == "rank" and r.get("attempt") == attempt}
     waited = [r for r in records if r.get("event") == "timeout" and r.get("attempt") == attempt]
     if not waited or not ranks:
         return {}
+    first = min(float(r.get("t") or 0) for r in waited)
+    waited = [r for r in waited if float(r.get("t") or 0) <= first + WAIT_SPREAD_S]
     said = {r.get("node") for r in waited}
     silent = sorted({n for n in ranks.values() if isinstance(n, str) and n not in said})
     if not silent or len(silent) == len(set(ranks.values())):
@@ -93,10 +99,11 @@ def stopped(records: list[dict], attempt: int) -> dict[str, str]:
 
 def decide(records: list[dict], attempt: int, job_nodes: list[str], rc: int, requeue: bool,
            excluded: list[str], partition_nodes: list[str]) -> tuple[str, list[str], str]:
-    """(action, the job's new ExcNodeList, why): `requeue` away from this attempt's suspect nodes, or `end`."""
-    named = suspects(records, attempt, job_nodes)
+    """(action, the job's new ExcNodeList, why): `requeue` away from the nodes this attempt's failure named, or
+    `end`. A slow rank is suspect in the ledger but never the reason for a requeue: it did not fail the job."""
+    named = {n: why for n, why in suspects(records, attempt, job_nodes).items() if not why.startswith("slow:")}
     if not named:
-        return "end", list(excluded), "no node named"
+        return "end", list(excluded), "no failure named a node"
     names = ", ".join(f"{n} ({why})" for n, why in sorted(named.items()))
     new = sorted(set(excluded) | set(named))
     if rc == 0:

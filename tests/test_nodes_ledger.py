@@ -50,7 +50,7 @@ def test_settle_requeues_away_from_a_named_node_within_its_limits():
     assert action == "end" and "leaves 1 of the partition's 3 nodes" in why
     # no requeue without cluster.requeue, after a finish, or past the limit
     assert node_faults.decide([_fault("n2", "device")], 0, nodes, 1, False, [], part)[0] == "end"
-    assert node_faults.decide([_fault("n2", "slow")], 0, nodes, 0, True, [], part)[0] == "end"
+    assert node_faults.decide([_fault("n2", "slow")], 0, nodes, 1, True, [], part)[0] == "end"  # slow: no requeue
     earlier = [{"event": "attempt", "action": "requeue excluding x"}] * node_faults.MAX_NODE_REQUEUES
     assert node_faults.decide([*earlier, _fault("n2", "device")], 0, nodes, 1, True, [], part)[0] == "end"
     # only this attempt's faults count
@@ -59,10 +59,13 @@ def test_settle_requeues_away_from_a_named_node_within_its_limits():
 
 def test_a_hang_names_the_node_whose_ranks_never_timed_out():
     ranks = [{"event": "rank", "attempt": 0, "rank": r, "node": n} for r, n in enumerate(["n1", "n1", "n2", "n2"])]
-    waited = [{"event": "timeout", "attempt": 0, "rank": r, "node": "n1", "why": "Timed out"} for r in (0, 1)]
+    waited = [{"event": "timeout", "attempt": 0, "rank": r, "node": "n1", "why": "Timed out", "t": 0.1 * r}
+              for r in (0, 1)]
     assert list(node_faults.stopped(ranks + waited, 0)) == ["n2"]
-    one_on_n2 = waited + [{"event": "timeout", "attempt": 0, "rank": 3, "node": "n2"}]
+    one_on_n2 = waited + [{"event": "timeout", "attempt": 0, "rank": 3, "node": "n2", "t": 0.5}]
     assert node_faults.stopped(ranks + one_on_n2, 0) == {}  # each node had a rank waiting: nobody is named
+    woken = waited + [{"event": "timeout", "attempt": 0, "rank": 3, "node": "n2", "t": 3.5}]
+    assert list(node_faults.stopped(ranks + woken, 0)) == ["n2"]  # a stopped rank woken to be killed, seconds on
     assert node_faults.stopped(ranks, 0) == {}
 
 

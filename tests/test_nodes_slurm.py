@@ -24,14 +24,14 @@ def _env(tmp_path: Path, faults: str) -> dict:
                 PRIMUS_FAULT_FILE=str(tmp_path / "faults"), OMP_NUM_THREADS="1")
 
 
-def _testjob(tmp_path: Path, nodes: int) -> Path:
+def _testjob(tmp_path: Path, nodes: int, mode: str = "ok") -> Path:
     """A recipe whose job is tests/slurm_jobs/primus_testjob.py (seconds, not a training run)."""
     body = {"extends": str(ROOT / "recipes" / "quickstart.yaml"),
             "experiment": {"name": "nodes", "workspace": str(tmp_path / "ws")},
             "cluster": {"executor": "slurm", "nodes": nodes, "nproc_per_node": 1, "exclusive": False,
                         "time": "00:05:00", "signal_grace_s": 10, "entrypoint": "primus_testjob",
-                        "python": sys.executable, "env": {"PRIMUS_TEST_MODE": "ok"}}}
-    path = tmp_path / f"testjob-{nodes}.yaml"
+                        "python": sys.executable, "env": {"PRIMUS_TEST_MODE": mode}}}
+    path = tmp_path / f"testjob-{nodes}-{mode.replace(':', '_')}.yaml"
     path.write_text(json.dumps(body))
     return path
 
@@ -67,17 +67,27 @@ def test_check_names_the_slow_node_and_two_strikes_keep_it_out_of_the_next_submi
     assert out.stderr.count("\n") == 1 and "left without the excluded node2" in out.stderr
     assert sorted((tmp_path / "ws" / "nodes").glob("*")) == before  # no run directory
 
-    out = cli(env, "submit", str(_testjob(tmp_path, 1)), "--json")
+    out = cli(env, "submit", str(_testjob(tmp_path, 1, "fail:3")), "--json")  # ends FAILED: resume takes it
     assert out.returncode == 0, out.stderr
     assert "excluding nodes node2" in out.stderr
     entry = json.loads(out.stdout)
+    jobs = [entry["job_id"]]
     try:
         assert job_info(entry["job_id"]).get("ExcNodeList") == "node2"
         row = run_to_end_plain(env, entry["run_id"])
-        assert row["scheduler_state"] == "COMPLETED", row
+        assert row["scheduler_state"] == "FAILED" and row["exit_code"] == 3, row
         assert _sacct_nodes(entry["job_id"]) == "node1"
+        # resume submits the same script with the ledger as it is now: node2 back, node1 out
+        assert cli(env, "nodes", "clear", "node2", *ws).returncode == 0
+        assert cli(env, "nodes", "exclude", "node1", "--reason", "test", *ws).returncode == 0
+        out = cli(env, "resume", entry["run_id"])
+        assert out.returncode == 0 and "excluding nodes node1" in out.stderr, out
+        jobs.append(status_json(env, entry["run_id"])["job_id"])
+        assert jobs[1] != jobs[0] and job_info(jobs[1]).get("ExcNodeList") == "node1"
+        assert run_to_end_plain(env, entry["run_id"])["scheduler_state"] == "FAILED"
+        assert _sacct_nodes(jobs[1]) == "node2"
     finally:
-        cancel(entry["job_id"])
+        cancel(*jobs)
 
 
 def run_to_end_plain(env: dict, run_id: str) -> dict:

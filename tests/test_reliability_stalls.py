@@ -60,5 +60,10 @@ def test_rank_that_never_joins_fails_the_job_after_the_collective_timeout(local_
     waited = stamp_seconds(error) - stamp_seconds(last_iteration)
     assert 4 <= waited <= 20, (waited, last_iteration, error)
     assert ended < 120, f"the job took {ended:.0f} s to end after the rank stopped"
+    # the node ledger's view (primus_contract/node_faults.py): rank 0 timed out waiting, so rank 1's node hung
+    records = [json.loads(line) for line in read(run_dir / "logs" / "nodes.jsonl").splitlines()]
+    node_of = {r["rank"]: r["node"] for r in records if r["event"] == "rank"}
+    end = [r for r in records if r["event"] == "attempt"][-1]
+    assert end["node"] == node_of[1] != node_of[0] and end["why"].startswith("hang: its ranks [1] never timed out")
     print(f"collective timeout 6 s: error logged {waited:.0f} s after the last iteration, job ended {ended:.0f} s "
           "after the rank stopped")

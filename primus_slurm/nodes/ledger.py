@@ -80,7 +80,8 @@ def exclusion(resolved: dict, slurm: bool | None = None) -> Exclusion:
     return Exclusion(path, tuple(nodes))
 
 
-def partition_nodes(partition: str | None) -> list[str] | None:
+@lru_cache(maxsize=None)  # (a sweep checks every trial)
+def partition_nodes(partition: str | None) -> tuple[str, ...] | None:
     """Every node of `partition` (the default one when None), from sinfo; None when sinfo cannot tell."""
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P"], capture_output=True, text=True, timeout=30)
@@ -93,7 +94,7 @@ def partition_nodes(partition: str | None) -> list[str] | None:
         parts = raw.split()
         if len(parts) == 2 and (parts[1].rstrip("*") == partition if partition else parts[1].endswith("*")):
             nodes.append(parts[0])
-    return sorted(set(nodes)) or None
+    return tuple(sorted(set(nodes))) or None
 
 
 def check_placement(resolved: dict) -> Exclusion:

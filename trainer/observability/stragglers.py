@@ -97,8 +97,8 @@ class RankTimes:
         """Every rank, at the same iterations: gather the interval's figures; rank 0 names what stays slow."""
         mine = torch.tensor(self._take(), dtype=torch.float64,
                             device=self.device if self.device.type == "cuda" else "cpu")
-        if self.world == 1:
-            return
+        if len(set(self.nodes)) < 2:
+            return  # one node: nothing to tell apart (its ranks are all on it)
         rows = [torch.zeros_like(mine) for _ in range(self.world)]
         dist.all_gather(rows, mine)
         if self.rank != 0:
@@ -123,9 +123,11 @@ class RankTimes:
         node_faults.record(self.run_dir, "fault", attempt=self.attempt, node=node, kind="slow", why=why, rank=r)
 
 
-def record_error(run_dir: str, err: BaseException) -> None:
+def record_error(run_dir: str, err: BaseException, stopping: bool = False) -> None:
     """A failure that names this rank's node (a CUDA/HIP error, not out-of-memory), or a collective that timed out
-    on this rank (primus_contract/node_faults.py: `settle` names the nodes whose ranks did not time out)."""
+    on this rank (primus_contract/node_faults.py: `settle` names the nodes whose ranks did not time out). A timeout
+    raised once the rank was told to stop (`stopping`: Slurm ending the step sends SIGCONT, then SIGTERM) is not a
+    rank that was waiting: it is the stopped rank, woken to be killed."""
     text = f"{type(err).__name__}: {err}"
     low = text.lower()
     attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -135,5 +137,5 @@ def record_error(run_dir: str, err: BaseException) -> None:
                               "uncorrectable")) and "out of memory" not in low:
         node_faults.record(run_dir, "fault", attempt=attempt, node=node_faults.node_name(), kind="device",
                            why=first, rank=rank)
-    elif "timed out" in low or "timeout" in low:
+    elif ("timed out" in low or "timeout" in low) and not stopping:
         node_faults.record(run_dir, "timeout", attempt=attempt, node=node_faults.node_name(), rank=rank, why=first)
