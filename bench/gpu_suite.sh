@@ -139,11 +139,14 @@ case "${1:-}" in
                  # adapters unfused (what ran before: dropout kept proj off the fused path) against the default, whose
                  # fused path now takes pre-dropout (fused into A); A B A B A B, one process a run (~75 s each)
     B60=(--set trainer.recompute.method=block --set trainer.recompute.num_layers=60)
+    end=$(( $(date +%s) + ${BUDGET_S:-560} ))  # a run starts only with 90 s left, and ends by the budget
     for rep in 0 1 2; do
       for v in unfused fused; do
+        left=$(( end - $(date +%s) ))
+        if [ "$left" -lt 90 ]; then echo "{\"bench\": \"skipped\", \"label\": \"70b1-$v-r$rep\"}"; continue; fi
         set_v=(); [ $v = unfused ] && set_v=(--set trainer.lora.fused=false)
         $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b1-$v-r$rep" \
-            --timeout 150 "${B60[@]}" "${set_v[@]}"
+            --timeout $(( left < 150 ? left : 150 )) "${B60[@]}" "${set_v[@]}"
       done
     done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/epilogue-70b.jsonl"
     python3 bench/spread.py --baseline 70b1-unfused "$OUT/epilogue-70b.jsonl" | tee "$OUT/epilogue-70b-spread.jsonl" ;;
