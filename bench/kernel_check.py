@@ -1,6 +1,7 @@
 """The adapters' Triton kernels on this GPU against the torch ops they replace, at the 8B shape's widths: one JSON line
 per check (max error relative to the reference's largest value, the tolerance, ok). The CPU tests run the same
-kernels in Triton's interpreter only; this is the first thing a device call runs before timing them.
+kernels in Triton's interpreter only; this is the first thing a device call runs before timing them. On the GPU a
+last row times torch's F.rms_norm against TE's RMSNorm (the question before an epilogue for the norm-fed linears).
 
     python3 bench/kernel_check.py            # GPU; ~20 s with the Triton compiles
     TRITON_INTERPRET=1 python3 bench/kernel_check.py --cpu    # the script itself, tiny fp32 shapes, on CPU
@@ -77,6 +78,38 @@ def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.d
     yield _row("epilogue fc2 dropout 0.1", dict(zip(("y", "dx", "dA", "dB"), zip(*outs))))
 
 
+def rmsnorm_timing(tokens: int, hidden: int) -> dict:
+    """The next lever's question (the epilogue for the norm-fed qkv/fc1 would own their RMSNorm): torch's
+    F.rms_norm against TE's RMSNorm, forward + backward at [tokens, hidden] BF16, ms each (median of 20)."""
+    import time
+
+    import torch.nn.functional as F
+
+    def timed(fn) -> float:
+        out = []
+        for i in range(25):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            if i >= 5:
+                out.append((time.perf_counter() - t) * 1e3)
+        return round(sorted(out)[len(out) // 2], 3)
+
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w, g = torch.ones(hidden, device="cuda", dtype=torch.bfloat16), torch.randn_like(x)
+    row = {"bench": "rmsnorm_timing", "shape": [tokens, hidden],
+           "torch_ms": timed(lambda: F.rms_norm(x, (hidden,), w, 1e-5).backward(g))}
+    try:
+        import transformer_engine.pytorch as te
+
+        norm = te.RMSNorm(hidden, eps=1e-5, params_dtype=torch.bfloat16).cuda()
+        row["te_ms"] = timed(lambda: norm(x).backward(g))
+    except Exception as err:  # noqa: BLE001  (TE absent or changed: the torch number alone)
+        row["te_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+    return row
+
+
 def main() -> int:
     cpu = "--cpu" in sys.argv[1:]
     if not cpu and not torch.cuda.is_available():
@@ -86,6 +119,8 @@ def main() -> int:
     for row in checks(torch.device("cpu" if cpu else "cuda"), **(CPU_SHAPE if cpu else GPU_SHAPE)):
         bad += not row["ok"]
         print(json.dumps(row), flush=True)
+    if not cpu:
+        print(json.dumps(rmsnorm_timing(GPU_SHAPE["tokens"], GPU_SHAPE["hidden"])), flush=True)
     return 1 if bad else 0
 
 
