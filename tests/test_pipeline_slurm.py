@@ -85,4 +85,8 @@ def test_failed_training_leaves_no_pending_step(local_slurm, job_env, job_recipe
     new = json.loads((Path(entry["run_dir"]) / "run.json").read_text())
     assert [s["job_id"] for s in new["pipeline"]] != steps and len(new["pipeline_before"]) == 2
     assert f"--dependency=afterok:{new['job_id']}" in (Path(new["pipeline"][0]["dir"]) / "job.sh").read_text()
-    chain_when(job_env, entry["run_id"], lambda r: all(s["state"] == "CANCELLED" for s in r["pipeline"]), 120)
+    row = chain_when(job_env, entry["run_id"], lambda r: all(s["state"] == "CANCELLED" for s in r["pipeline"]), 120)
+    # the steps Slurm removed before the resume read CANCELLED too, never RUNNING (issue 39)
+    posts = {p["path"]: p["state"] for p in row["post"]}
+    assert len(posts) == 4 and set(posts.values()) == {"CANCELLED"}, row["post"]
+    assert {s["dir"] for s in new["pipeline_before"]} <= set(posts)

@@ -153,3 +153,17 @@ def test_sweep_task_requeued_alone(local_slurm, job_env, tmp_path):
     assert "requeueing job" in out and "attempt 1" in out
     events = Path(first["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
     assert json.loads(events.read_text().splitlines()[0])["resumed_from"]
+
+
+def test_cancel_settles_tasks_that_never_started(local_slurm, job_env, job_recipe):
+    """cancel SWEEP on an array throttled by --max-parallel (issue 39): the tasks still pending read CANCELLED, as
+    the one that ran does (sacct keeps them only as one row `<array>_[1-2%1]`), never UNKNOWN. The tiny test job."""
+    out = cli(job_env, "sweep", str(job_recipe("sleep:120", nodes=1)), "--grid", "trainer.schedule.lr=1e-2,2e-2,3e-2",
+              "--max-parallel", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    sweep_id = json.loads(out.stdout)["sweep_id"]
+    wait_board(job_env, sweep_id, lambda rows: any(r["state"] == "RUNNING" for r in rows))
+    out = cli(job_env, "cancel", sweep_id)
+    assert out.returncode == 0 and out.stdout.count("cancelled run") == 3, out
+    rows = wait_board(job_env, sweep_id, lambda rows: all(r["state"] in ENDED for r in rows))
+    assert [r["state"] for r in sorted(rows, key=lambda r: r["trial"])] == ["CANCELLED"] * 3, rows

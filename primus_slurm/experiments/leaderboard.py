@@ -44,8 +44,9 @@ def trial_entries(sweep_dir: Path) -> list[dict]:
     out = []
     for t in data["trials"]:
         if t["run_id"]:  # (a trial the registry lost: its run.json, else what sweep.json says of it)
-            out.append(known.get(t["run_id"]) or {"executor": data["executor"], **runs.read_run_json(Path(t["run_dir"])),
-                                                  "run_id": t["run_id"], "run_dir": t["run_dir"]})
+            own = runs.read_run_json(Path(t["run_dir"]))
+            out.append(known.get(t["run_id"]) or {"executor": data["executor"], **own, "run_id": t["run_id"],
+                                                  "run_dir": t["run_dir"]})
     return out
 
 

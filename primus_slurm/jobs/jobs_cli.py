@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -162,25 +163,27 @@ def cancel_cmd(run):
     entries = _runs_of(run)
     if not entries:
         raise UserError(f"cancel {run}: the sweep has no submitted trial; nothing to cancel")
-    for entry in entries:
-        _cancel(entry)
+    found = [(Path(e["run_dir"]), {**e, **runs.read_run_json(Path(e["run_dir"]))}) for e in entries]
+    bases = status_mod.scheduler_states(found)  # the states `status` starts from, one query per executor
+    # the trials still waiting first: a throttled array starts its next task as soon as a running one ends
+    for i in sorted(range(len(found)), key=lambda i: (bases[i] or {}).get("state") != "PENDING"):
+        _cancel(*found[i], bases[i] or {"state": "UNKNOWN"})
 
 
-def _cancel(entry: dict) -> None:
-    run_dir = Path(entry["run_dir"])
-    info = {**entry, **runs.read_run_json(run_dir)}
-    executor = executor_for(info.get("executor"))
-    now = executor.states([(run_dir, info)])[0] or {"state": "UNKNOWN"}  # the state `status` starts from
+def _cancel(run_dir: Path, info: dict, now: dict) -> None:
     ended = now.get("state")
     if ended in status_mod.TERMINAL:
-        click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) already ended ({ended}); nothing to cancel")
+        click.echo(f"run {info['run_id']} (job {info.get('job_id')}) already ended ({ended}); nothing to cancel")
         return
     if ended == "UNKNOWN" and not run_dir.is_dir():
         why = now.get("reason") or "its run directory is gone"
-        click.echo(f"run {entry['run_id']} (job {entry.get('job_id')}) is UNKNOWN: {why}; nothing to cancel")
+        click.echo(f"run {info['run_id']} (job {info.get('job_id')}) is UNKNOWN: {why}; nothing to cancel")
         return
-    executor.cancel(run_dir, info)
-    click.echo(f"cancelled run {entry['run_id']} (job {entry['job_id']})")
+    executor_for(info.get("executor")).cancel(run_dir, info)
+    if run_dir.is_dir():  # a job Slurm cancels before it starts may leave no accounting record: status reads this
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        runs.write_run_json(run_dir, {**runs.read_run_json(run_dir), "cancel_time": stamp})
+    click.echo(f"cancelled run {info['run_id']} (job {info['job_id']})")
 
 
 @click.command("resume")

@@ -59,6 +59,7 @@ def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
                                        "exit_code": old.get("exit_code")}]
     info.update(executor.resubmit(run_dir))
     info.update(jobs=history, resume_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    info.pop("cancel_time", None)  # (the cancel of the job before)
     runs.write_run_json(run_dir, info)
     new = {**entry, "job_id": info["job_id"], "jobs": [j["job_id"] for j in history]}  # `find` knows the old ids
     registry.record(new)

@@ -85,7 +85,9 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
         return {}
     states: dict[str, dict] = {}
     batch: dict[str, tuple[str, int | None]] = {}
-    out = runner(["sacct", "--parsable2", "--noheader", "-j", ",".join(wanted),
+    # (the array's own id too: sacct lists an array's unstarted tasks only under it, as `111_[2-3%2]`)
+    asked = sorted({*wanted, *(j.split("_")[0] for j in wanted if "_" in j)})
+    out = runner(["sacct", "--parsable2", "--noheader", "-j", ",".join(asked),
                   "-o", "JobIDRaw,JobID,State,ExitCode,NodeList"], capture_output=True, text=True)
     if out.returncode == 0:
         for line in out.stdout.splitlines():

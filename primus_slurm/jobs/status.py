@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -37,7 +36,9 @@ def _last_activity(run_dir: Path, progress, info: dict) -> float | None:
     return None
 
 
-_ATTEMPT_START = re.compile(r"primus-slurm: run \S+ job \S+ attempt \d+ on ")  # its opening line, no reason
+# the job script's lines that say why it ended (templates/job.sh.j2, array.sh.j2); its other lines only inform
+_JOB_REASONS = ("primus-slurm: time limit near", "primus-slurm: no exit code from container",
+                "primus-slurm: node check exited with code", "primus-slurm: array task ")
 
 
 def job_says(run_dir: Path, info: dict) -> str | None:
@@ -50,16 +51,16 @@ def job_says(run_dir: Path, info: dict) -> str | None:
             tail = fh.read().decode("utf-8", errors="replace").splitlines()
     except (OSError, ValueError, UserError):
         return None
-    said = [line.strip() for line in tail if line.startswith("primus-slurm: ") and " exited with code " not in line
-            and not _ATTEMPT_START.match(line)]
+    said = [line.strip() for line in tail if line.startswith(_JOB_REASONS)]
     return said[-1][:300] if said else None
 
 
-def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall_minutes: float) -> str:
+def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall_minutes: float,
+                 cancelled: bool = False) -> str:
     """The state shown to users: the scheduler's, refined by DIVERGED and STALLED."""
     state = (base or {}).get("state")
-    if state is None:  # scheduler has forgotten the job (no accounting): trust the trainer's last word
-        state = progress.final_state or "UNKNOWN"
+    if state is None:  # scheduler has forgotten the job (no accounting): trust the trainer's last word, or a cancel
+        state = progress.final_state or ("CANCELLED" if cancelled else "UNKNOWN")
     if progress.diverged and state not in ("CANCELLED",):
         return "DIVERGED"
     if state == "RUNNING" and stalled_for_s is not None and stalled_for_s > stall_minutes * 60:
@@ -67,16 +68,22 @@ def derive_state(base: dict | None, progress, stalled_for_s: float | None, stall
     return state
 
 
+def scheduler_states(found: list[tuple[Path, dict]]) -> list[dict | None]:
+    """Each run's executor state (None where nothing knows its job): one query per executor."""
+    bases: list[dict | None] = [None] * len(found)
+    for name in dict.fromkeys(info.get("executor") for _, info in found):
+        picked = [i for i, (_, info) in enumerate(found) if info.get("executor") == name]
+        for i, base in zip(picked, executor_for(name).states([found[i] for i in picked])):
+            bases[i] = base
+    return bases
+
+
 def collect(entries: list[dict] | None = None, now: float | None = None) -> list[dict]:
     """One row per run: scheduler state (one sacct/squeue call for all Slurm runs) + log progress."""
     entries = registry.entries() if entries is None else entries
     now = time.time() if now is None else now
     found = [(Path(e["run_dir"]), {**e, **runs.read_run_json(Path(e["run_dir"]))}) for e in entries]
-    bases = [None] * len(found)
-    for name in dict.fromkeys(info.get("executor") for _, info in found):  # one query per executor
-        picked = [i for i, (_, info) in enumerate(found) if info.get("executor") == name]
-        for i, base in zip(picked, executor_for(name).states([found[i] for i in picked])):
-            bases[i] = base
+    bases = scheduler_states(found)
     rows = []
     for (run_dir, info), base in zip(found, bases):
         progress = read_progress(run_dir)
@@ -88,7 +95,7 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
         rows.append({
             "run_id": info["run_id"], "name": info.get("name"), "executor": info.get("executor"),
             "job_id": info.get("job_id"), "run_dir": str(run_dir), "submit_time": info.get("submit_time"),
-            "state": derive_state(base, progress, stalled_for, stall_minutes),
+            "state": derive_state(base, progress, stalled_for, stall_minutes, bool(info.get("cancel_time"))),
             "scheduler_state": (base or {}).get("state"), "state_source": (base or {}).get("source"),
             "exit_code": exit_code, "trainer_exit_code": progress.exit_code, "nodes": (base or {}).get("nodes"),
             "reason": (base or {}).get("reason"),
@@ -98,6 +105,9 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
         if rows[-1]["state"] not in ("RUNNING", "COMPLETED", "PENDING") and not (
                 progress.finished or rows[-1]["error"] or rows[-1]["reason"]):
             rows[-1]["reason"] = job_says(run_dir, info)  # e.g. the job script's own word on two slow starts
+        if base is None and rows[-1]["state"] == "CANCELLED" and not rows[-1]["reason"]:
+            rows[-1]["reason"] = (f"cancelled at {info['cancel_time']} before it started (the scheduler kept no "
+                                  f"record of job {info.get('job_id')})")
         if rows[-1]["state"] == "UNKNOWN" and not rows[-1]["reason"]:
             rows[-1]["reason"] = f"neither the scheduler nor the run's logs know job {info.get('job_id')}'s state"
         if (base or {}).get("state") in TERMINAL or rows[-1]["state"] == "STALLED":
