@@ -94,4 +94,5 @@ NOT_MEGATRON_OR_TE = {
     "._is_view": "model/lora/fused: torch.Tensor._is_view (a custom Function's as-is output may not be written)",
     "._primus_megatron_forward": "model/lora/swiglu: megatron's own MLP.forward, kept on the instance we rewire",
     "._primus_swiglu": "model/lora/swiglu: the SwiGLU megatron applies, kept on the instance we rewire",
+    "._primus_fp8_store": "model/lora/swiglu: whether the rewired MLP keeps fc1's output in FP8 (fp8_swiglu_input)",
 }
