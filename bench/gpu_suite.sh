@@ -10,6 +10,7 @@
 #                                     3 interleaved repeats (bench/interleaved.py), spread + verdicts (bench/spread.py)
 #   bash bench/gpu_suite.sh epilogue  the same with trainer.lora.epilogue as a third variant (bench/README.md)
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
+#   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
@@ -135,6 +136,14 @@ case "${1:-}" in
              # contract refuses it with FP8, one error row says so), interleaved (see interleaved_call)
     interleaved_call epilogue --variant default= --variant swiglu=trainer.lora.fused_swiglu=true \
       --variant epilogue=trainer.lora.epilogue=true ${EXTRA_VARIANTS:-} ;;
+  swiglu-profile)  # issue 37: why fused_swiglu gave nothing in FP8 single-document (2026-12-04, one run a cell): the
+                   # FP8 default and fused_swiglu profiled over iterations 8-9 (profile-<label>.txt), ~2 min
+    { for f in false true; do
+        $TP --recipe $R8 --docs single --label "8b-fp8-single-swiglu-$f-profile" --profile 8-9 \
+            --set trainer.precision.fp8=hybrid --set trainer.lora.fused_swiglu=$f
+      done
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/swiglu-profile.jsonl"
+    (cd "$OUT" && tar czf swiglu-profile-files.tar.gz profile-*.txt saved-tensors-*.txt && rm -f profile-*.txt saved-tensors-*.txt) ;;
   epilogue-70b)  # the 70B recipe (block 60, as recipes/llama2_70b_1xh200.yaml; dropout 0.1 on qkv/proj) with the
                  # adapters unfused (what ran before: dropout kept proj off the fused path) against the default, whose
                  # fused path now takes pre-dropout (fused into A); A B A B A B, one process a run (~75 s each)
@@ -338,5 +347,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|epilogue-70b|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|epilogue-70b|swiglu-profile|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac
