@@ -162,7 +162,12 @@ def test_cancel_settles_tasks_that_never_started(local_slurm, job_env, job_recip
               "--max-parallel", "1", "--json")
     assert out.returncode == 0, out.stderr
     sweep_id = json.loads(out.stdout)["sweep_id"]
-    wait_board(job_env, sweep_id, lambda rows: any(r["state"] == "RUNNING" for r in rows))
+    rows = wait_board(job_env, sweep_id, lambda rows: any(r["state"] == "RUNNING" for r in rows))
+    running = next(r for r in rows if r["state"] == "RUNNING")  # a CPU trial: threads from the CPUs Slurm gave it
+    out_file = Path(running["run_dir"]) / "logs" / f"slurm-{running['job_id']}.out"
+    cpus = subprocess.run(["scontrol", "show", "job", running["job_id"]], capture_output=True, text=True).stdout
+    n = int(re.search(r"NumCPUs=(\d+)", cpus).group(1))
+    assert f"primus-slurm: OMP_NUM_THREADS={n} per rank, from the job's {n} CPU(s)" in out_file.read_text()
     out = cli(job_env, "cancel", sweep_id)
     assert out.returncode == 0 and out.stdout.count("cancelled run") == 3, out
     rows = wait_board(job_env, sweep_id, lambda rows: all(r["state"] in ENDED for r in rows))

@@ -37,24 +37,31 @@ def _settle_local(info: dict, steps: list[dict]) -> None:
 
 
 def states(info: dict) -> tuple[list[dict], list[dict]]:
-    """(the current chain, the chains before each resume), each step with its state (Slurm: one query)."""
-    chain = [dict(step) for step in info.get("pipeline") or [] if isinstance(step, dict)]
-    before = [dict(step) for step in info.get("pipeline_before") or [] if isinstance(step, dict)]
-    if info.get("executor") == "slurm" and (chain or before):
-        found = slurm_states([s["job_id"] for s in (*chain, *before) if s.get("job_id")])
+    """(the current chain, the chains before each resume), each step with its state."""
+    return states_of([info])[0]
+
+
+def states_of(infos: list[dict]) -> list[tuple[list[dict], list[dict]]]:
+    """states() of many runs (a sweep's trials): one sacct/squeue query for every Slurm step of them all."""
+    out = [([dict(s) for s in info.get("pipeline") or [] if isinstance(s, dict)],
+            [dict(s) for s in info.get("pipeline_before") or [] if isinstance(s, dict)]) for info in infos]
+    slurm = [s for info, (chain, before) in zip(infos, out) if info.get("executor") == "slurm"
+             for s in (*chain, *before)]
+    found = slurm_states([s["job_id"] for s in slurm if s.get("job_id")]) if slurm else {}
+    for s in slurm:
+        row = found.get(str(s.get("job_id"))) or {}
+        s.update(state=row.get("state", "UNKNOWN"),
+                 exit_code=row.get("exit_code") if row.get("state") in TERMINAL else None)
+        if not row:
+            s["reason"] = f"neither sacct nor squeue knows job {s.get('job_id')}"
+    for info, (chain, before) in zip(infos, out):
+        if info.get("executor") != "slurm":
+            _settle_local(info, chain)
+            _settle_local(info, before)
         for s in (*chain, *before):
-            row = found.get(str(s.get("job_id"))) or {}
-            s.update(state=row.get("state", "UNKNOWN"),
-                     exit_code=row.get("exit_code") if row.get("state") in TERMINAL else None)
-            if not row:
-                s["reason"] = f"neither sacct nor squeue knows job {s.get('job_id')}"
-    elif chain or before:
-        _settle_local(info, chain)
-        _settle_local(info, before)
-    for s in (*chain, *before):
-        if s.get("state") == "FAILED" and not s.get("reason") and s.get("dir"):
-            s["reason"] = why_failed(Path(s["dir"]))
-    return chain, before
+            if s.get("state") == "FAILED" and not s.get("reason") and s.get("dir"):
+                s["reason"] = why_failed(Path(s["dir"]))
+    return out
 
 
 def chain_states(info: dict) -> list[dict]:

@@ -11,7 +11,7 @@ import click
 from primus_slurm.post_training import compare
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
-from primus_slurm.experiments import leaderboard, pipeline
+from primus_slurm.experiments import board_table, leaderboard, pipeline
 from primus_slurm.experiments import sweep as sweep_mod
 
 
@@ -83,14 +83,16 @@ def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, exe
     click.echo(f"sweep dir: {sweep.sweep_dir}")
 
 
-def show_sweep(ref: str, as_json: bool, plot_path: str | None = None) -> None:
-    """`status SWEEP` and `compare SWEEP`: the leaderboard (and a PNG of every trial's loss curve)."""
+def show_sweep(ref: str, as_json: bool, plot_path: str | None = None, wide: bool = False) -> None:
+    """`status SWEEP` and `compare SWEEP`: the leaderboard and its winner (and a PNG of every trial's loss
+    curve)."""
     data, board = leaderboard.rows(leaderboard.find(ref))
+    best = leaderboard.winner(board)
     if as_json:
         click.echo(json.dumps({"sweep_id": data["sweep_id"], "executor": data["executor"], "keys": data["keys"],
-                               "trials": board}, indent=2, sort_keys=True))
+                               "trials": board, "best": best}, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(leaderboard.table(data, board))
+        sys.stdout.write(board_table.table(data, board, best, wide))
     if plot_path:
         shown = [r for r in board if r.get("run_dir") and compare.rank0_logs(Path(r["run_dir"]))]
         if not shown:

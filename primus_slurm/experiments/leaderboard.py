@@ -13,9 +13,10 @@ from pathlib import Path
 from primus_contract import run_files
 
 from primus_slurm.jobs import registry, runs
+from primus_slurm.post_training import post
 from primus_slurm.jobs import status as status_mod
 from primus_slurm.errors import UserError
-from primus_slurm.experiments import cost
+from primus_slurm.experiments import chain_state, cost
 from primus_slurm.experiments import sweep as sweep_mod
 
 
@@ -32,8 +33,8 @@ def find(ref: str) -> Path:
     if len(dirs) > 1 and ref not in dirs:
         raise UserError(f"SWEEP '{ref}' matches {len(dirs)} sweeps; give more of the sweep id")
     if not dirs:
-        raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory (`primus-slurm list --all` "
-                        "shows each run's sweep)")
+        raise UserError(f"SWEEP '{ref}' is not a known sweep id or sweep directory (`primus-slurm list --sweeps "
+                        "--all` lists every sweep)")
     return Path(dirs.get(ref) or next(iter(dirs.values())))
 
 
@@ -50,14 +51,14 @@ def trial_entries(sweep_dir: Path) -> list[dict]:
     return out
 
 
-def eval_losses(run_dir: Path) -> list[float]:
-    """Every eval loss the run logged, all attempts, in order."""
+def eval_losses(run_dir: Path) -> list[tuple[int | None, float]]:
+    """Every (iteration, eval loss) the run logged, all attempts, in order."""
     values = []
     for path in run_files.attempt_files(run_dir, "jsonl"):
         for e in run_files.read_events(path):
             v = run_files.number(e.get("eval_loss")) if e["event"] == "eval" else None
             if v is not None:
-                values.append(v)
+                values.append((e.get("iteration") if isinstance(e.get("iteration"), int) else None, v))
     return values
 
 
@@ -70,6 +71,7 @@ def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
     found = [(Path(t["run_dir"]), {**entries[t["run_id"]], **runs.read_run_json(Path(t["run_dir"]))})
              for t in submitted]
     costs = dict(zip((t["run_id"] for t in submitted), cost.costs(found)))
+    chains = {t["run_id"]: c for t, (c, _) in zip(submitted, chain_state.states_of([i for _, i in found]))}
     out = []
     for t in data["trials"]:
         row = {"trial": t["index"], "values": {k: t["values"].get(k) for k in data["keys"]}, "run_id": t["run_id"],
@@ -80,12 +82,15 @@ def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
             out.append(row)
             continue
         evals = eval_losses(Path(t["run_dir"]))
-        finite = [v for v in evals if math.isfinite(v)]
+        finite = [(v, it) for it, v in evals if math.isfinite(v)]
+        chain = chains[t["run_id"]]
         tokens = s.get("avg_tokens_per_s_gpu") if s.get("finished") and s.get("avg_tokens_per_s_gpu") else \
             s.get("tokens_per_s_gpu")
         row.update(state=s["state"], exit_code=s["exit_code"], job_id=s["job_id"], iteration=s["iteration"],
-                   train_iters=s["train_iters"], lm_loss=s["lm_loss"], last_eval_loss=evals[-1] if evals else None,
-                   best_eval_loss=min(finite) if finite else None, tokens_per_s_gpu=tokens,
+                   train_iters=s["train_iters"], lm_loss=s["lm_loss"], last_eval_loss=evals[-1][1] if evals else None,
+                   best_eval_loss=min(finite)[0] if finite else None, tokens_per_s_gpu=tokens,
+                   best_eval_iteration=min(finite)[1] if finite else None, then=chain,
+                   then_summary=chain_state.summary(chain),
                    run_dir=t["run_dir"], error=t["error"] or s.get("error") or s.get("reason"),
                    **{k: v for k, v in costs[t["run_id"]].items() if k in ("gpu_hours", "elapsed_s", "attempts",
                                                                            "tokens_per_gpu_hour", "cost", "currency")})
@@ -95,28 +100,22 @@ def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
     return data, out
 
 
-def _fmt(value, spec: str = "") -> str:
-    if value is None:
-        return "-"
-    return format(value, spec) if spec else str(value)
+def winner(board: list[dict]) -> dict | None:
+    """The trial with the lowest eval loss: its values, eval loss (and the iteration that logged it), the adapter
+    it left (a completed export step's, else the one the trainer exported at its end) and the `export` command
+    that makes a merged checkpoint of that iteration (None when no trial has an eval loss yet)."""
+    best = next((r for r in board if r.get("best_eval_loss") is not None), None)
+    if best is None:
+        return None
+    run_dir = Path(best["run_dir"])
+    adapter = next((res.get("adapter") for s in best.get("then") or () if s["step"] == "export" and
+                    s.get("state") == "COMPLETED" and s.get("dir")
+                    for res in [post.read_json(Path(s["dir"]) / "result.json")] if res.get("adapter")), None)
+    if adapter is None and (run_dir / "adapter").is_dir():
+        adapter = str(run_dir / "adapter")
+    it = best.get("best_eval_iteration")
+    at = f" --checkpoint {it}" if it is not None and (run_dir / "checkpoints" / f"iter_{it:07d}").is_dir() else ""
+    return {"trial": best["trial"], "values": best["values"], "run_id": best["run_id"], "state": best["state"],
+            "eval_loss": best["best_eval_loss"], "iteration": it, "adapter": adapter,
+            "export": f"primus-slurm export {best['run_id']}{at} --merged"}
 
-
-def table(data: dict, board: list[dict]) -> str:
-    priced = any(r.get("cost") is not None for r in board)
-    head = ["TRIAL", *data["keys"], "RUN", "JOB", "STATE", "EXIT", "ITER", "EVAL LAST", "EVAL BEST", "TOK/S/GPU",
-            "GPU-H"] + ([f"COST {next(r['currency'] for r in board if r.get('cost') is not None)}"] if priced else [])
-    lines = [head]
-    for r in board:
-        it = f"{r['iteration']}/{r['train_iters']}" if r.get("iteration") is not None else "-"
-        cells = [str(r["trial"]), *(_fmt(v) for v in r["values"].values()), _fmt(r["run_id"]), _fmt(r.get("job_id")),
-                 r["state"], _fmt(r.get("exit_code")), it, _fmt(r.get("last_eval_loss"), ".4f"),
-                 _fmt(r.get("best_eval_loss"), ".4f"), _fmt(r.get("tokens_per_s_gpu"), ",.0f"),
-                 _fmt(r.get("gpu_hours"), ".3f")]
-        lines.append(cells + ([_fmt(r.get("cost"), ",.2f")] if priced else []))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    text = [f"sweep {data['sweep_id']} ({data['executor']}, {len(board)} trials)"]
-    text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
-    for r in board:  # why a trial did not run, or failed
-        if r.get("error") and r["state"] not in ("RUNNING", "PENDING", "COMPLETED"):
-            text.append(f"trial {r['trial']}: {r['error']}")
-    return "\n".join(text) + "\n"

@@ -93,7 +93,7 @@ def status_cmd(run, as_json, wide, show_all):
     if run and show_all:
         raise UserError("--all: lists every run; not with RUN")
     if run and leaderboard.is_sweep(run):
-        experiments_cli.show_sweep(run, as_json)
+        experiments_cli.show_sweep(run, as_json, wide=wide)
         return
     entries, hidden = ([registry.find(run)], "") if run else registry.scoped(show_all)
     rows = status_mod.collect(entries)  # (the scheduler is asked about these runs only)
