@@ -38,6 +38,17 @@ def find(ref: str) -> Path:
     return Path(dirs.get(ref) or next(iter(dirs.values())))
 
 
+def sweeps(entries: list[dict]) -> list[dict]:
+    """The sweeps of these registry entries, oldest first: id, executor, submitted trials, submit time, dir."""
+    out: dict[str, dict] = {}
+    for e in entries:
+        if isinstance(e.get("sweep"), str):
+            s = out.setdefault(e["sweep"], {"sweep": e["sweep"], "sweep_dir": e.get("sweep_dir"), "trials": 0,
+                                            "executor": e.get("executor"), "submit_time": e.get("submit_time")})
+            s["trials"] += 1
+    return list(out.values())
+
+
 def trial_entries(sweep_dir: Path) -> list[dict]:
     """The registry entries of the sweep's submitted trials (or their run.json where the registry lacks one)."""
     data = sweep_mod.read(sweep_dir)

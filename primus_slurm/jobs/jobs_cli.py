@@ -107,7 +107,10 @@ def status_cmd(run, as_json, wide, show_all):
         planned = plan_runs.planned(Path(rows[0]["run_dir"]))
         rows[0]["plan"] = plan_runs.as_dict(planned, *measured)
         rows[0]["node_history"] = run_nodes.history(Path(rows[0]["run_dir"]))  # each attempt's nodes, slow ranks
-    if as_json:
+    if as_json:  # what each run cost: one sacct call for all of them
+        found = [(Path(r["run_dir"]), {**e, **runs.read_run_json(Path(r["run_dir"]))}) for r, e in zip(rows, entries)]
+        for r, c in zip(rows, cost.costs(found)):
+            r.update({k: c[k] for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour", "cost", "currency")})
         click.echo(status_mod.to_json(rows[0] if run else rows))
     elif rows:
         status_mod.render_table(rows, wide=wide)
@@ -225,20 +228,38 @@ def _resume(ref: str) -> dict:
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--sweeps", is_flag=True, help="the sweeps instead, one line each (`status SWEEP` shows one)")
 @ALL_RUNS
-def list_cmd(as_json, show_all):
-    """This checkout's submitted runs (--all: every run; from the registry, no scheduler query)."""
+def list_cmd(as_json, show_all, sweeps):
+    """This checkout's submitted runs (--all: every run; from the registry, no scheduler query), or its sweeps."""
     entries, hidden = registry.scoped(show_all)
+    if sweeps:
+        found = leaderboard.sweeps(entries)
+        if as_json:
+            click.echo(json.dumps(found, indent=2, sort_keys=True))
+        elif found:
+            _columns([("SWEEP", "EXEC", "TRIALS", "SUBMITTED", "SWEEP DIR")] +
+                     [(s["sweep"], s["executor"], str(s["trials"]), s["submit_time"], s["sweep_dir"]) for s in found])
+        if not found and not as_json:
+            click.echo("no sweeps yet (primus-slurm sweep RECIPE --grid KEY=V1,V2)")
+        if hidden:
+            click.echo(hidden, err=as_json)
+        return
     if as_json:
         click.echo(json.dumps(entries, indent=2, sort_keys=True))
     elif entries:
         rows = [("RUN", "NAME", "EXEC", "JOB", "SUBMITTED", "RUN DIR")]
         rows += [(e["run_id"], e.get("name", "-"), e.get("executor", "-"), str(e.get("job_id", "-")),
                   e.get("submit_time", "-"), e["run_dir"]) for e in entries]
-        widths = [max(len(str(row[i])) for row in rows) for i in range(5)]
-        for row in rows:
-            click.echo("  ".join(f"{str(v):<{w}}" for v, w in zip(row, widths)) + f"  {row[5]}")
+        _columns(rows)
     _listed(bool(entries), hidden, as_json)
+
+
+def _columns(rows: list[tuple]) -> None:
+    """Rows as left-aligned columns; the last one unpadded (a path)."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join(f"{str(v):<{w}}" for v, w in zip(row, widths)) + f"  {row[-1]}")
 
 
 def register(group: click.Group) -> None:

@@ -1,0 +1,106 @@
+"""What a user reads about a sweep (issue 39): `list --sweeps` finds them, the leaderboard fits 100 columns and
+ends with the winner and its export command, each trial's chain is in the table, `status --json` has every run's
+GPU-hours. Pure CLI on a crafted two-trial local sweep (finished runs, their event streams): under a second each."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from primus_contract import run_files
+
+SWEEP_ID = "sweep-20261204-120000-abcdef"
+KEYS = ["trainer.schedule.lr", "trainer.lora.dim"]
+
+
+def _trial(root: Path, k: int, evals: list[float], chain: list[dict]) -> dict:
+    run_id = f"20261204-120000-00000{k}"
+    run_dir = root / run_id
+    logs = run_dir / "logs" / "rank-0"
+    logs.mkdir(parents=True)
+    (run_dir / "recipe.resolved.yaml").write_text("cluster: {gpus_per_node: 0, nodes: 1, gpu_hour_price: 2.5, "
+                                                   "currency: EUR}\n")
+    events = [run_files.event_line("start", attempt=0, world_size=1, device="cpu", resumed_from=None)]
+    events += [run_files.event_line("metrics", iteration=10 * (i + 1), train_iters=20, lm_loss=1.0,
+                                    tokens_per_s_gpu=1000.0, ms_per_iter=10.0) for i in range(2)]
+    events += [run_files.event_line("eval", iteration=10 * (i + 1), eval_loss=v) for i, v in enumerate(evals)]
+    events += [run_files.event_line("outcome", status="training finished", exit=0, message="iterations 20")]
+    (logs / "events.jsonl").write_text("\n".join(events) + "\n")
+    (logs / "debug.log").write_text("[2026-12-04 12:00:00] training finished | iterations 20 | exit 0\n")
+    (run_dir / "exit_code").write_text("0\n")
+    (run_dir / "checkpoints" / "iter_0000010").mkdir(parents=True)
+    (run_dir / "adapter").mkdir()
+    info = {"run_id": run_id, "name": "quickstart", "executor": "local", "job_id": f"local-{k}", "pid": 1,
+            "pid_start": -1, "run_dir": str(run_dir), "submit_time": "2026-12-04T12:00:00+00:00",
+            "sweep": SWEEP_ID, "sweep_dir": str(root / SWEEP_ID), "pipeline": chain}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    return info
+
+
+@pytest.fixture
+def swept(tmp_path) -> tuple[dict, Path]:
+    root = tmp_path / "ws" / "quickstart"
+    failed = root / "20261204-120000-000001" / "exports" / "x"
+    chains = [[{"step": "eval", "when": "afterok", "job_id": "local", "dir": None, "state": "COMPLETED"}],
+              [{"step": "eval", "when": "afterok", "job_id": "local", "dir": None, "state": "COMPLETED"},
+               {"step": "export", "when": "afterok", "job_id": "local", "dir": str(failed), "state": "FAILED"}]]
+    infos = [_trial(root, 0, [1.9, 1.7], chains[0]), _trial(root, 1, [1.5, 1.6], chains[1])]
+    failed.mkdir(parents=True)
+    (failed / "job.out").write_text("loading\nerror: the run has no pretrained base for --merged\n")
+    trials = [{"index": k, "values": {"trainer.schedule.lr": lr, "trainer.lora.dim": "16"}, "task": k, "error": None,
+               "run_id": i["run_id"], "run_dir": i["run_dir"]} for k, (i, lr) in enumerate(zip(infos, ("2e-3", "5e-3")))]
+    (root / SWEEP_ID).mkdir()
+    (root / SWEEP_ID / "sweep.json").write_text(json.dumps({"sweep_id": SWEEP_ID, "recipe": "quickstart",
+                                                            "executor": "local", "max_parallel": 1,
+                                                            "keys": KEYS, "trials": trials}))
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "runs.jsonl").write_text("".join(json.dumps({**{k: i[k] for k in ("run_id", "name", "executor",
+                                                                                "job_id", "run_dir", "submit_time",
+                                                                                "sweep", "sweep_dir")},
+                                                          "submit_dir": str(tmp_path)}) + "\n" for i in infos))
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(state))
+    return env, tmp_path
+
+
+def test_list_sweeps_finds_them(swept):
+    env, where = swept
+    out = cli(env, "list", "--sweeps", "--all")
+    assert out.returncode == 0, out.stderr
+    head, row = out.stdout.splitlines()
+    assert head.split() == ["SWEEP", "EXEC", "TRIALS", "SUBMITTED", "SWEEP", "DIR"]
+    assert row.split()[:3] == [SWEEP_ID, "local", "2"]
+    (data,) = json.loads(cli(env, "list", "--sweeps", "--all", "--json").stdout)
+    assert data["sweep"] == SWEEP_ID and data["trials"] == 2
+
+
+def test_the_board_fits_100_columns_and_names_the_winner(swept):
+    env, where = swept
+    out = cli(env, "status", SWEEP_ID)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines[:4]) <= 100, out.stdout  # the table (a path on a line of its own may not)
+    assert lines[1].split()[:3] == ["TRIAL", "lr", "dim"] and "THEN" in lines[1] and "COST EUR" in lines[1]
+    assert lines[2].split()[0] == "1" and "eval ok, export FAILED" in lines[2]  # best first, its chain
+    assert "eval ok" in lines[3] and "export" not in lines[3]
+    assert "trial 1 export: FAILED: error: the run has no pretrained base for --merged" in out.stdout
+    run = "20261204-120000-000001"
+    assert "best: trial 1 (lr=5e-3, dim=16), eval loss 1.5000 at iteration 10, run " + run in out.stdout
+    assert f"  adapter: {where}/ws/quickstart/{run}/adapter" in out.stdout
+    assert f"  export:  primus-slurm export {run} --checkpoint 10 --merged" in out.stdout
+    wide = cli(env, "status", SWEEP_ID, "--wide").stdout.splitlines()
+    assert wide[1].split()[:5] == ["TRIAL", "trainer.schedule.lr", "trainer.lora.dim", "RUN", "JOB"]
+    board = json.loads(cli(env, "status", SWEEP_ID, "--json").stdout)
+    assert board["best"]["run_id"] == run and board["best"]["iteration"] == 10
+    assert [s["state"] for s in board["trials"][0]["then"]] == ["COMPLETED", "FAILED"]
+
+
+def test_status_json_has_every_runs_gpu_hours(swept):
+    env, where = swept
+    rows = json.loads(cli(env, "status", "--all", "--json").stdout)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["gpu_hours"] == 0.0 and r["currency"] == "EUR" and r["cost"] == 0.0 and r["elapsed_s"] >= 0, r
