@@ -121,3 +121,21 @@ def test_a_trial_that_does_not_fit_is_refused_with_the_plan(env):
                     "--set", "trainer.parallelism.sequence_parallel=false",
                     "--grid", "trainer.schedule.micro_batch_size=1,16", "--dry-run", "--skip-memory-check")
     assert "#SBATCH --array=0-1\n" in with_skip.stdout
+
+
+def test_dry_run_says_how_long_and_how_many_gpu_hours(env):
+    """The plan's step time x train_iters per trial, and the sweep's GPU-hours, before anything is submitted."""
+    out = cli(env, "sweep", str(ROOT / "recipes" / "llama3_8b_bf16_alpaca_lora.yaml"), "--executor", "slurm",
+              "--grid", "trainer.lora.dim=8,16", "--max-parallel", "1", "--dry-run", "--set", "cluster.nodes=2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["trial", "trainer.lora.dim", "time", "GPU-h", "verdict"]
+    data = json.loads(cli(env, "sweep", str(ROOT / "recipes" / "llama3_8b_bf16_alpaca_lora.yaml"), "--executor",
+                          "slurm", "--grid", "trainer.lora.dim=8,16", "--dry-run", "--json", "--set",
+                          "cluster.nodes=2").stdout)
+    hours = [t["planned_hours"] for t in data["trials"]]
+    assert all(h > 0 for h in hours) and all(t["planned_gpu_hours"] == t["planned_hours"] * 16 for t in data["trials"])
+    h, m, s = (int(x) for x in lines[1].split()[2].split(":"))
+    assert abs(h * 3600 + m * 60 + s - hours[0] * 3600) <= 1 and lines[1].split()[3] == f"{hours[0] * 16:,.1f}"
+    total = sum(hours) * 16
+    assert lines[3].startswith(f"planned: 2 trials, {total:,.1f} GPU-hours in all; about ") and "with 1 at once" in lines[3]

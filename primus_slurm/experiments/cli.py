@@ -15,19 +15,36 @@ from primus_slurm.experiments import board_table, leaderboard, pipeline
 from primus_slurm.experiments import sweep as sweep_mod
 
 
+def _hours(h: float | None) -> str:
+    if h is None:
+        return "-"
+    s = round(h * 3600)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 def trial_table(sweep: sweep_mod.Sweep) -> str:
+    """The trials, their verdicts and (GPU runs) the plan's training time and GPU-hours each, then the totals."""
     keys = sweep.keys
-    head = ["trial"] + keys + ["verdict"]
+    timed = any(t.hours is not None for t in sweep.accepted)
+    head = ["trial"] + keys + (["time", "GPU-h"] if timed else []) + ["verdict"]
     rows = []
     for t in sweep.trials:
         values = dict(t.values)
         verdict = f"refused: {t.error}" if t.error else (f"task {t.task}" if sweep.executor == "slurm"
                                                          else f"queue {t.task}")
-        rows.append([str(t.index)] + [values.get(k, "-") for k in keys] + [verdict])
+        planned = [_hours(t.hours), f"{t.gpu_hours:,.1f}" if t.gpu_hours is not None else "-"] if timed else []
+        rows.append([str(t.index)] + [values.get(k, "-") for k in keys] + planned + [verdict])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     lines = []
     for r in [head, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    if timed:
+        hours = [t.hours for t in sweep.accepted if t.hours is not None]
+        at_once = sweep.max_parallel or (1 if sweep.executor != "slurm" else len(hours))
+        lines.append(f"planned: {len(hours)} trials, {sum(t.gpu_hours for t in sweep.accepted if t.hours):,.1f} "
+                     f"GPU-hours in all; about {_hours(sum(hours) / min(at_once, len(hours)))} of training with "
+                     f"{min(at_once, len(hours))} at once (the plan's step time x train_iters: evals, starts and "
+                     "queueing not counted)")
     return "\n".join(lines) + "\n"
 
 

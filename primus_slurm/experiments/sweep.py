@@ -37,10 +37,17 @@ class Trial:
     prepared: submit_mod.Prepared | None = None
     error: str | None = None
     task: int | None = None  # array task id / queue position of an accepted trial
+    hours: float | None = None  # the plan's training time (step time x train_iters); None on CPU
+    gpus: int = 0
+
+    @property
+    def gpu_hours(self) -> float | None:
+        return self.hours * self.gpus if self.hours is not None else None
 
     def as_dict(self) -> dict:
         p = self.prepared
         return {"index": self.index, "values": dict(self.values), "task": self.task, "error": self.error,
+                "planned_hours": self.hours, "planned_gpu_hours": self.gpu_hours,
                 "run_id": p.run_id if p and self.error is None else None,
                 "run_dir": str(p.run_dir) if p and self.error is None else None}
 
@@ -81,7 +88,12 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
         try:
             trial.prepared = submit_mod.prepare(recipe, [*overrides, *grid.set_items(values)], executor,
                                                 dry_run=dry_run)
-            plan_cli.check_memory(trial.prepared.recipe.resolved, skip_memory_check)
+            planned = plan_cli.check_memory(trial.prepared.recipe.resolved, skip_memory_check)
+            if not planned.on_cpu:
+                c = trial.prepared.recipe.resolved["cluster"]
+                trial.gpus = c["nodes"] * c["gpus_per_node"]
+                iters = trial.prepared.recipe.resolved["trainer"]["schedule"]["train_iters"]
+                trial.hours = planned.step_s * iters / 3600
             submit_mod.check(trial.prepared)
             wandb = trial.prepared.recipe.resolved["trainer"]["logging"]["wandb"]
             if wandb["project"] and wandb["group"] is None:  # the sweep's trials are one W&B group
