@@ -113,9 +113,10 @@ def test_fp8_store_kernels_keep_fc1_output_in_fp8():
     assert done.returncode == 0 and "fp8 store ok" in done.stdout, done.stderr[-3000:]
 
 
-def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired():
+def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired(monkeypatch):
     """The FP8 store (GPU only by the contract) is wired with the kernels and refused without them (the unfused ops
-    would drop the FP8 copy); a model with no fc1 adapter refuses fused_swiglu instead of ignoring it."""
+    would drop the FP8 copy) and on ROCm (its FP8 is e4m3fnuz); a model with no fc1 adapter refuses fused_swiglu
+    instead of ignoring it."""
     from tests.model_helpers import dist_session
     from trainer.config import ConfigError
     from trainer.model import build, build_model
@@ -128,6 +129,12 @@ def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired():
         if os.environ.get("TRITON_INTERPRET") != "1":
             with pytest.raises(ConfigError, match="needs its Triton kernels"):
                 wire_fused_swiglu(model)
+        import trainer.model.lora.swiglu as swiglu
+
+        monkeypatch.setattr(swiglu, "kernels_usable", lambda device: True)  # as on a GPU: the ROCm refusal next
+        monkeypatch.setattr(torch.version, "hip", "6.4")
+        with pytest.raises(ConfigError, match="NVIDIA's FP8"):
+            wire_fused_swiglu(model)
         none = tiny_cfg(trainer={"lora": {"fused_swiglu": True, "target_modules": ["linear_qkv", "linear_proj"]}})
         with pytest.raises(ConfigError, match="no dense gated-SiLU MLP with an adapter on linear_fc1"):
             build(none, info.device)

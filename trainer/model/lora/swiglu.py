@@ -175,6 +175,9 @@ def wire_fused_swiglu(model) -> int:
         if store and not kernels_usable(module.linear_fc1.weight.device):
             raise ConfigError("trainer.lora.fused_swiglu with trainer.precision.fp8_swiglu_input needs its Triton "
                               "kernels (a GPU with Triton): the unfused ops here would not keep the FP8 copy")
+        if store and torch.version.hip:  # e4m3fn loads in Triton: written for NVIDIA's FP8; ROCm's is e4m3fnuz
+            raise ConfigError("trainer.lora.fused_swiglu with trainer.precision.fp8_swiglu_input is built for "
+                              "NVIDIA's FP8 (e4m3fn) only; on ROCm set one of them to false")
         module._primus_megatron_forward = module.forward
         module._primus_fp8_store = store
         module.linear_fc1.swiglu_folded = True
