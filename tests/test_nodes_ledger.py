@@ -179,3 +179,16 @@ def test_excluded_nodes_reach_every_script_of_submit_pipelines_and_sweeps(tmp_pa
     assert text.count("#SBATCH --exclude=node2,node3\n") == 3 == text.count("#SBATCH --exclude")  # training, 2 steps
     assert run(["sweep", str(recipe), "--grid", "trainer.schedule.lr=1e-2,2e-2", "--dry-run"]) == 0
     assert "#SBATCH --exclude=node2,node3\n" in capsys.readouterr().out  # the array script
+
+
+def test_a_cuda_error_names_the_node_and_a_timeout_is_recorded_as_waiting(tmp_path, monkeypatch):
+    from trainer.observability.stragglers import record_error
+
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    record_error(str(tmp_path), RuntimeError("CUDA error: uncorrectable ECC error encountered"))
+    record_error(str(tmp_path), RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))  # the recipe's
+    record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms for recv operation to complete"))
+    record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms"), stopping=True)  # woken to be killed
+    got = [(r["event"], r.get("kind"), r["node"], r["attempt"]) for r in node_faults.read(tmp_path)]
+    assert got == [("fault", "device", "gpu7", 2), ("timeout", None, "gpu7", 2)]
