@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -38,6 +39,11 @@ def test_steps_of_a_killed_queue_settle(job_env, job_recipe):
     wait_state(job_env, entry["run_id"], {"RUNNING"}, timeout=60)
     queue_pid = json.loads((Path(entry["run_dir"]) / "run.json").read_text())["queue_pid"]
     try:
+        try:  # --watch redraws while the run runs
+            watched = cli(job_env, "status", entry["run_id"], "--watch", "1", timeout=3.5).stdout
+        except subprocess.TimeoutExpired as exc:
+            watched = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        assert watched.count("watching: every 1 s until every run and step has ended") >= 2, watched
         os.kill(queue_pid, signal.SIGKILL)  # the queue this test's submit started, by its pid
         end = time.monotonic() + 10
         while Path(f"/proc/{queue_pid}").exists() and "zombie" not in Path(f"/proc/{queue_pid}/status").read_text():
@@ -49,6 +55,8 @@ def test_steps_of_a_killed_queue_settle(job_env, job_recipe):
         assert "-> eval local-" not in text and "eval - CANCELLED" in text, text
     finally:
         assert cli(job_env, "cancel", entry["run_id"]).returncode == 0
+    out = cli(job_env, "status", entry["run_id"], "--watch", "1")  # and stops once everything has ended
+    assert out.returncode == 0 and out.stdout.endswith("every run and step has ended\n"), out
 
 
 @pytest.mark.slow  # two short jobs and two eval steps: ~30 s

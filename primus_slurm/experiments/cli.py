@@ -12,6 +12,7 @@ from primus_slurm.post_training import compare
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.experiments import board_table, leaderboard, pipeline
+from primus_slurm.jobs.status import ENDED
 from primus_slurm.experiments import sweep as sweep_mod
 
 
@@ -100,9 +101,9 @@ def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, exe
     click.echo(f"sweep dir: {sweep.sweep_dir}")
 
 
-def show_sweep(ref: str, as_json: bool, plot_path: str | None = None, wide: bool = False) -> None:
+def show_sweep(ref: str, as_json: bool, plot_path: str | None = None, wide: bool = False) -> bool:
     """`status SWEEP` and `compare SWEEP`: the leaderboard and its winner (and a PNG of every trial's loss
-    curve)."""
+    curve); whether every trial and step has ended."""
     data, board = leaderboard.rows(leaderboard.find(ref))
     best = leaderboard.winner(board)
     if as_json:
@@ -119,6 +120,7 @@ def show_sweep(ref: str, as_json: bool, plot_path: str | None = None, wide: bool
         logged = [compare.load_run(r["run_dir"]) for r in shown]
         title = f"lm loss of every trial of {data['sweep_id']}"
         click.echo(f"plot: {compare.plot(logged, plot_path, title, labels)}", err=as_json)
+    return all(r["state"] in ENDED and all(s.get("state") in ENDED for s in r.get("then") or ()) for r in board)
 
 
 def register(group: click.Group) -> None:

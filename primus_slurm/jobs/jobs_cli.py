@@ -87,14 +87,39 @@ ALL_RUNS = click.option("--all", "show_all", is_flag=True, help="every run in th
 @click.option("--wide", is_flag=True, help="every column (exec, job, TFLOP/s, peak memory, checkpoint, restarts); "
               "default: what fits 100 columns")
 @ALL_RUNS
-def status_cmd(run, as_json, wide, show_all):
+@click.option("--watch", "-w", type=click.FloatRange(min=1), is_flag=False, flag_value=10.0, default=None,
+              metavar="[SECONDS]", help="redraw every SECONDS (default 10) until every run (and step) has ended; "
+              "Ctrl-C stops watching, not the runs")
+def status_cmd(run, as_json, wide, show_all, watch):
     """State and training progress of this checkout's runs (--all: every run), or of RUN; of SWEEP, its
     leaderboard (a row per trial). RUN and SWEEP are found from any directory."""
     if run and show_all:
         raise UserError("--all: lists every run; not with RUN")
-    if run and leaderboard.is_sweep(run):
-        experiments_cli.show_sweep(run, as_json, wide=wide)
+    if watch is None:
+        _status(run, as_json, wide, show_all)
         return
+    if as_json:
+        raise UserError("--watch: redraws the table; not with --json (poll `status --json` instead)")
+    tty = sys.stdout.isatty()
+    while True:
+        if tty:
+            click.echo("\033[H\033[2J", nl=False)  # clear the screen: the table redrawn in place
+        ended = _status(run, as_json, wide, show_all)
+        if ended:
+            click.echo("every run and step has ended")
+            return
+        click.echo(f"watching: every {watch:g} s until every run and step has ended (Ctrl-C stops watching, "
+                   "not the runs)" + ("" if tty else "\n"))
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+def _status(run, as_json, wide, show_all) -> bool:
+    """`status` once; whether everything shown has ended (the runs and their steps)."""
+    if run and leaderboard.is_sweep(run):
+        return experiments_cli.show_sweep(run, as_json, wide=wide)
     entries, hidden = ([registry.find(run)], "") if run else registry.scoped(show_all)
     rows = status_mod.collect(entries)  # (the scheduler is asked about these runs only)
     if run:  # its exports, generations and evals (primus_slurm.post_training.post), what it cost
@@ -125,6 +150,8 @@ def status_cmd(run, as_json, wide, show_all):
             if rows[0]["pipeline"]:
                 click.echo(chain_state.chain_line(rows[0], rows[0]["pipeline"]))
     _listed(bool(rows), hidden, as_json)
+    steps = rows[0].get("pipeline") or [] if run and rows else []
+    return all(r["state"] in status_mod.ENDED for r in [*rows, *steps])
 
 
 def _listed(shown: bool, hidden: str, as_json: bool) -> None:

@@ -14,6 +14,8 @@ from primus_slurm.jobs.executors import executor_for
 from primus_slurm.jobs.progress import read_progress
 
 DEFAULT_STALL_MINUTES = 30.0
+# the states a run (or step) stays in: `status --watch` stops once every one shown is in one
+ENDED = {*TERMINAL, "DIVERGED", "REFUSED", "UNKNOWN"}
 
 
 def _stall_minutes(info: dict, run_dir: Path) -> float:
