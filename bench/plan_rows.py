@@ -85,8 +85,8 @@ class Row:
 def rows() -> list[Row]:
     out = []
     for path in sorted(RESULTS.rglob("*.json*")):
-        if path.suffix not in (".json", ".jsonl"):
-            continue
+        if path.suffix not in (".json", ".jsonl") or path.parent.name.endswith("_lifecycle"):
+            continue  # (the lifecycle suite's results, tests/gpu, are no benchmark rows)
         rel = str(path.relative_to(RESULTS))
         text = path.read_text(errors="replace")
         chunks = text.splitlines() if path.suffix == ".jsonl" else [text]
