@@ -91,6 +91,8 @@ def test_the_board_fits_100_columns_and_names_the_winner(swept):
     assert "best: trial 1 (lr=5e-3, dim=16), eval loss 1.5000 at iteration 10, run " + run in out.stdout
     assert f"  adapter: {where}/ws/quickstart/{run}/adapter" in out.stdout
     assert f"  export:  primus-slurm export {run} --checkpoint 10 --merged" in out.stdout
+    (where / "ws" / "quickstart" / run / "checkpoints" / "latest").write_text("iter_0000010\n")
+    assert f"  export:  primus-slurm export {run} --merged" in cli(env, "status", SWEEP_ID).stdout  # the default
     wide = cli(env, "status", SWEEP_ID, "--wide").stdout.splitlines()
     assert wide[1].split()[:5] == ["TRIAL", "trainer.schedule.lr", "trainer.lora.dim", "RUN", "JOB"]
     board = json.loads(cli(env, "status", SWEEP_ID, "--json").stdout)

@@ -125,7 +125,10 @@ def winner(board: list[dict]) -> dict | None:
     if adapter is None and (run_dir / "adapter").is_dir():
         adapter = str(run_dir / "adapter")
     it = best.get("best_eval_iteration")
-    at = f" --checkpoint {it}" if it is not None and (run_dir / "checkpoints" / f"iter_{it:07d}").is_dir() else ""
+    saved = f"iter_{it:07d}" if it is not None else None
+    latest = run_dir / run_files.LATEST
+    at = f" --checkpoint {it}" if saved and (run_dir / "checkpoints" / saved).is_dir() and not (
+        latest.is_file() and latest.read_text().strip() == saved) else ""  # (export's default: the latest)
     return {"trial": best["trial"], "values": best["values"], "run_id": best["run_id"], "state": best["state"],
             "eval_loss": best["best_eval_loss"], "iteration": it, "adapter": adapter,
             "export": f"primus-slurm export {best['run_id']}{at} --merged"}
