@@ -189,14 +189,18 @@ def run(spec: CheckSpec, as_json: bool) -> int:
     code = 3 if broken else node_health.exit_code(verdicts)
     bad = [v for v in verdicts if v["verdict"] != "ok"]
     by = f"check {check_id} (job {job[0]})"
-    node_ledger.append(ledger.path_for(spec.workspace),
-                       [node_ledger.line(v["node"], "suspect", f"nodes check: {'; '.join(v['why'])}", by)
-                        for v in bad if v["node"]])
+    itself = len(reports) > 1 and all(r.get("error") for r in reports)  # no node could run it: the check's fault
+    if not itself:
+        node_ledger.append(ledger.path_for(spec.workspace),
+                           [node_ledger.line(v["node"], "suspect", f"nodes check: {'; '.join(v['why'])}", by)
+                            for v in bad if v["node"]])
     counts = {k: sum(v["verdict"] == k for v in verdicts) for k in node_health.VERDICTS}
     ended = "" if rc == 0 else ", which failed"
     summary = (f"{len(verdicts)} node(s) checked: {counts['ok']} ok, {counts['slow']} slow, {counts['failed']} failed"
                f" ({'this machine' if spec.local else 'Slurm job ' + job[0]}{ended}, {time.monotonic() - t0:.0f} s)")
-    if bad:
+    if itself:
+        summary += "; every node failed to run the check, so none is recorded in the node ledger (see its logs)"
+    elif bad:
         summary += f"; suspect in the node ledger: {', '.join(v['node'] for v in bad)}"
     if as_json:
         click.echo(json.dumps({"check_id": check_id, "job_id": job[0], "check_dir": str(check_dir),
