@@ -49,7 +49,7 @@ def _ledger(env: dict, tmp_path: Path) -> dict:
 
 
 def test_check_names_the_slow_node_and_two_strikes_keep_it_out_of_the_next_submit(local_slurm, tmp_path):
-    env = _env(tmp_path, "check-slow node2 20\n")  # node2's GEMM takes 20 times as long
+    env = _env(tmp_path, "check-slow node2 50\n")  # node2's GEMM takes 50 times as long
     ws = ["--workspace", str(tmp_path / "ws")]
     for strike in (1, 2):
         out = cli(env, "nodes", "check", "--nodes", "2", "--json", *ws, timeout=400)
