@@ -159,7 +159,7 @@ def test_cancel_settles_tasks_that_never_started(local_slurm, job_env, job_recip
     """cancel SWEEP on an array throttled by --max-parallel (issue 39): the tasks still pending read CANCELLED, as
     the one that ran does (sacct keeps them only as one row `<array>_[1-2%1]`), never UNKNOWN. The tiny test job."""
     out = cli(job_env, "sweep", str(job_recipe("sleep:120", nodes=1)), "--grid", "trainer.schedule.lr=1e-2,2e-2,3e-2",
-              "--max-parallel", "1", "--json")
+              "--max-parallel", "1", "--json", "--then", "eval")
     assert out.returncode == 0, out.stderr
     sweep_id = json.loads(out.stdout)["sweep_id"]
     rows = wait_board(job_env, sweep_id, lambda rows: any(r["state"] == "RUNNING" for r in rows))
@@ -169,6 +169,9 @@ def test_cancel_settles_tasks_that_never_started(local_slurm, job_env, job_recip
     n = int(re.search(r"NumCPUs=(\d+)", cpus).group(1))
     assert f"primus-slurm: OMP_NUM_THREADS={n} per rank, from the job's {n} CPU(s)" in out_file.read_text()
     out = cli(job_env, "cancel", sweep_id)
-    assert out.returncode == 0 and out.stdout.count("cancelled run") == 3, out
-    rows = wait_board(job_env, sweep_id, lambda rows: all(r["state"] in ENDED for r in rows))
+    # each trial's afterok step is cancelled first: Slurm may start a step behind a task cancelled while pending
+    assert out.returncode == 0 and out.stdout.count("cancelled run") == 6 and out.stdout.count("eval step") == 3, out
+    rows = wait_board(job_env, sweep_id, lambda rows: all(r["state"] in ENDED for r in rows) and
+                      all(s["state"] in ENDED for r in rows for s in r["then"]))
     assert [r["state"] for r in sorted(rows, key=lambda r: r["trial"])] == ["CANCELLED"] * 3, rows
+    assert [s["state"] for r in rows for s in r["then"]] == ["CANCELLED"] * 3, rows

@@ -209,7 +209,13 @@ def _cancel(run_dir: Path, info: dict, now: dict) -> None:
         why = now.get("reason") or "its run directory is gone"
         click.echo(f"run {info['run_id']} (job {info.get('job_id')}) is UNKNOWN: {why}; nothing to cancel")
         return
-    executor_for(info.get("executor")).cancel(run_dir, info)
+    executor = executor_for(info.get("executor"))
+    if info.get("executor") == "slurm":  # its afterok steps first: Slurm may start a step whose dependency, an
+        for step in chain_state.chain_states(info):  # array task cancelled while pending, left no record
+            if step.get("when") == "afterok" and step.get("state") == "PENDING" and step.get("job_id"):
+                executor.cancel(run_dir, {"job_id": step["job_id"]})
+                click.echo(f"cancelled run {info['run_id']}'s {step['step']} step (job {step['job_id']})")
+    executor.cancel(run_dir, info)
     if run_dir.is_dir():  # a job Slurm cancels before it starts may leave no accounting record: status reads this
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         runs.write_run_json(run_dir, {**runs.read_run_json(run_dir), "cancel_time": stamp})
