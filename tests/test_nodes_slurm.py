@@ -119,9 +119,9 @@ def test_a_job_failing_on_a_bad_node_is_requeued_onto_the_other_and_finishes(loc
 
 
 def test_a_slow_rank_is_named_in_status(local_slurm, tmp_path):
-    env = _env(tmp_path, "slow node2 0.5\n")  # the rank on node2 sleeps 0.5 s inside each step's compute
-    recipe = trainer_recipe(tmp_path, "slow", nodes=2)
-    entry = submit(env, recipe, "trainer.schedule.train_iters=4", f"trainer.data.cache_dir={tmp_path / 'cache'}")
+    env = _env(tmp_path, "slow node2 1.0\n")  # the rank on node2 sleeps 1 s inside each step's compute: named while
+    recipe = trainer_recipe(tmp_path, "slow", nodes=2)  # the other's step is under 2 s (3 log points in a row of 6)
+    entry = submit(env, recipe, "trainer.schedule.train_iters=6", f"trainer.data.cache_dir={tmp_path / 'cache'}")
     try:
         row = run_to_end_plain(env, entry["run_id"])
         assert row["scheduler_state"] == "COMPLETED", row
