@@ -145,6 +145,15 @@ def test_bad_input_to_nodes_commands_is_one_line_and_exit_2(tmp_path, capsys, ar
     assert not ws.exists()  # nothing written: no ledger, no check directory (so no job either)
 
 
+def test_a_workspace_that_cannot_hold_the_ledger_is_one_line(tmp_path, capsys):
+    afile = tmp_path / "ws"
+    afile.write_text("not a directory")
+    assert run(["nodes", "exclude", "node2", "--reason", "x", "--workspace", str(afile)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot write the node ledger") and "Not a directory" in err[0]
+    assert afile.read_text() == "not a directory"
+
+
 def test_nodes_lists_and_edits_the_ledger(tmp_path, capsys):
     ws = ["--workspace", str(tmp_path / "ws")]
     assert run(["nodes", *ws]) == 0 and "no nodes in the ledger" in capsys.readouterr().out

@@ -191,7 +191,7 @@ def run(spec: CheckSpec, as_json: bool) -> int:
     by = f"check {check_id} (job {job[0]})"
     itself = len(reports) > 1 and all(r.get("error") for r in reports)  # no node could run it: the check's fault
     if not itself:
-        node_ledger.append(ledger.path_for(spec.workspace),
+        ledger.append(ledger.path_for(spec.workspace),
                            [node_ledger.line(v["node"], "suspect", f"nodes check: {'; '.join(v['why'])}", by)
                             for v in bad if v["node"]])
     counts = {k: sum(v["verdict"] == k for v in verdicts) for k in node_health.VERDICTS}

@@ -64,7 +64,7 @@ def exclude_cmd(node: str, reason: str, workspace: str) -> None:
     ledger.check_node(node)
     why = _reason(reason, True)
     path = ledger.path_for(workspace)
-    node_ledger.append(path, [node_ledger.line(node, "excluded", why, f"hand ({getpass.getuser()})")])
+    ledger.append(path, [node_ledger.line(node, "excluded", why, f"hand ({getpass.getuser()})")])
     click.echo(f"{node} excluded ({why}); ledger {path}")
 
 
@@ -80,7 +80,7 @@ def clear_cmd(node: str, reason: str, workspace: str) -> None:
     known = node_ledger.fold(node_ledger.read(path))
     if node not in known:
         raise UserError(f"node {node} is not in the ledger {path} (`primus-slurm nodes` lists it)")
-    node_ledger.append(path, [node_ledger.line(node, "cleared", why, f"hand ({getpass.getuser()})")])
+    ledger.append(path, [node_ledger.line(node, "cleared", why, f"hand ({getpass.getuser()})")])
     click.echo(f"{node} cleared (was {known[node].state}); ledger {path}")
 
 

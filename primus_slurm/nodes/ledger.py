@@ -43,6 +43,14 @@ def path_for(workspace) -> Path:
     return node_ledger.ledger_path(os.path.abspath(os.path.expanduser(str(workspace))), cluster_name())
 
 
+def append(path: Path, lines: list[str]) -> None:
+    """node_ledger.append, a failure as one UserError line (a --workspace that is a file, a read-only one)."""
+    try:
+        node_ledger.append(path, lines)
+    except OSError as exc:
+        raise UserError(f"cannot write the node ledger {path} (--workspace): {exc.strerror or exc}") from None
+
+
 def check_node(node: str) -> str:
     if not node_ledger.NODE_RE.match(node):
         raise UserError(f"NODE must be one Slurm node name (letters, digits, '.', '_', '-'; at most 64), "
