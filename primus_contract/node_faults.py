@@ -39,7 +39,8 @@ NODE_KINDS = ("device", "timeout", "hang", "slow")
 SHARED_KINDS = ("preflight",)
 KINDS = NODE_KINDS + SHARED_KINDS
 WAIT_SPREAD_S = 2.0  # timeouts of ranks waiting in the same collective, apart (`stopped`)
-MAX_NODE_REQUEUES = 3  # requeues away from suspect nodes per run; then the job ends (a fleet-wide problem)
+MAX_NODE_REQUEUES = 3
+EXIT_STOPPED = 75  # the trainer checkpointed and stopped (trainer/runtime/signals.py EXIT_PREEMPTED)  # requeues away from suspect nodes per run; then the job ends (a fleet-wide problem)
 FAULT_ENV = "PRIMUS_FAULT_FILE"
 
 
@@ -136,7 +137,8 @@ def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledge
     action, new, why = decide(records, attempt, job_nodes, rc, requeue, excluded, partition_nodes)
     why += problem
     ended_by = sorted(named)[0] if named and rc else None  # (a finished attempt's suspects: slow ranks)
-    done = f"requeue excluding {','.join(new)}" if action == "requeue" else ("end" if rc else "finished")
+    done = (f"requeue excluding {','.join(new)}" if action == "requeue" else "finished" if rc == 0 else
+            "stopped to be resumed (a time-limit requeue or `resume` continues it)" if rc == EXIT_STOPPED else "end")
     record(run_dir, "attempt", attempt=attempt, job=job, nodes=job_nodes, rc=rc, node=ended_by,
            why=named.get(ended_by, ""), suspects=sorted(named), action=done)
     return f"{action} {','.join(new) or '-'} | {why}"

@@ -77,6 +77,8 @@ def test_settle_writes_the_ledger_and_the_attempt(tmp_path):
     assert node_ledger.fold(node_ledger.read(ledger))["n2"].state == "suspect"
     last = node_faults.read(run_dir)[-1]
     assert (last["event"], last["node"], last["action"]) == ("attempt", "n2", "requeue excluding n2")
+    assert node_faults.settle(run_dir, 1, "7", 75, ["n1"], ledger, True, [], ["n1", "n2"]).startswith("end ")
+    assert node_faults.read(run_dir)[-1]["action"].startswith("stopped to be resumed")
 
 
 def _report(node, gemm, device="cpu", gpu_name=None, **extra):
