@@ -25,7 +25,8 @@ def _queue_alive(info: dict) -> bool:
 
 def _settle_local(info: dict, steps: list[dict]) -> None:
     """Steps the local queue left unfinished when it died."""
-    if not any(s.get("state") in ("PENDING", "RUNNING") for s in steps) or _queue_alive(info):
+    if not info.get("queue_pid") or not any(s.get("state") in ("PENDING", "RUNNING") for s in steps) or \
+            _queue_alive(info):  # (no queue recorded yet: the submit is still writing it)
         return
     for s in steps:
         if s.get("state") == "PENDING":

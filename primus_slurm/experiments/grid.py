@@ -46,10 +46,6 @@ def parse_item(option: str, item: str) -> tuple[str, list[str]]:
         raise UserError(f"{option} {key}: the grid is empty; give at least one value (KEY=V1,V2,...)")
     if any(not v for v in values):
         raise UserError(f"{option} {key}={text}: an empty value between commas")
-    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-    if twice is not None:
-        raise UserError(f"{option} {key}={text}: the value {twice} is given twice (two identical trials); give "
-                        "each value once")
     for value in values:
         check_value(option, key, value)
     return key, values
@@ -93,6 +89,7 @@ def trials(grids: tuple[str, ...], zips: tuple[str, ...], max_trials: int | None
     for item in grids:
         key, values = parse_item("--grid", item)
         add_key("--grid", key)
+        _once(f"--grid {item}", values)
         axes.append([[(key, v)] for v in values])
     if zips:
         parsed = [parse_item("--zip", item) for item in zips]
@@ -102,7 +99,9 @@ def trials(grids: tuple[str, ...], zips: tuple[str, ...], max_trials: int | None
         if len(lengths) > 1:
             counts = ", ".join(f"{key}: {len(values)}" for key, values in parsed)
             raise UserError(f"--zip keys vary together, so each needs as many values ({counts})")
-        axes.append([list(zip([k for k, _ in parsed], row)) for row in zip(*(v for _, v in parsed))])
+        rows = list(zip(*(v for _, v in parsed)))
+        _once("--zip " + " --zip ".join(zips), [", ".join(row) for row in rows])
+        axes.append([list(zip([k for k, _ in parsed], row)) for row in rows])
     count = 1
     for axis in axes:
         count *= len(axis)
@@ -112,6 +111,13 @@ def trials(grids: tuple[str, ...], zips: tuple[str, ...], max_trials: int | None
                  f"more than {MAX_TRIALS} only with --max-trials N")
         raise UserError(f"sweep: the grid makes {count:,} trials; {allow}")
     return [[pair for part in combo for pair in part] for combo in itertools.product(*axes)]
+
+
+def _once(what: str, points: list[str]) -> None:
+    """A point of an axis given twice would make two identical trials."""
+    twice = next((v for i, v in enumerate(points) if v in points[:i]), None)
+    if twice is not None:
+        raise UserError(f"{what}: {twice} is given twice (two identical trials); give each once")
 
 
 def set_items(trial: list[tuple[str, str]]) -> list[str]:

@@ -196,14 +196,25 @@ def cancel_cmd(run):
     found = [(Path(e["run_dir"]), {**e, **runs.read_run_json(Path(e["run_dir"]))}) for e in entries]
     bases = status_mod.scheduler_states(found)  # the states `status` starts from, one query per executor
     # the trials still waiting first: a throttled array starts its next task as soon as a running one ends
+    failed = []
     for i in sorted(range(len(found)), key=lambda i: (bases[i] or {}).get("state") != "PENDING"):
-        _cancel(*found[i], bases[i] or {"state": "UNKNOWN"})
+        try:
+            _cancel(*found[i], bases[i] or {"state": "UNKNOWN"})
+        except UserError as exc:  # the others are still cancelled
+            click.echo(f"not cancelled: run {found[i][1]['run_id']}: {exc}")
+            failed.append(found[i][1]["run_id"])
+    if failed:
+        raise UserError(f"cancel {run}: {len(failed)} of {len(found)} not cancelled (each one's reason above)")
 
 
 def _cancel(run_dir: Path, info: dict, now: dict) -> None:
     ended = now.get("state")
     if ended in status_mod.TERMINAL:
         click.echo(f"run {info['run_id']} (job {info.get('job_id')}) already ended ({ended}); nothing to cancel")
+        return
+    if ended == "UNKNOWN" and info.get("cancel_time"):
+        click.echo(f"run {info['run_id']} (job {info.get('job_id')}) was cancelled at {info['cancel_time']}; "
+                   "nothing to cancel")
         return
     if ended == "UNKNOWN" and not run_dir.is_dir():
         why = now.get("reason") or "its run directory is gone"
@@ -216,7 +227,8 @@ def _cancel(run_dir: Path, info: dict, now: dict) -> None:
                 executor.cancel(run_dir, {"job_id": step["job_id"]})
                 click.echo(f"cancelled run {info['run_id']}'s {step['step']} step (job {step['job_id']})")
     executor.cancel(run_dir, info)
-    if run_dir.is_dir():  # a job Slurm cancels before it starts may leave no accounting record: status reads this
+    if info.get("executor") == "slurm" and run_dir.is_dir():  # a job cancelled before it starts may leave no
+        # accounting record: status reads this (locally the queue owns run.json; its cancel marker says it)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         runs.write_run_json(run_dir, {**runs.read_run_json(run_dir), "cancel_time": stamp})
     click.echo(f"cancelled run {info['run_id']} (job {info['job_id']})")
