@@ -108,7 +108,7 @@ GOOD = {"sweep_id": SWEEP_ID, "recipe": QUICKSTART, "executor": "local", "max_pa
     ({**GOOD, "sweep_id": None, "trials": []}, "`sweep_id` is None; expected a string"),
     ('{"sweep_id": "sweep-', "has no readable sweep.json"),
 ])
-@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["compare"], ["cancel"], ["resume"]])
+@pytest.mark.parametrize("command", [["status"], ["compare", "--json"], ["cancel"], ["resume"]])
 def test_a_malformed_sweep_json_is_one_line(env, tmp_path, body, says, command):
     sweep_dir = craft(tmp_path, body)
     before = tree(tmp_path)
