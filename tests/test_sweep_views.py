@@ -75,6 +75,7 @@ def test_list_sweeps_finds_them(swept):
     assert row.split()[:3] == [SWEEP_ID, "local", "2"]
     (data,) = json.loads(cli(env, "list", "--sweeps", "--all", "--json").stdout)
     assert data["sweep"] == SWEEP_ID and data["trials"] == 2
+    assert f"sweeps: {SWEEP_ID} (2 trials); `primus-slurm status SWEEP` shows one" in cli(env, "status", "--all").stdout
 
 
 def test_the_board_fits_100_columns_and_names_the_winner(swept):

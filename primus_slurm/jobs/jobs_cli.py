@@ -149,6 +149,11 @@ def _status(run, as_json, wide, show_all) -> bool:
             click.echo(cost.line(rows[0]["cost"]))
             if rows[0]["pipeline"]:
                 click.echo(chain_state.chain_line(rows[0], rows[0]["pipeline"]))
+        else:
+            sweeps = leaderboard.sweeps(entries)
+            if sweeps:  # the trials above belong to these (list --sweeps lists them)
+                click.echo("sweeps: " + ", ".join(f"{s['sweep']} ({s['trials']} trials)" for s in sweeps) +
+                           "; `primus-slurm status SWEEP` shows one")
     _listed(bool(rows), hidden, as_json)
     steps = rows[0].get("pipeline") or [] if run and rows else []
     return all(r["state"] in status_mod.ENDED for r in [*rows, *steps])
