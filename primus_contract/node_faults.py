@@ -68,8 +68,9 @@ def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[st
     shared = {r["node"] for r in faults if r["kind"] in SHARED_KINDS}
     out: dict[str, str] = {}
     for r in faults:
-        if r["kind"] in SHARED_KINDS and job_nodes and shared >= set(job_nodes):
-            continue  # every node failed it: not a node's fault
+        if r["kind"] in SHARED_KINDS and job_nodes and (shared >= set(job_nodes) or r["node"] not in job_nodes):
+            continue  # every node failed it (or a name that is none of the job's, as a container's hostname): not
+            # a node's fault
         out.setdefault(r["node"], f"{r['kind']}: {r.get('why', '')}")
     for node, why in stopped(records, attempt).items():
         out.setdefault(node, f"hang: {why}")

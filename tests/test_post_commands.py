@@ -202,8 +202,10 @@ def test_the_three_commands_as_slurm_jobs(run, local_slurm):
 
 
 def _outside_command(text: str) -> str:
-    """The script without its #SBATCH lines, the post job's PYTHONPATH lines and the command of TRAIN=(...)."""
+    """The script without its #SBATCH lines, the post job's PYTHONPATH lines, the command of TRAIN=(...) and the
+    training job's node-ledger block (a post job trains nothing and names no node: post.sh.j2 leaves it out)."""
     text = "\n".join(line for line in text.splitlines() if not line.startswith("#SBATCH"))
+    text = re.sub(r"# The node ledger \(.*?\nexclude_and_requeue\(\) \{\n.*?\n\}\n", "", text, flags=re.S)
     text = re.sub(r"# This job's code:.*?\nexport PYTHONPATH=\"\$POST_DIR[^\n]*\n", "", text, flags=re.S)
     start = text.index(" --\n", text.index("TRAIN=(")) + 4
     return text[:start] + text[text.index("\n)\n", start):].replace("eval exited", "training exited")
