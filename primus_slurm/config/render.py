@@ -21,7 +21,8 @@ TEMPLATE = "job.sh.j2"
 # inherit the host environment get them by name.
 SCRIPT_VARS = ("PRIMUS_RUN_DIR", "PRIMUS_RUN_ID", "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH",
                "PRIMUS_CONTAINER_RUNTIME", "PRIMUS_CONTAINER_IMAGE", "SLURM_PROCID",
-               "SLURMD_NODENAME")  # (the node a fault names is Slurm's name, not the container's hostname)
+               "SLURMD_NODENAME",  # (the node a fault names is Slurm's name, not the container's hostname)
+               "OMP_NUM_THREADS")  # (a CPU-only job's threads per rank, which the script sets from Slurm's CPUs)
 # No progress bars in job logs: transformers' weight loading and huggingface_hub go through huggingface_hub's
 # switch, anything else through tqdm's own environment default.
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
