@@ -207,8 +207,9 @@ def test_adapter_and_merged_exports_load_in_peft_with_equal_logits(lab, record):
 
 def test_a_gpu_run_costs_its_gpu_hours(lab, record):
     _reference(lab, PRECISIONS[0])
-    cost = ls.status(lab["env"], lab["trials"][0])["cost"]
-    record(**{k: cost[k] for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour")})
+    row = ls.status(lab["env"], lab["trials"][0])  # status --json: every run's gpu_hours, elapsed_s, tokens/GPU-hour
+    cost = {k: row[k] for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour")}
+    record(**cost)
     if DEV == "cuda":
         assert cost["gpu_hours"] > 0 and cost["tokens_per_gpu_hour"], cost
         assert math.isclose(cost["gpu_hours"], cost["elapsed_s"] / 3600, rel_tol=0.01), cost  # one GPU held
