@@ -138,14 +138,15 @@ def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
 def test_sweep_task_requeued_alone(local_slurm, job_env, tmp_path):
     """The time-limit warning (USR2, as slurmctld sends it) reaches trial 0's task only: that task checkpoints and
     requeues itself (its own job id, SLURM_RESTART_COUNT 1), resumes, and completes; trial 1 runs once."""
-    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep3", iters=60)
+    # 300 iterations (~10 s at ~30 ms each): at 60 the trial had finished on an idle machine before the warning landed
+    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep3", iters=300)
     subprocess.run(["scancel", "--batch", "--signal=USR2", first["job_id"]], check=True)
     wait_board(job_env, data["sweep_id"],
                lambda rows: {r["run_id"]: r["state"] for r in rows}[first["run_id"]] in ("PENDING", "REQUEUED"))
     # a requeued job waits ~2.5 min for its begin time here; the test need not
     subprocess.run(["scontrol", "update", f"JobId={first['job_id']}", "StartTime=now"], check=True)
     rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
-    assert all(r["state"] == "COMPLETED" and r["iteration"] == 60 for r in rows), rows
+    assert all(r["state"] == "COMPLETED" and r["iteration"] == 300 for r in rows), rows
     by_run = {r["run_id"]: r for r in rows}
     assert by_run[first["run_id"]]["attempts"] == 2 and by_run[second["run_id"]]["attempts"] == 1
     assert by_run[first["run_id"]]["job_id"] == first["job_id"]  # the same task, requeued
