@@ -61,14 +61,17 @@ def recorded(folder: str) -> dict[int, int]:
     return out
 
 
-def after_signal(folder: str, signum: int) -> int:
-    """The node's code once the workers are gone: the first non-zero recorded code by local rank."""
+def after_signal(folder: str, signum: int, workers: int) -> int:
+    """The node's code once the workers are gone: the first non-zero recorded code by local rank; 0 when all
+    `workers` local ranks recorded 0; else 128 + signum (a worker that never said: killed, or not started)."""
     end = time.monotonic() + WAIT_WORKERS_S
     while _children() and time.monotonic() < end:
         time.sleep(0.1)
     codes = recorded(folder)
     nonzero = [codes[r] for r in sorted(codes) if codes[r]]
-    return nonzero[0] if nonzero else 128 + signum
+    if nonzero:
+        return nonzero[0]
+    return 0 if set(codes) >= set(range(workers)) else 128 + signum
 
 
 def _drop_failed_line(record: logging.LogRecord) -> bool:
@@ -79,7 +82,7 @@ def _drop_failed_line(record: logging.LogRecord) -> bool:
 def main(argv=None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import determine_local_world_size, parse_args, run
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_failed_line)
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
         print(f"launch | rank {rank} exited with code {code}", file=sys.stderr, flush=True)
         return code
     except SignalException as err:
-        code = after_signal(folder, int(err.sigval))
+        code = after_signal(folder, int(err.sigval), determine_local_world_size(args.nproc_per_node))
         print(f"launch | stopped by {signal.Signals(err.sigval).name}; workers exited with code {code}",
               file=sys.stderr, flush=True)
         return code
