@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from primus_contract.checkpoint_rules import random_base_refusal
 from primus_slurm.jobs import executors, registry, runs
 from primus_slurm.errors import UserError
 from primus_slurm.config.render import render_script, sbatch_lines
@@ -79,19 +80,15 @@ def check_checkpoint(run_dir: Path, iteration: int | None) -> str:
 
 
 def check_layout(run_dir: Path, name: str, resolved: dict) -> None:
-    """A post job runs at tensor parallel 1. On a GPU a random base (no trainer.checkpoint.pretrained) differs at
-    each TP size, so a TP > 1 checkpoint over one cannot be evaluated or exported there: refused here, as the job
-    itself would (trainer/checkpointing/reshard.py)."""
-    if pretrained(resolved) or resolved["trainer"]["distributed"]["device"] == "cpu":
-        return
+    """A post job runs at tensor parallel 1: a checkpoint the job could not restore there is refused here, by the same
+    rule (primus_contract/checkpoint_rules.py)."""
     try:
         tensor = int(json.loads((run_dir / "checkpoints" / name / "metadata.json").read_text()).get("tensor", 1))
     except (OSError, ValueError, TypeError):
         return  # the job reads it and says what is wrong
-    if tensor > 1:
-        raise UserError(f"checkpoint {name} was saved at tensor parallel {tensor} over a randomly initialised base "
-                        "(no trainer.checkpoint.pretrained); a post job runs at tensor parallel 1, where that base "
-                        "differs on a GPU")
+    why = random_base_refusal(tensor, 1, bool(pretrained(resolved)), resolved["trainer"]["distributed"]["device"])
+    if why:
+        raise UserError(f"checkpoint {name} was {why} (a post job runs at tensor parallel 1)")
 
 
 def pretrained(resolved: dict) -> str | None:

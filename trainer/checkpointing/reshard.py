@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from primus_contract.checkpoint_rules import random_base_refusal
 from trainer.checkpointing import checkpoint as ckpt
 
 _SHARD = re.compile(r"^rank-(\d+)_tp(\d+)_pp(\d+)_dp(\d+)\.pt$")
@@ -47,9 +48,8 @@ def current_layout(info) -> tuple:
 
 def restore(path: str, model, optimizer, info, random_base: bool = False) -> tuple[int, Optional[str]]:
     """Load adapters + optimizer (+ RNG on the same layout); returns (iteration, reshard note or None).
-    `random_base`: the base has no pretrained weights. On a GPU megatron draws each TP shard of a random base from
-    its own TP rank's stream, so another TP size is another base: the adapters would be paired with weights they
-    were not trained with, silently. That is refused."""
+    `random_base`: the base has no pretrained weights; another TP size over it is refused on a GPU
+    (primus_contract/checkpoint_rules.py, the rule `eval`/`export` apply at submit)."""
     from trainer.checkpointing.module_state import restore_extra_state
     from trainer.model import load_adapter_state_dict
     from trainer.model.lora.layers import adapter_parameters
@@ -66,10 +66,9 @@ def restore(path: str, model, optimizer, info, random_base: bool = False) -> tup
             ckpt.set_rng_state(state["rng"], info.device)
             restore_extra_state(model, state.get("extra_state"))  # TE's FP8 scales and amax history
             return int(state["iteration"]), None
-    if random_base and info.device.type == "cuda" and old[1] != info.tp_size:
-        raise ckpt.CheckpointError(f"{path} was saved at tensor parallel {old[1]} over a randomly initialised base; "
-                                   f"on a GPU that base differs at tensor parallel {info.tp_size}: use the same "
-                                   "tensor parallel size (or a pretrained base)")
+    why = random_base_refusal(old[1], info.tp_size, not random_base, info.device.type)
+    if why:
+        raise ckpt.CheckpointError(f"{path} was {why}")
     iteration = load_resharded(path, old[1], model, optimizer, info.tp_rank, info.tp_size)
     note = "resharded from " + " ".join(f"{k} {v}" for k, v in zip(LAYOUT_KEYS, old))
     return iteration, note
