@@ -60,7 +60,8 @@ def job_ids(info: dict) -> list[str]:
     return [j for j in (*before, str(info.get("job_id") or "")) if j and j != "None"]
 
 
-def _events(run_dir: Path) -> list[list[dict]]:
+def attempt_events(run_dir: Path) -> list[list[dict]]:
+    """Each attempt's rank-0 event stream, oldest attempt first."""
     return [run_files.read_events(p) for p in run_files.attempt_files(run_dir, "jsonl")]
 
 
@@ -74,18 +75,18 @@ def attempt_gpus(events: list[dict], configured: int) -> int:
     return configured
 
 
-def local_usage(run_dir: Path, gpus: int) -> dict:
+def local_usage(attempts: list[list[dict]], gpus: int) -> dict:
     """Each attempt's wall time (first to last event) x the GPUs it held (attempt_gpus; `gpus` the recipe's)."""
-    spans = [(e[-1]["t"] - e[0]["t"], attempt_gpus(e, gpus)) for e in _events(run_dir)
+    spans = [(e[-1]["t"] - e[0]["t"], attempt_gpus(e, gpus)) for e in attempts
              if len(e) > 1 and "t" in e[0] and "t" in e[-1]]
     elapsed = sum(s for s, _ in spans)
     return {"elapsed_s": round(elapsed), "gpu_hours": sum(s * g for s, g in spans) / 3600, "attempts": len(spans)}
 
 
-def tokens_trained(run_dir: Path) -> float | None:
+def tokens_trained(attempts: list[list[dict]]) -> float | None:
     """The last iteration reached x the tokens of one iteration (the newest measurement)."""
     world, last = None, None
-    for attempt in _events(run_dir):
+    for attempt in attempts:
         for e in attempt:
             if e["event"] == "start" and isinstance(e.get("world_size"), int):
                 world = e["world_size"]
@@ -106,14 +107,7 @@ def _cluster(run_dir: Path) -> dict:
         return {}
 
 
-def price_of(run_dir: Path) -> tuple[float | None, str]:
-    """(cluster.gpu_hour_price, cluster.currency) of the run's resolved recipe."""
-    cluster = _cluster(run_dir)
-    return cluster.get("gpu_hour_price"), cluster.get("currency") or "USD"
-
-
-def _gpus(run_dir: Path) -> int:
-    cluster = _cluster(run_dir)
+def _gpus(cluster: dict) -> int:
     return int(cluster.get("gpus_per_node") or 0) * int(cluster.get("nodes") or 1)
 
 
@@ -123,14 +117,15 @@ def costs(found: list[tuple[Path, dict]], runner=subprocess.run) -> list[dict]:
     slurm = slurm_usage([j for _, info in found if info.get("executor") == "slurm" for j in job_ids(info)], runner)
     rows = []
     for run_dir, info in found:
+        cluster, attempts = _cluster(run_dir), attempt_events(run_dir)
         if info.get("executor") == "slurm":
             parts = [slurm[j] for j in job_ids(info) if j in slurm]
             row = {"elapsed_s": sum(p["elapsed_s"] for p in parts), "gpu_hours": sum(p["gpu_hours"] for p in parts),
                    "attempts": sum(p["attempts"] for p in parts)}
         else:
-            row = local_usage(run_dir, _gpus(run_dir))
-        tokens = tokens_trained(run_dir)
-        price, currency = price_of(run_dir)
+            row = local_usage(attempts, _gpus(cluster))
+        tokens = tokens_trained(attempts)
+        price, currency = cluster.get("gpu_hour_price"), cluster.get("currency") or "USD"
         per_hour = tokens / row["gpu_hours"] if tokens and row["gpu_hours"] else None
         row.update(tokens=tokens, tokens_per_gpu_hour=per_hour,
                    price=price, currency=currency,

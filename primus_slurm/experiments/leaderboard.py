@@ -65,8 +65,8 @@ def trial_entries(sweep_dir: Path) -> list[dict]:
 def eval_losses(run_dir: Path) -> list[tuple[int | None, float]]:
     """Every (iteration, eval loss) the run logged, all attempts, in order."""
     values = []
-    for path in run_files.attempt_files(run_dir, "jsonl"):
-        for e in run_files.read_events(path):
+    for attempt in cost.attempt_events(run_dir):
+        for e in attempt:
             v = run_files.number(e.get("eval_loss")) if e["event"] == "eval" else None
             if v is not None:
                 values.append((e.get("iteration") if isinstance(e.get("iteration"), int) else None, v))
