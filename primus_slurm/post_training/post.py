@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from primus_contract.checkpoint_rules import random_base_refusal
+from primus_contract.restore_rules import random_base_refusal
 from primus_slurm.jobs import executors, registry, runs
 from primus_slurm.errors import UserError
 from primus_slurm.config.render import render_script, sbatch_lines
@@ -81,7 +81,7 @@ def check_checkpoint(run_dir: Path, iteration: int | None) -> str:
 
 def check_layout(run_dir: Path, name: str, resolved: dict) -> None:
     """A post job runs at tensor parallel 1: a checkpoint the job could not restore there is refused here, by the same
-    rule (primus_contract/checkpoint_rules.py)."""
+    rule (primus_contract/restore_rules.py)."""
     try:
         tensor = int(json.loads((run_dir / "checkpoints" / name / "metadata.json").read_text()).get("tensor", 1))
     except (OSError, ValueError, TypeError):

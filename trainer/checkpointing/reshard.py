@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from primus_contract.checkpoint_rules import random_base_refusal
+from primus_contract.restore_rules import random_base_refusal
 from trainer.checkpointing import checkpoint as ckpt
 
 _SHARD = re.compile(r"^rank-(\d+)_tp(\d+)_pp(\d+)_dp(\d+)\.pt$")
@@ -49,7 +49,7 @@ def current_layout(info) -> tuple:
 def restore(path: str, model, optimizer, info, random_base: bool = False) -> tuple[int, Optional[str]]:
     """Load adapters + optimizer (+ RNG on the same layout); returns (iteration, reshard note or None).
     `random_base`: the base has no pretrained weights; another TP size over it is refused on a GPU
-    (primus_contract/checkpoint_rules.py, the rule `eval`/`export` apply at submit)."""
+    (primus_contract/restore_rules.py, the rule `eval`/`export` apply at submit)."""
     from trainer.checkpointing.module_state import restore_extra_state
     from trainer.model import load_adapter_state_dict
     from trainer.model.lora.layers import adapter_parameters
