@@ -140,3 +140,19 @@ def test_cancel_and_status_agree_on_a_trial_whose_directory_is_gone(env, tmp_pat
     out = cli(env, "cancel", str(sweep_dir))
     assert out.returncode == 0 and " is UNKNOWN: " in out.stdout and "no longer exists" in out.stdout, out
     assert "FAILED" not in out.stdout
+
+
+def test_cancel_of_a_job_slurm_no_longer_knows_says_so(env, tmp_path, local_slurm):
+    """Slurm 22.05's plain `scancel ID` of an id its controller does not know prints nothing and exits 0: cancel said
+    `cancelled` before. It now says the run is UNKNOWN and that Slurm does not know the job, and stamps nothing."""
+    run_dir = tmp_path / "ws" / "quickstart" / "20261204-000000-000000"
+    run_dir.mkdir(parents=True)
+    sweep_dir = craft(tmp_path, {**GOOD, "executor": "slurm", "trials": [_trial(0, run_dir)]})
+    out = cli(env, "cancel", str(sweep_dir))  # (no run.json, no registry entry: no job id at all)
+    assert out.returncode == 0 and "no Slurm job id is recorded for it; nothing to cancel" in out.stdout, out
+    (run_dir / "run.json").write_text(json.dumps({"job_id": "999999", "executor": "slurm"}))
+    before = tree(run_dir)
+    out = cli(env, "cancel", str(sweep_dir))
+    assert out.returncode == 0, out
+    assert "Slurm does not know job 999999" in out.stdout and "nothing to cancel" in out.stdout, out
+    assert "cancelled run" not in out.stdout and tree(run_dir) == before

@@ -18,6 +18,10 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
             "BOOT_FAIL", "DEADLINE"}
 
 
+class NothingToCancel(Exception):
+    """Raised by Executor.cancel when the scheduler no longer knows the job: the message says why."""
+
+
 class Executor(ABC):
     name: str
     runs_here: bool     # the job runs on this machine, so every path it reads must exist here (paths.py)
@@ -53,7 +57,7 @@ class Executor(ABC):
 
     @abstractmethod
     def cancel(self, run_dir: Path, info: dict) -> None:
-        """End the run's job."""
+        """End the run's job (NothingToCancel where the scheduler no longer knows it)."""
 
     @abstractmethod
     def stdout_path(self, run_dir: Path, info: dict) -> Path:

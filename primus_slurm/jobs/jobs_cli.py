@@ -16,6 +16,7 @@ from primus_slurm.jobs import resume as resume_mod
 from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.planning import plan_cli, plan_runs
 from primus_slurm.errors import UserError
+from primus_slurm.jobs.executor_base import NothingToCancel
 from primus_slurm.jobs.executors import executor_for
 from primus_slurm.experiments import chain_state, cost, leaderboard, pipeline
 from primus_slurm.experiments import cli as experiments_cli
@@ -231,7 +232,11 @@ def _cancel(run_dir: Path, info: dict, now: dict) -> None:
             if step.get("when") == "afterok" and step.get("state") == "PENDING" and step.get("job_id"):
                 executor.cancel(run_dir, {"job_id": step["job_id"]})
                 click.echo(f"cancelled run {info['run_id']}'s {step['step']} step (job {step['job_id']})")
-    executor.cancel(run_dir, info)
+    try:
+        executor.cancel(run_dir, info)
+    except NothingToCancel as why:
+        click.echo(f"run {info['run_id']} (job {info.get('job_id')}) is {ended or 'UNKNOWN'}: {why}; nothing to cancel")
+        return
     if info.get("executor") == "slurm" and run_dir.is_dir():  # a job cancelled before it starts may leave no
         # accounting record: status reads this (locally the queue owns run.json; its cancel marker says it)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")

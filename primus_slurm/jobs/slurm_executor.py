@@ -17,7 +17,7 @@ import yaml
 from primus_contract import run_files
 
 from primus_slurm.errors import UserError
-from primus_slurm.jobs.executor_base import ACTIVE, STOPPING, TERMINAL, Executor
+from primus_slurm.jobs.executor_base import ACTIVE, STOPPING, TERMINAL, Executor, NothingToCancel
 from primus_slurm.nodes import ledger as nodes_ledger
 
 POLL_S = 1.0  # a post job's output and state, polled
@@ -207,8 +207,14 @@ class SlurmExecutor(Executor):
         return slurm_listed(str(info.get("job_id")))
 
     def cancel(self, run_dir: Path, info: dict) -> None:
+        if not info.get("job_id"):
+            raise NothingToCancel("no Slurm job id is recorded for it")
         job_id = str(info["job_id"])
-        out = subprocess.run(["scancel", job_id], capture_output=True, text=True)
+        # --verbose: Slurm 22.05's plain scancel of an id the controller does not know says nothing and exits 0
+        out = subprocess.run(["scancel", "--verbose", job_id], capture_output=True, text=True)
+        if "Invalid job id specified" in out.stderr:
+            raise NothingToCancel(f"Slurm does not know job {job_id} (it ended and was purged, or it belongs to "
+                                  "another cluster)")
         if out.returncode != 0:
             raise UserError(f"scancel {job_id} failed: {' '.join(out.stderr.split())}")
 
