@@ -107,3 +107,26 @@ def test_status_json_has_every_runs_gpu_hours(swept):
     assert len(rows) == 2
     for r in rows:
         assert r["gpu_hours"] == 0.0 and r["currency"] == "EUR" and r["cost"] == 0.0 and r["elapsed_s"] >= 0, r
+
+
+def test_a_three_step_chain_keeps_the_board_in_100_columns():
+    """`--then eval --then generate --then export` made the THEN cell 31 characters and the table ~109 columns: in
+    the narrow table a chain of three or more shows how many steps are done and the first one not done; --wide, every step."""
+    from primus_slurm.experiments import board_table, chain_state
+
+    def row(trial, states):
+        then = [{"step": s, "state": st} for s, st in zip(("eval", "generate", "export"), states)]
+        return {"trial": trial, "values": {"trainer.schedule.lr": "5e-3", "trainer.lora.dim": "16"},
+                "run_id": "20261204-120000-00000%d" % trial, "state": "COMPLETED", "iteration": 500,
+                "train_iters": 500, "best_eval_loss": 1.5, "tokens_per_s_gpu": 12345.0, "gpu_hours": 0.123,
+                "cost": 1.23, "currency": "EUR", "then": then, "then_summary": chain_state.summary(then)}
+
+    data = {"sweep_id": SWEEP_ID, "executor": "slurm", "keys": KEYS}
+    board = [row(0, ["COMPLETED"] * 3), row(1, ["COMPLETED", "FAILED", "CANCELLED"]),
+             row(2, ["RUNNING", "PENDING", "PENDING"])]
+    narrow = board_table.table(data, board).splitlines()
+    assert max(len(line) for line in narrow) <= 100, narrow
+    assert narrow[2].endswith("  3/3 ok") and narrow[3].endswith("  1/3 generate FAILED")
+    assert narrow[4].endswith("  0/3 eval running")
+    wide = board_table.table(data, board, wide=True).splitlines()
+    assert wide[2].endswith("eval ok, generate ok, export ok")

@@ -3,6 +3,8 @@ by their last name, the columns a comparison needs), every column with --wide, t
 run or failed, and the winner with the command that exports it."""
 from __future__ import annotations
 
+from primus_slurm.experiments.chain_state import short_state
+
 WIDTH = 100
 
 
@@ -16,6 +18,18 @@ def _fmt(value, spec: str = "") -> str:
     if value is None:
         return "-"
     return format(value, spec) if spec else str(value)
+
+
+def _then_cell(row: dict, wide: bool) -> str:
+    """A trial's chain: every step with its state (--wide, and chains of one or two steps); for a longer chain, so
+    that the table keeps to 100 columns, how many steps are done, then the first step not done (`1/3 generate
+    FAILED`, `3/3 ok`; the reason of a failed step is on its own line below the table)."""
+    chain = row.get("then") or ()
+    if wide or len(chain) <= 2:
+        return _fmt(row.get("then_summary"))
+    done = sum(1 for s in chain if s.get("state") == "COMPLETED")
+    first = next((s for s in chain if s.get("state") != "COMPLETED"), None)
+    return f"{done}/{len(chain)} " + (f"{first['step']} {short_state(first.get('state'))}" if first else "ok")
 
 
 def _columns(data: dict, board: list[dict], wide: bool) -> list[tuple[str, object]]:
@@ -38,7 +52,7 @@ def _columns(data: dict, board: list[dict], wide: bool) -> list[tuple[str, objec
     if priced:
         cols += [(f"COST {priced}", lambda r: _fmt(r.get("cost"), ",.2f"))]
     if any(r.get("then_summary") for r in board):
-        cols += [("THEN", lambda r: _fmt(r.get("then_summary")))]
+        cols += [("THEN", lambda r: _then_cell(r, wide))]
     return cols
 
 

@@ -112,9 +112,13 @@ def chain_line(train: dict, chain: list[dict]) -> str:
     return "pipeline: " + " -> ".join(parts)
 
 
+def short_state(state: str | None) -> str:
+    """A step's state in the sweep table: `ok`, `pending`, `running`, else Slurm's word (FAILED, CANCELLED, ...)."""
+    return {"COMPLETED": "ok", "PENDING": "pending", "RUNNING": "running"}.get(state, state or "UNKNOWN")
+
+
 def summary(chain: list[dict]) -> str | None:
     """A trial's chain in the sweep table: `eval ok, export FAILED` (None without steps)."""
     if not chain:
         return None
-    short = {"COMPLETED": "ok", "PENDING": "pending", "RUNNING": "running"}
-    return ", ".join(f"{s['step']} {short.get(s.get('state'), s.get('state') or 'UNKNOWN')}" for s in chain)
+    return ", ".join(f"{s['step']} {short_state(s.get('state'))}" for s in chain)
