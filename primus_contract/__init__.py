@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from primus_contract.errors import ContractError
 from primus_contract.rules_data import checkpoint_rules, data_and_schedule_rules
+from primus_contract.rules_levers import lever_rules
 from primus_contract.rules_model import epilogue_rules, lora_rules, model_rules, parallel_rules
 from primus_contract.rules_pipeline import pipeline_rules
 from primus_contract.rules_precision import device_rules, recipe_precision_rules
@@ -30,6 +31,7 @@ def check(r: dict) -> None:
     device_rules(t, c["env_profile"])
     lora_rules(t["lora"], t["model"])
     epilogue_rules(t)
+    lever_rules(t, c["env_profile"])
     data_and_schedule_rules(t)
     tracking_rules(t)
     pipeline_rules(r.get("after") or [], t)

@@ -200,8 +200,12 @@ SCHEMA: dict = {
                                       "in FP8 e4m3 instead of 16-bit (megatron activation_func_fp8_input_store): "
                                       "ffn/tp x tokens bytes a layer less; GPU only, not with adapter_inputs "
                                       "scope all|fc2"),
-            "fp8_dot_product_attention": Field("bool", False, help="refused when true: TE's FP8 attention takes "
-                                               "bshd/sbhd only, the trainer runs packed THD"),
+            # TE's FP8 fused attention takes bshd/sbhd only: with packing false every row is one document and the
+            # trainer runs plain causal attention without PackedSeqParams (trainer/model/inputs.py)
+            "fp8_dot_product_attention": Field("bool", False, help="attention in FP8 (TE's fused attention; "
+                                               "megatron-core fp8_dot_product_attention): needs fp8 delayed or "
+                                               "tensorwise, a GPU and trainer.data.packing: false (one document a "
+                                               "row); not yet measured on a GPU"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),
@@ -241,6 +245,12 @@ SCHEMA: dict = {
                                   "the input gradient computed in forward (frozen output layer): the [tokens, "
                                   "vocab] logits are never kept (Llama-3-8B at 8192 tokens: 53.7 -> 50.4 GiB, "
                                   "~3 % slower)"),
+            # megatron-core's layer-level cpu_offloading (TE's offload context, both 0.16.1 and 0.19.2): the saved
+            # tensors of the first N layers go to pinned host memory in forward and come back in backward
+            "activation_offload_layers": Field("int", 0, min=0, max=1 << 20, help="offload the activations of "
+                                               "this many transformer layers to host memory, overlapped with "
+                                               "compute (0: none); fewer than num_layers, not with granularity "
+                                               "or pipeline > 1; GPU with TE; not yet measured on a GPU"),
             "adapter_inputs_scope": Field("str", "all", choices=("all", "fc2", "norm"),
                                           help="which adapters adapter_inputs rewires: fc2 (SwiGLU recompute, "
                                           "ffn/tp x tokens x 2 bytes a layer) or norm (RMSNorm linears, 2 x "
@@ -278,6 +288,8 @@ SCHEMA: dict = {
             "device": Field("str", "auto", choices=("auto", "cpu", "cuda")),
             "backend": Field("str", "auto", choices=("auto", "nccl", "gloo")),
             "timeout_minutes": Field("float", 30.0, min=0.05, max=1440),
+            "cuda_graphs": Field("bool", False, help="megatron-core CUDA graphs of the transformer layers; refused "
+                                 "when true (primus_contract/rules_model.py cuda_graph_rules says why)"),
         },
     },
 }

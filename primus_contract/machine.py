@@ -123,6 +123,16 @@ def fp4_native_error(s, env: Environment) -> Optional[str]:
 
 _FP8_PROBE = SimpleNamespace(fp8="hybrid", fp8_recipe="tensorwise")
 
+
+def offload_error(layers: int, env: Environment) -> Optional[str]:
+    """trainer.recompute.activation_offload_layers runs in TE's offload context (megatron-core's TransformerBlock
+    asserts TE); None when it can run on `env`."""
+    if layers and (env.device == "cpu" or not env.has_te):
+        return (f"trainer.recompute.activation_offload_layers: {layers} needs Transformer Engine on a GPU (megatron-core "
+                f"offloads through TE's offload context); found {env.summary()}; set it to 0")
+    return None
+
+
 # name -> (what is checked on the node, which recipes it applies to)
 MACHINE_RULES = {
     "fp8_device": ("fp8 needs Transformer Engine on a GPU with FP8 units (NVIDIA compute capability >= 8.9, "
@@ -148,6 +158,9 @@ def at_start(resolved: dict) -> list:
     rules = [(name, what) for name, (what, applies) in MACHINE_RULES.items() if applies(t["precision"])]
     if t["parallelism"]["tp_comm_overlap"]:
         rules.append(("tp_comm_overlap", "TE userbuffers on a GPU (trainer.model.tp_overlap)"))
+    if t["recompute"]["activation_offload_layers"]:
+        rules.append(("activation_offload", "TE's CPU offload context on a GPU (megatron-core cpu_offloading; "
+                                            "trainer.model.levers)"))
     if t["checkpoint"]["pretrained"]:  # rules_data.checkpoint_rules, again on the node (the login node may not see it)
         rules.append(("pretrained_config", "trainer.checkpoint.pretrained's config.json matches the recipe's model "
                                            "(primus_contract.hf_config)"))

@@ -11,8 +11,11 @@ FP4_FLAGS = ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_rando
 # FP4 units per env profile (the trainer checks the device itself at start; this catches a recipe whose nodes
 # cannot run its FP4 format before it waits in the queue)
 FP4_FORMAT = {"b200": "nvfp4", "mi355x": "mxfp4", "h100": None, "h200": None, "mi300x": None}
-FP8_ATTENTION_WHY = ("TE's FP8 fused attention takes bshd/sbhd inputs only, and this trainer always runs the "
-                     "packed THD layout (per-document cu_seqlens); remove it")
+# TE's FP8 fused attention takes bshd/sbhd inputs only (an H200 run in the packed THD layout failed in TE 2.20.2:
+# "No dot product attention backend is available"); with trainer.data.packing false every row is one document and
+# the trainer runs plain causal sbhd attention (trainer/model/inputs.py). TE's recipe table (dot_product_attention.py,
+# v2.18) lists FP8 attention for DelayedScaling and Float8CurrentScaling linears, not Float8BlockScaling.
+FP8_ATTENTION_RECIPES = ("delayed", "tensorwise")
 
 
 def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device: str) -> None:
@@ -37,8 +40,11 @@ def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device
              "not; set fp4_param: false to emulate, or run natively on FP4 hardware")
     if p["fp8_param"] and not p["fp8"]:
         fail(f"`{P}.fp8_param` needs `{P}.fp8: hybrid|e4m3` (fp8 is null)")
-    if p["fp8_dot_product_attention"]:  # TE 2.20.2's nvte_get_fused_attn_backend; measured on an H200
-        fail(f"`{P}.fp8_dot_product_attention` is not supported: {FP8_ATTENTION_WHY}")
+    if p["fp8_dot_product_attention"] and not p["fp8"]:  # megatron runs it inside the fp8 autocast only
+        fail(f"`{P}.fp8_dot_product_attention` needs `{P}.fp8: hybrid|e4m3` (fp8 is null)")
+    if p["fp8_dot_product_attention"] and p["fp8_recipe"] not in FP8_ATTENTION_RECIPES:
+        fail(f"`{P}.fp8_dot_product_attention` runs with fp8_recipe delayed or tensorwise (TE has no FP8 attention "
+             f"for {p['fp8_recipe']}); set fp8_dot_product_attention: false or fp8_recipe: delayed")
     if p["first_last_layers_bf16"]:
         _first_last(p, num_layers, pipeline)
     if device == "cpu" and p["fp8"]:  # the trainer's machine rule would say the same on the node
@@ -89,6 +95,9 @@ def recipe_precision_rules(t: Mapping, profile: str) -> None:
     device = t["distributed"]["device"]
     device = "cpu" if profile == "cpu" and device == "auto" else device  # profile cpu hides the GPUs (device_rules)
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], device)
+    if t["precision"]["fp8_dot_product_attention"] and t["data"]["packing"]:
+        fail(f"`{P}.fp8_dot_product_attention` needs `trainer.data.packing: false`: TE's FP8 attention takes one "
+             "document a row (bshd/sbhd), and packing puts several in a row (the packed THD layout)")
     rec = t["recompute"]
     fc2_recompute = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2")
     # (fused_swiglu with fp8_swiglu_input: its kernels keep fc1's output in FP8 themselves, trainer/model/lora/swiglu.py)

@@ -55,12 +55,18 @@ def test_fp8_param_runs_with_every_fp8_recipe():  # delayed too: trainer.precisi
 
 
 @pytest.mark.parametrize("env", [H200, B200])
-def test_fp8_attention_is_refused_everywhere_the_trainer_runs_thd(env):
-    # an H200 run with it set failed inside TE: "No dot product attention backend is available" (THD layout)
+def test_fp8_attention_runs_with_delayed_and_tensorwise_fp8(env):
+    # (the packed THD layout failed inside TE on an H200: "No dot product attention backend is available"; the
+    # contract refuses it with trainer.data.packing true, rules_precision.recipe_precision_rules)
     for recipe in ("delayed", "tensorwise"):
-        msg = refuse(env, fp8="hybrid", fp8_recipe=recipe, fp8_dot_product_attention=True)
-        assert msg.startswith("trainer.precision.fp8_dot_product_attention is not supported: TE's FP8 fused "
-                              "attention takes bshd/sbhd inputs only"), msg
+        assert check_capabilities(cfg(fp8="hybrid", fp8_recipe=recipe, fp8_dot_product_attention=True), env).kind \
+            == "fp8"
+    assert "fp8_recipe delayed or tensorwise" in refuse(env, fp8="hybrid", fp8_recipe="blockwise",
+                                                        fp8_dot_product_attention=True)
+    assert refuse(env, fp8_dot_product_attention=True).startswith(
+        "trainer.precision.fp8_dot_product_attention needs trainer.precision.fp8")
+    assert refuse(CPU, fp8="hybrid", fp8_dot_product_attention=True).startswith("trainer.precision.fp8: hybrid "
+                                                                                  "needs a GPU")
 
 
 def test_param_gather_is_refused():

@@ -21,15 +21,18 @@ import torch
 def collate(packs: Sequence[dict]) -> dict:
     """Stack packs into torch tensors. ``cu_seqlens`` covers the flattened B*S tokens (every segment of every
     sample, THD layout); ``max_seqlen`` is the longest segment; ``num_loss_tokens`` the number of supervised
-    label positions."""
+    label positions; ``row_documents`` the most documents in one row (the padding tail not counted)."""
     if not packs:
         raise ValueError("collate needs at least one pack")
     S = len(packs[0]["input_ids"])
     if any(len(p["input_ids"]) != S for p in packs):
         raise ValueError("all packs of a batch must have the same length")
     cu = [np.zeros(1, dtype=np.int64)]
+    row_documents = 0
     for b, p in enumerate(packs):
         ends = np.asarray(p["cu_seqlens"][1:], dtype=np.int64)
+        real = int(p.get("num_tokens", S))  # the documents end within the real tokens; the padding tail after them
+        row_documents = max(row_documents, int(((ends > 0) & (ends <= real)).sum()))
         if ends.size and ends[-1] > S:
             raise ValueError(f"pack {b}: cu_seqlens ends at {int(ends[-1])}, past its {S} tokens")
         if not ends.size or ends[-1] < S:  # close the pack's tail: the next row's first document must not
@@ -46,6 +49,7 @@ def collate(packs: Sequence[dict]) -> dict:
         "max_seqlen": int(np.diff(cu_all).max()),
         "num_loss_tokens": int(loss_mask.sum().item()),
         "num_tokens": int(sum(int(p["num_tokens"]) for p in packs)),
+        "row_documents": row_documents,  # the most documents one row holds (the sbhd layout needs 1)
     }
 
 

@@ -73,6 +73,11 @@ def load_packs(path: str, sample_length: int, limit: int | None = None) -> tuple
 def load_split(opts: DataOptions, spec: SourceSpec, name: str, pad_id: int = 0) -> tuple[PackedDataset, dict]:
     path = split_file(spec, f"trainer.data.{name}")
     tokens, sup, doc_offsets, pack_offsets = load_packs(path, opts.sample_length, spec.limit)
+    per_pack = np.diff(pack_offsets)
+    if not opts.packing and per_pack.size and per_pack.max() > 1:  # the file is packed: packing false cannot undo it
+        i = int(np.argmax(per_pack > 1))
+        raise DataError(f"trainer.data.packing: false means one document a row, and {path} pack {i} holds "
+                        f"{int(per_pack[i])} (format mlperf_npy is packed in its file); set packing: true")
     if tokens.size and tokens.max() >= 2**31:
         raise DataError(f"{path}: token ids do not fit in int32")
     ds = PackedDataset(tokens, sup, doc_offsets, np.arange(len(doc_offsets) - 1), pack_offsets,

@@ -4,7 +4,8 @@
     model = build_model(cfg, device)   # the model alone
 
 TransformerConfig comes from cfg.trainer.model (Llama family: GQA, RoPE, RMSNorm, SwiGLU, no biases,
-untied embeddings; MoE / MLA / RoPE scaling keywords from trainer.model.arch), cfg.trainer.parallelism, cfg.trainer.recompute and cfg.trainer.precision (merged
+untied embeddings; MoE / MLA / RoPE scaling keywords from trainer.model.arch), cfg.trainer.parallelism,
+cfg.trainer.recompute (activation offload: trainer.model.levers) and cfg.trainer.precision (merged
 with trainer.precision.transformer_config_kwargs of the resolved precision). The layer spec is TE's
 on a GPU with Transformer Engine, megatron's local spec + SDPACoreAttention otherwise.
 """
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from trainer import precision
 from trainer.config import ConfigError
-from trainer.model import arch, specs, tp_overlap
+from trainer.model import arch, levers, specs, tp_overlap
 from trainer.model.transforms import BuildContext, apply_transforms
 from trainer.precision import Precision, fp8_params
 
@@ -78,6 +79,7 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optio
     kwargs.update(arch.moe_kwargs(m, use_te, on_gpu, par))
     kwargs.update(arch.mla_kwargs(m))
     kwargs.update(_recompute_kwargs(cfg.trainer.recompute))
+    kwargs.update(levers.offload_kwargs(cfg))
     kwargs.update(precision.transformer_config_kwargs(prec or precision.resolve(cfg)))
     kwargs.update(tp_overlap.config_kwargs(cfg))
     return arch.config_class(m)(**kwargs)
@@ -134,7 +136,9 @@ def build(cfg, device: torch.device, prec: Optional[Precision] = None) -> BuiltM
     model.to(device)
     lines = apply_transforms(model, BuildContext(cfg, config, device, prec, ub_tokens))
     model.to(device)
-    if config.recompute_granularity is not None:
+    levers.mark_layout(model, cfg)
+    # recompute, and TE's offload sync (it hooks each layer's output), need a decoder input that requires grad
+    if config.recompute_granularity is not None or levers.offloads(config):
         _require_input_grads(model)
     return BuiltModel(model, prec, lines, ub_tokens)
 

@@ -1,8 +1,28 @@
-"""GPTModel.forward kwargs for a collated batch, in the packed THD layout (trainer/model/forward.py says why);
-used by forward_losses and by trainer.step.pipeline's schedule, which runs the model itself."""
+"""GPTModel.forward kwargs for a collated batch, used by forward_losses and by trainer.step.pipeline's schedule,
+which runs the model itself. Two layouts, fixed at build by `trainer.data.packing` (`attention_layout`):
+
+* thd (packing true): [B, S] flattened to [1, B*S] with PackedSeqParams(qkv_format="thd") from cu_seqlens, so no
+  token attends across a document or a row (trainer/model/forward.py);
+* sbhd (packing false): every row is ONE document followed by padding (trainer.data.packing.one_per_bin; an
+  mlperf_npy pack with several is refused at load, and `row_documents` is checked here). [B, S] as it is, no
+  PackedSeqParams: megatron's plain causal attention (TE's sbhd, or SDPACoreAttention's is_causal on CPU). Exact:
+  a real token sees only earlier tokens, all of its own document; the padding after it sees the document but is
+  loss-masked. RoPE positions are 0..S-1, the document's own. TE's FP8 attention takes this layout only.
+"""
 from __future__ import annotations
 
 import torch
+
+LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build
+
+
+def attention_layout(cfg) -> str:
+    """'sbhd' when every row holds one document (trainer.data.packing false), else 'thd'."""
+    return "thd" if cfg.trainer.data.packing else "sbhd"
+
+
+def layout_of(model) -> str:
+    return getattr(model, LAYOUT_ATTR, "thd")
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device):
@@ -32,6 +52,8 @@ def model_inputs(model, batch) -> dict:
     tokens = batch["tokens"]
     b, s = tokens.shape
     device = next(model.parameters()).device
+    if layout_of(model) == "sbhd":
+        return one_document_rows(batch, device)
     tokens = tokens.to(device, non_blocking=True).reshape(1, b * s)
     labels = batch["labels"].to(device, non_blocking=True).reshape(1, b * s)
     labels = labels.clamp(min=0)
@@ -48,3 +70,19 @@ def model_inputs(model, batch) -> dict:
     psp = packed_seq_params(cu, max_seqlen, b * s, device)
     return dict(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels,
                 packed_seq_params=psp)
+
+
+def one_document_rows(batch, device) -> dict:
+    """GPTModel.forward kwargs of the sbhd layout: [B, S] rows of one document each, causal attention, no
+    PackedSeqParams."""
+    docs = int(batch.get("row_documents", 1))
+    if docs > 1:  # the layout would let a later document attend to an earlier one: never run it
+        raise ValueError(f"trainer.data.packing is false (one document a row, plain causal attention), but a batch "
+                         f"row holds {docs} documents")
+    tokens = batch["tokens"].to(device, non_blocking=True)
+    labels = batch["labels"].to(device, non_blocking=True).clamp(min=0)
+    position_ids = batch.get("position_ids")
+    if position_ids is not None:
+        position_ids = position_ids.to(device, non_blocking=True)
+    return dict(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels,
+                packed_seq_params=None)

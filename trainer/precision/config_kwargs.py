@@ -42,8 +42,10 @@ def build_kwargs(s: PrecisionSettings, mode: Mode) -> tuple[dict, set]:
     kw: dict = {"bf16": bool(s.bf16), "params_dtype": torch.bfloat16 if s.bf16 else torch.float32}
     required = {"bf16", "params_dtype"}
     if mode.kind == "fp8":
-        kw.update(fp8=s.fp8, fp8_recipe=s.fp8_recipe, fp8_param=s.fp8_param)
-        required |= {"fp8", "fp8_recipe"} | ({"fp8_param"} if s.fp8_param else set())
+        kw.update(fp8=s.fp8, fp8_recipe=s.fp8_recipe, fp8_param=s.fp8_param,
+                  fp8_dot_product_attention=s.fp8_dot_product_attention)  # (the same field in 0.16.1 and 0.19.2)
+        required |= {"fp8", "fp8_recipe"} | ({"fp8_param"} if s.fp8_param else set()) \
+            | ({"fp8_dot_product_attention"} if s.fp8_dot_product_attention else set())
     elif mode.kind == "fp4-native":
         if s.fp4_recipe == "nvfp4":
             kw.update(fp4=s.fp4, fp4_recipe="nvfp4", fp4_param=s.fp4_param)

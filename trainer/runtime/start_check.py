@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 import primus_contract
-from primus_contract.machine import Environment
+from primus_contract.machine import Environment, offload_error
 from trainer import precision
 from trainer.config import ConfigError
 from trainer.data.errors import DataError
@@ -42,6 +42,9 @@ def pre_start(cfg, env: Optional[Environment] = None, megatron: bool = True) -> 
         DataOptions.from_config(cfg)
     except (precision.PrecisionError, DataError, ConfigError) as err:
         raise StartRefused(str(err), _field_of(str(err))) from None
+    problem = offload_error(int(cfg.trainer.recompute.activation_offload_layers), prec.env)
+    if problem:
+        raise StartRefused(problem, _field_of(problem))
     if megatron:
         _megatron_config(cfg, prec)
     return prec

@@ -11,7 +11,8 @@ pipeline split. Returns this data-parallel rank's masked CE sum (fp32, 0-dim) on
   micro-batches. Every stage gets the whole collated batch: stage 0 embeds the tokens, every stage's
   attention uses cu_seqlens (THD: no attention across documents or rows on any stage), the last stage
   computes the per-token CE. Activations travel as [B*S, 1, hidden] (the THD-flattened batch; with
-  sequence parallelism megatron divides the sequence dim by TP itself). The loss function returns the
+  sequence parallelism megatron divides the sequence dim by TP itself), or [S, B, hidden] when every row is one
+  document (trainer.data.packing false: trainer.model.inputs). The loss function returns the
   3-tuple form with `config.calculate_per_token_loss` set, so megatron does not rescale our objective.
   The masked sum lives on the last stage; one all-reduce over the pipeline group hands it to all.
 
@@ -35,12 +36,14 @@ def _pp_size() -> int:
     return ps.get_pipeline_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
 
 
-def _flat_shape(micro_batches) -> int:
-    """B*S of the micro-batches; the schedule's p2p buffers need one fixed activation shape."""
-    sizes = {int(mb["tokens"].numel()) for mb in micro_batches}
-    if len(sizes) != 1:
-        raise ValueError(f"pipeline parallelism needs equal-size micro-batches, got B*S in {sorted(sizes)}")
-    return sizes.pop()
+def _p2p_shape(micro_batches, layout: str) -> tuple[int, int]:
+    """(seq_length, micro_batch_size) of the schedule's p2p buffers, one fixed activation shape: [B*S, 1] in the
+    THD layout, [S, B] in the one-document-a-row layout (trainer.model.inputs)."""
+    shapes = {tuple(mb["tokens"].shape) for mb in micro_batches}
+    if len(shapes) != 1:
+        raise ValueError(f"pipeline parallelism needs equal-size micro-batches, got [B, S] in {sorted(shapes)}")
+    b, s = shapes.pop()
+    return (s, b) if layout == "sbhd" else (b * s, 1)
 
 
 def run_schedule(model, micro_batches, device, on_losses, forward_only: bool) -> None:
@@ -48,7 +51,7 @@ def run_schedule(model, micro_batches, device, on_losses, forward_only: bool) ->
     the objective to backpropagate for that micro-batch (ignored when forward_only)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from trainer.model.inputs import model_inputs
+    from trainer.model.inputs import layout_of, model_inputs
 
     config = model.config
     if not getattr(config, "calculate_per_token_loss", False):
@@ -63,9 +66,10 @@ def run_schedule(model, micro_batches, device, on_losses, forward_only: bool) ->
         batch = move_batch(next(data_iterator), device)
         return chunk(**model_inputs(chunk, batch)), functools.partial(loss_func, batch)
 
+    seq_length, micro_batch_size = _p2p_shape(micro_batches, layout_of(model))
     get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
-        num_microbatches=len(micro_batches), seq_length=_flat_shape(micro_batches), micro_batch_size=1,
+        num_microbatches=len(micro_batches), seq_length=seq_length, micro_batch_size=micro_batch_size,
         forward_only=forward_only)
 
 

@@ -1,0 +1,66 @@
+"""The step's levers (primus_contract/rules_levers.py, trainer/model/levers.py): activation offload reaches
+megatron-core's TransformerConfig as its layer-level cpu_offloading fields, or is refused in one line; FP8 attention
+reaches it as fp8_dot_product_attention; CUDA graphs are refused, naming why. No model is built."""
+import pytest
+import torch
+
+from primus_contract.machine import Environment, at_start
+from primus_slurm.config.recipe import deep_merge
+from primus_slurm.config.schema import apply_schema
+from tests.model_helpers import TINY
+from trainer.config import Config
+from trainer.runtime.start_check import StartRefused, pre_start
+
+H200 = Environment(device="cuda", device_name="NVIDIA H200", cuda_cc=(9, 0), te_version=(2, 20, 2))
+H200_NO_TE = Environment(device="cuda", device_name="NVIDIA H200", cuda_cc=(9, 0))
+GPU = {"cluster": {"env_profile": "h200", "gpus_per_node": 1, "nproc_per_node": 1},
+       "trainer": {"distributed": {"device": "cuda"}, "model": {"num_layers": 4},
+                   "data": {"train": {"path": "/data/t"}}, "tokenizer": {"path": "/tok"}}}
+
+
+def resolved(**trainer) -> dict:
+    return apply_schema(deep_merge(deep_merge(TINY, GPU), {"trainer": trainer}))
+
+
+def transformer_config(r: dict, env: Environment = H200):
+    from trainer.model.build import make_transformer_config
+    from trainer.precision import resolve
+
+    cfg = Config.from_dict(r)
+    return make_transformer_config(cfg, torch.device("cuda"), False, resolve(cfg, env))
+
+
+def test_offload_reaches_megatron_as_layer_level_cpu_offloading():
+    c = transformer_config(resolved(recompute={"activation_offload_layers": 3}))
+    assert (c.cpu_offloading, c.cpu_offloading_num_layers, c.cpu_offloading_activations,
+            c.cpu_offloading_weights) == (True, 3, True, False)
+    assert transformer_config(resolved()).cpu_offloading is False
+    assert [n for n, _ in at_start(resolved(recompute={"activation_offload_layers": 3}))] == ["activation_offload"]
+
+
+def test_offload_needs_te_on_the_node():
+    cfg = Config.from_dict(resolved(recompute={"activation_offload_layers": 3}))
+    pre_start(cfg, H200)
+    with pytest.raises(StartRefused) as err:
+        pre_start(cfg, H200_NO_TE)
+    assert err.value.field == "trainer.recompute.activation_offload_layers" and "needs Transformer Engine" in str(
+        err.value)
+
+
+def test_fp8_attention_reaches_megatron_with_one_document_rows():
+    r = resolved(precision={"fp8": "hybrid", "fp8_dot_product_attention": True}, data={"packing": False})
+    assert transformer_config(r).fp8_dot_product_attention is True
+    assert transformer_config(resolved(precision={"fp8": "hybrid"})).fp8_dot_product_attention is False
+
+
+@pytest.mark.parametrize("trainer,why", [
+    ({"distributed": {"device": "cuda", "cuda_graphs": True}, "data": {"packing": False}}, "is not built"),
+    ({"distributed": {"device": "cuda", "cuda_graphs": True}}, "needs static shapes"),
+    ({"distributed": {"device": "cpu", "cuda_graphs": True}, "data": {"packing": False}}, "needs a GPU")])
+def test_cuda_graphs_are_refused_in_one_line(trainer, why):
+    from primus_contract import ContractError, check
+
+    with pytest.raises(ContractError) as err:
+        check(resolved(**trainer))
+    assert err.value.field == "trainer.distributed.cuda_graphs" and why in str(err.value) and "\n" not in str(
+        err.value)

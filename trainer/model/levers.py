@@ -1,0 +1,47 @@
+"""TransformerConfig kwargs of the step's levers that primus_contract/rules_levers.py admits, and the attention
+layout the model is built for.
+
+* `trainer.recompute.activation_offload_layers: N` -> megatron-core's layer-level CPU offloading
+  (`cpu_offloading`, `cpu_offloading_num_layers`, `cpu_offloading_activations`, `cpu_offloading_weights`: the same
+  fields in 0.16.1 and 0.19.2). Its TransformerBlock runs each layer inside TE's offload context
+  (`get_cpu_offload_context`): every tensor the layer saves for backward (TE >= 2.10: >= 256k elements, not a
+  Parameter, on the GPU; the adapters' saves included, through autograd's saved-tensor hooks) is copied to pinned
+  host memory on a side stream and copied back before the layer's backward; the frozen weights stay. Activations
+  only: `cpu_offloading_weights` false. megatron-core refuses it with recompute and pipeline parallelism, and
+  without TE (the contract says so first). Not yet measured on a GPU.
+* The attention layout (trainer.model.inputs.attention_layout) is recorded on the model.
+"""
+from __future__ import annotations
+
+from trainer.config import ConfigError
+from trainer.model.inputs import LAYOUT_ATTR, attention_layout
+
+OFFLOAD_FIELDS = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
+                  "cpu_offloading_weights")
+
+
+def offload_kwargs(cfg) -> dict:
+    """cpu_offloading kwargs of trainer.recompute.activation_offload_layers ({} when 0). TE on a GPU is the machine
+    rule primus_contract.machine.offload_error, checked at start (megatron's TransformerBlock asserts it too)."""
+    n = int(cfg.trainer.recompute.activation_offload_layers)
+    if not n:
+        return {}
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    missing = [f for f in OFFLOAD_FIELDS if f not in TransformerConfig.__dataclass_fields__]
+    if missing:
+        raise ConfigError(f"trainer.recompute.activation_offload_layers needs megatron-core's TransformerConfig "
+                          f"field(s) {', '.join(missing)}, which the installed megatron-core lacks")
+    return {"cpu_offloading": True, "cpu_offloading_num_layers": n, "cpu_offloading_activations": True,
+            "cpu_offloading_weights": False}
+
+
+def offloads(config) -> bool:
+    return bool(getattr(config, "cpu_offloading", False))
+
+
+def mark_layout(model, cfg) -> str:
+    """Record the attention layout the batches are given in (trainer.model.inputs reads it)."""
+    layout = attention_layout(cfg)
+    setattr(model, LAYOUT_ATTR, layout)
+    return layout
