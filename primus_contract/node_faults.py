@@ -2,9 +2,12 @@
 
 The job's processes write `<run_dir>/logs/nodes.jsonl` (NODES), one JSON object a line:
 
+    hosts   attempt, node, names, ips        every node at start (the preflight): its host names and addresses
     rank    attempt, rank, node              every rank at start: which node ran which rank
     fault   attempt, node, kind, why, rank   a failure that names a node (KINDS; `slow`: a rank consistently
-                                             slower than the others, named once)
+                                             slower than the others, named once; `timeout`: a peer that a failed
+                                             collective named in the job's output, primus_contract/peer_faults.py,
+                                             written by `settle`)
     timeout attempt, node, rank, why         a rank whose collective timed out (waiting for another: `stopped`)
     attempt attempt, nodes, rc, node, why, action   written by `settle` when the attempt's job step has ended
 
@@ -16,8 +19,9 @@ lines (which node ended each attempt, and why) and the `slow` lines.
 
 PRIMUS_FAULT_FILE names a file of injected faults for tests (a node made bad on purpose), one a line:
 `KIND NODE [VALUE]`, KIND one of check-slow (the check's GEMM takes VALUE times as long), preflight (the
-preflight's node check fails), slow (the rank sleeps VALUE seconds a step); NODE is a node name or `first`
-(the first node that reads the line, recorded beside the file in `<file>.first`). Standard library only.
+preflight's node check fails), slow (the rank sleeps VALUE seconds a step), peer-error (the preflight prints NCCL's
+warning that host VALUE closed the connection, and fails); NODE is a node name or `first` (the first node that
+reads the line, recorded beside the file in `<file>.first`). Standard library only.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from primus_contract import node_ledger
+from primus_contract import node_ledger, peer_faults
 from primus_contract.run_files import NODES
 # A fault of these kinds names its node by itself: the node's GPU failed (a CUDA/HIP error, the preflight's device
 # check), a collective timed out waiting for that node's rank, the node's ranks stopped (`stopped`: a hang), or a
@@ -72,8 +76,9 @@ def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[st
             continue  # every node failed it (or a name that is none of the job's, as a container's hostname): not
             # a node's fault
         out.setdefault(r["node"], f"{r['kind']}: {r.get('why', '')}")
-    for node, why in stopped(records, attempt).items():
-        out.setdefault(node, f"hang: {why}")
+    if not any(r["kind"] == "timeout" for r in faults):  # a peer named outright: no guess from who timed out
+        for node, why in stopped(records, attempt).items():
+            out.setdefault(node, f"hang: {why}")
     return out
 
 
@@ -123,9 +128,15 @@ def decide(records: list[dict], attempt: int, job_nodes: list[str], rc: int, req
 
 
 def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledger, requeue: bool,
-           excluded: list[str], partition_nodes: list[str]) -> str:
-    """Record the attempt's end and its suspects (run file and ledger); returns the script's one line."""
+           excluded: list[str], partition_nodes: list[str], log: str = "", log_start: int = 0) -> str:
+    """Record the attempt's end and its suspects (run file and ledger); returns the script's one line. `log`: the
+    job's output, this attempt's part from byte `log_start`, where a failed collective may have named its peer."""
     records = read(run_dir)
+    if log and rc:
+        for node, why in peer_faults.named(peer_faults.parse(peer_faults.read_log(log, log_start)), records,
+                                           attempt, job_nodes).items():
+            record(run_dir, "fault", attempt=attempt, node=node, kind="timeout", why=why, rank=None)
+        records = read(run_dir)
     named = suspects(records, attempt, job_nodes)
     by = f"run {Path(run_dir).name} attempt {attempt} (job {job})"
     problem = ""
@@ -195,9 +206,12 @@ def main(argv=None) -> int:
     s.add_argument("--requeue", action="store_true", help="the job may be requeued (cluster.requeue)")
     s.add_argument("--excluded", default="", help="the job's ExcNodeList now, and the ledger's excluded nodes")
     s.add_argument("--partition-nodes", default="", help="every node of the job's partition")
+    s.add_argument("--log", default="", help="the job's output file (a failed collective may name its peer there)")
+    s.add_argument("--log-start", default="0", help="where this attempt's part of --log starts (bytes)")
     args = ap.parse_args(argv)
+    start = int(args.log_start) if args.log_start.isdigit() else 0
     print(settle(args.run_dir, args.attempt, args.job, args.rc, _split(args.nodes), args.ledger, args.requeue,
-                 _split(args.excluded), _split(args.partition_nodes)), flush=True)
+                 _split(args.excluded), _split(args.partition_nodes), args.log, start), flush=True)
     return 0
 
 

@@ -195,6 +195,11 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as err:
         print(f"preflight: cannot read {args.config}: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    node_preflight.start(args.run_dir)
+    peer_error = node_preflight.injected_peer_error()
+    if peer_error:
+        print(peer_error, flush=True)
+        return EXIT_ERROR
     device = node_preflight.problem()
     if device:
         node = node_preflight.record(args.run_dir, "device", f"preflight: {device}")
