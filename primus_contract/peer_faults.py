@@ -13,8 +13,8 @@ sees them). Three real formats are read (the sources are cited beside each patte
   every collective): the ranks that never joined the collective, or that finished the one before and did not join
   it. Read only for the default process group (`[PG ID 0 ...]`): a subgroup's report counts ranks inside it.
 
-`hosts` records (the preflight on every node: its node name, host names and IP addresses) map a named host or
-address onto a node; `rank` records (the trainer's rank 0) map a named rank. `named` decides which nodes the
+`hosts` records (the preflight on every node: its node name, host names and IP addresses) and the job's node
+names map a named host or address onto a node; `rank` records (the trainer's rank 0) map a named rank. `named` decides which nodes the
 findings blame (see there). Standard library only: the job script runs it from `<run_dir>/code`.
 """
 from __future__ import annotations
@@ -150,7 +150,7 @@ def addresses() -> dict:
             pass
     ips.update(_interface_ips())
     ips = {_norm(ip) for ip in ips}
-    return {"names": sorted(n for n in names if n), "ips": sorted(ip for ip in ips if not _loopback(ip))}
+    return {"names": sorted(n for n in names if n and not n.startswith("localhost")), "ips": sorted(ip for ip in ips if not _loopback(ip))}
 
 
 def _loopback(ip: str) -> bool:
@@ -194,6 +194,8 @@ def named(findings: list[dict], records: list[dict], attempt: int, job_nodes: li
     hosts = [r for r in records if r.get("event") == "hosts" and r.get("attempt") == attempt
              and r.get("node") in job_nodes]
     by_name: dict[str, set[str]] = {}
+    for node in job_nodes:  # a Slurm node name is usually its host name (and needs no hosts line of a node that
+        by_name.setdefault(_norm(node), set()).add(node)  # died before its preflight wrote one)
     for h in hosts:
         for name in [h["node"], *(h.get("names") or []), *(h.get("ips") or [])]:
             for key in _key(str(name)):

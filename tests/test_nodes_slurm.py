@@ -1,7 +1,7 @@
 """Bad nodes on the real local cluster (node1, node2), one made bad on purpose through PRIMUS_FAULT_FILE (a file
 in the test's own directory, so parallel tests do not see it; primus_contract/node_faults.py): `nodes check`
 names it, two strikes exclude it and the next submit avoids it, a job that fails there is requeued onto the other
-node and finishes, and a slow rank there is named in `status`."""
+node and finishes, a slow rank there is named in `status`, and a peer that NCCL's warning names becomes suspect."""
 from __future__ import annotations
 
 import json
@@ -133,3 +133,22 @@ def test_a_slow_rank_is_named_in_status(local_slurm, tmp_path):
     text = cli(env, "status", entry["run_id"]).stdout
     assert "slow rank: node node2" in text
     assert "slow rank | node node2" in read(Path(entry["run_dir"]) / "logs" / "rank-0" / "debug.log")
+
+
+def test_a_peer_that_nccl_names_becomes_suspect(local_slurm, tmp_path):
+    env = _env(tmp_path, "peer-error node1 node2\n")  # node1's preflight prints NCCL's warning that the connection
+    out = cli(env, "submit", str(_testjob(tmp_path, 2)), "--json")  # to node2 was closed by it, and fails
+    assert out.returncode == 0, out.stderr
+    entry = json.loads(out.stdout)
+    try:
+        row = run_to_end_plain(env, entry["run_id"])
+        assert row["scheduler_state"] == "FAILED", row
+    finally:
+        cancel(entry["job_id"])
+    output = read(Path(entry["run_dir"]) / "logs" / f"slurm-{entry['job_id']}.out")
+    assert "NCCL WARN socketProgress: Connection closed by remote peer node2<45678>" in output
+    assert "primus-slurm: nodes: suspect: node2 (timeout: NCCL named it" in output
+    text = cli(env, "status", entry["run_id"]).stdout
+    assert f"attempt 0 (job {entry['job_id']}) on node1,node2: exit " in text  # (srun's code: node2's task was ended)
+    assert "ended by node2: timeout: NCCL named it" in text
+    assert _ledger(env, tmp_path)["node2"]["state"] == "suspect" and "node1" not in _ledger(env, tmp_path)
