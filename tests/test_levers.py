@@ -64,3 +64,24 @@ def test_cuda_graphs_are_refused_in_one_line(trainer, why):
         check(resolved(**trainer))
     assert err.value.field == "trainer.distributed.cuda_graphs" and why in str(err.value) and "\n" not in str(
         err.value)
+
+
+def test_plan_moves_offloaded_activations_to_the_host():
+    from primus_contract.plan import plan
+    from primus_contract.plan.memory import offloaded_bytes
+    from primus_contract.plan.shapes import layout_of
+    from primus_slurm.config.recipe import load_recipe
+    from primus_slurm.resources import recipes_dir
+
+    path = str(recipes_dir() / "llama2_70b_1xh200.yaml")
+    none = plan(load_recipe(path, ["trainer.recompute.granularity=null"]).resolved)
+    r = load_recipe(path, ["trainer.recompute.granularity=null", "trainer.recompute.activation_offload_layers=56"]
+                    ).resolved
+    off = plan(r)
+    kept = lambda p: sum(v for k, v in p.breakdown.items() if k.startswith("activations"))  # noqa: E731
+    host = offloaded_bytes(r, layout_of(r)) / (1 << 30)
+    assert 56 * 1.5 < host < 56 * 2.5  # GiB: the 70B's layers at 8192 tokens
+    assert kept(none) - kept(off) == pytest.approx(host - off.breakdown["activations (offload in flight)"], rel=1e-6)
+    assert off.time_parts["activation offload (copies not hidden)"] > 0
+    assert any(f"activation offload: 56 layers, {host:.1f} GiB of pinned host memory" in n for n in off.notes)
+    assert "activations (offload in flight)" not in none.breakdown

@@ -1,7 +1,7 @@
 """`primus-slurm plan`: predicted peak memory and speed of a resolved recipe, per GPU, before it is queued.
 
 Standard library only (the login node has no torch). memory.py: peak memory as named terms; speed.py: step time
-from primus_contract.flops; gpus.py: the GPUs the env profiles name; calibration.py: the rates measured on the
+from primus_contract.flops; offload.py: activation offload's GPU, host and copy terms; gpus.py: the GPUs the env profiles name; calibration.py: the rates measured on the
 H200 and the rows they came from; frontier.py: the layouts that fit.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu, gpu_for
-from primus_contract.plan.memory import peak_memory
+from primus_contract.plan.memory import offloaded_bytes, peak_memory
+from primus_contract.plan.offload import PCIE_GB_S
 from primus_contract.plan.shapes import Layout, layout_of
 from primus_contract.plan.speed import precision_of, step_time
 
@@ -85,6 +86,11 @@ def plan(resolved: dict) -> Plan:
                      "its output and statistics, so the plan counts no saving")
     if t["data"]["packing"]:
         notes.append("attention assumes documents like the benchmarks' GovReport-like packs")
+    if t["recompute"]["activation_offload_layers"]:
+        host = offloaded_bytes(resolved, lay) / (1 << 30)
+        notes.append(f"activation offload: {t['recompute']['activation_offload_layers']} layers, {host:.1f} GiB of "
+                     f"pinned host memory per GPU, copied each way every micro-batch at an assumed "
+                     f"{PCIE_GB_S:g} GB/s (not measured on a GPU)")
     stage, terms = peak_memory(resolved, lay)
     peak = sum(terms.values())
     margin = peak * cal.ALLOCATOR_MARGIN

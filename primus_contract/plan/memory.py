@@ -15,7 +15,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   recomputes them; MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
   tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
-  the first num_layers layers of the stage keep only their inputs. Pipeline stage 0 holds min(pp, micro-batches)
+  the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
+  keep nothing (their activations are in host memory), one layer's copy is in flight (offload.py). Pipeline stage 0 holds min(pp, micro-batches)
   micro-batches in flight (1F1B).
 - logits and loss: with chunked_loss a fixed chunk of 256 MiB fp32 logits (two buffers), else the [tokens, vocab]
   logits and their gradient.
@@ -23,6 +24,7 @@ the measured peaks in bench/results; calibration.py lists the rows):
 from __future__ import annotations
 
 from primus_contract.plan import calibration as cal
+from primus_contract.plan.offload import in_flight_layers, offloaded_layers
 from primus_contract.plan.shapes import Layout, Linear, layer_linears_local, lora_params_local, moe_layer, stage_layers
 
 GIB = float(1 << 30)
@@ -112,6 +114,8 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
         kept_layers = set(list(layers)[min(n, len(layers)):])
     elif full:
         kept_layers = set()
+    offloaded = offloaded_layers(t, layers)  # (not with recompute: rules_levers) their activations live on the host
+    kept_layers -= offloaded
     per_layer_act = []
     lora_params = 0.0
     for layer in layers:
@@ -161,7 +165,7 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
             biggest[k] = max(biggest[k], v)
             if layer in kept_layers:
                 kept[k] += v
-    recomputed = len(layers) - len(kept_layers)
+    recomputed = len(layers) - len(kept_layers) - len(offloaded)
     if recomputed:
         checkpoints = recomputed if rec["method"] == "block" else -(-recomputed // n)
         chunk = min(n, recomputed) if rec["method"] == "uniform" else 1
@@ -171,6 +175,8 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
     terms["activations (base)"] = in_flight * (kept["base"] + layer_input)
     terms["activations (adapters)"] = in_flight * kept["adapter"]
     terms["activations (moe)"] = in_flight * kept["moe"]
+    if offloaded:  # one offloaded layer's activations on the GPU while its copy is in flight
+        terms["activations (offload in flight)"] = in_flight_layers * sum(biggest.values())
     if last:
         if rec["chunked_loss"] and t["lora"]["enabled"]:
             terms["logits+loss"] = 2.0 * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
@@ -191,3 +197,15 @@ def peak_memory(r: dict, lay: Layout) -> tuple[int, dict[str, float]]:
         if best is None or sum(terms.values()) > sum(best[1].values()):
             best = (stage, terms)
     return best
+
+
+def offloaded_bytes(r: dict, lay: Layout) -> float:
+    """Bytes of activations one micro-batch sends to host memory (trainer.recompute.activation_offload_layers)."""
+    t = r["trainer"]
+    m = t["model"]
+    layers = stage_layers(m, lay.pp, 0)
+    total = 0.0
+    for layer in sorted(offloaded_layers(t, layers)):
+        acts = layer_activation_bytes(m, t, lay, layer_linears_local(m, t["lora"], lay, layer), moe_layer(m, layer))
+        total += sum(acts.values())
+    return total

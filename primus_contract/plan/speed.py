@@ -28,6 +28,8 @@ from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
+from primus_contract.plan.memory import offloaded_bytes
+from primus_contract.plan.offload import exposed_copy_s
 from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
 
 PACKED_ATTENTION_FILL = 0.436
@@ -139,4 +141,7 @@ def step_time(r: dict, lay: Layout, gpu: Gpu | None) -> dict[str, float]:
             out[name] = work * cost
     bubble = (lay.pp - 1) / lay.micro_batches if lay.pp > 1 else 0.0
     out["pipeline bubble"] = sum(out.values()) * bubble
+    if r["trainer"]["recompute"]["activation_offload_layers"]:  # (pipeline 1: rules_levers)
+        out["activation offload (copies not hidden)"] = exposed_copy_s(
+            offloaded_bytes(r, lay), sum(out.values()) / lay.micro_batches, lay.micro_batches)
     return out
