@@ -11,6 +11,9 @@
 #   bash bench/gpu_suite.sh epilogue  the same with trainer.lora.epilogue as a third variant (bench/README.md)
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
+#   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
+#                                     FP8 attention, FP8 delayed (and BF16), 3 interleaved repeats, ceiling x3, spread
+#   bash bench/gpu_suite.sh offload-70b   the 70B recipe (block 60) vs no recompute + activation offload, 3 x A B
 #   bash bench/gpu_suite.sh 8bmem     the same shape's memory switches: chunked loss, adapter_inputs scopes, FP8 params
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
@@ -159,6 +162,48 @@ case "${1:-}" in
       done
     done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/epilogue-70b.jsonl"
     python3 bench/spread.py --baseline 70b1-unfused "$OUT/epilogue-70b.jsonl" | tee "$OUT/epilogue-70b-spread.jsonl" ;;
+  levers)  # issue 37 item 4 (built 2026-12-05, not yet measured): ours single-document in the packed THD layout (what
+           # ran so far; the ceiling and the anchor run plain causal attention without PackedSeqParams) against one
+           # document a row in sbhd (trainer.data.packing=false) and sbhd + TE's FP8 attention
+           # (precision.fp8_dot_product_attention), FP8 delayed then BF16 (where the contract refuses FP8 attention: one
+           # error row), REPEATS (3) interleaved repeats each (bench/interleaved.py), the ceiling single-document x3
+           # per precision first. Estimated from the 2026-12-03/04 calls: ceiling ~75 s, FP8 9 blocks + BF16 6 blocks
+           # of ~25-30 s (the 8B build inside one process is unmeasured); every process has its share of BUDGET_S
+           # (default 540 s, 3:2 FP8:BF16) and starts no block past it, so the call returns within 600 s
+    end=$(( $(date +%s) + ${BUDGET_S:-540} )) precs=(${PRECISIONS:-fp8 bf16}) weights=(3 2) i=0
+    LV=(--variant thd= --variant sbhd=trainer.data.packing=false
+        --variant sbhd-fp8attn=trainer.data.packing=false,trainer.precision.fp8_dot_product_attention=true)
+    { timeout 150 python3 bench/lora_ceiling.py fp8_delayed fp8_delayed fp8_delayed bf16 bf16 bf16
+      for p in "${precs[@]}"; do
+        set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
+        wsum=0; for w in "${weights[@]:i:${#precs[@]}-i}"; do wsum=$((wsum + w)); done
+        share=$(( (end - $(date +%s)) * ${weights[i]:-1} / (wsum > 0 ? wsum : 1) )); i=$((i + 1))
+        timeout $((share + 60)) python3 bench/interleaved.py --recipe $R8 --label "8b-$p" "${set_p[@]}" "${LV[@]}" \
+          --docs single --repeats "${REPEATS:-3}" --warmup 2 --steps "${STEPS:-4}" \
+          --deadline $(( $(date +%s) + share )) --workdir /tmp/bench-work
+      done
+    } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/levers.jsonl"
+    python3 bench/spread.py --baseline thd "$OUT/levers.jsonl" | tee "$OUT/levers-spread.jsonl"
+    python3 bench/spread.py --baseline thd --markdown "$OUT/levers.jsonl" > "$OUT/levers-spread.md" ;;
+  offload-70b)  # issue 37 item 5 (built 2026-12-05, not yet measured): the 70B recipe as shipped (block-60 recompute)
+                # against no recompute with the first OFFLOAD70 (default 50) layers' activations in pinned host memory
+                # (trainer.recompute.activation_offload_layers: megatron-core cpu_offloading through TE). `primus-slurm
+                # plan` puts N=50 at 129 GiB on the GPU and 98.6 GiB of host memory (its per-layer estimate is ~12 %
+                # over the measured block52/block60 difference) and predicts PCIe-bound copies (1,935 tok/s at an
+                # assumed 50 GB/s): this call measures both. A B A B A B, one process a run (~75 s each, 10 steps)
+    B60=(--set trainer.recompute.method=block --set trainer.recompute.num_layers=60)
+    OFF=(--set trainer.recompute.granularity=null --set "trainer.recompute.activation_offload_layers=${OFFLOAD70:-50}")
+    end=$(( $(date +%s) + ${BUDGET_S:-560} ))  # a run starts only with 90 s left, and ends by the budget
+    for rep in 0 1 2; do
+      for v in block60 offload; do
+        left=$(( end - $(date +%s) ))
+        if [ "$left" -lt 90 ]; then echo "{\"bench\": \"skipped\", \"label\": \"70b1-$v-r$rep\"}"; continue; fi
+        set_v=("${B60[@]}"); [ $v = offload ] && set_v=("${OFF[@]}")
+        $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b1-$v-r$rep" \
+            --timeout $(( left < 150 ? left : 150 )) "${set_v[@]}"
+      done
+    done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/offload-70b.jsonl"
+    python3 bench/spread.py --baseline 70b1-block60 "$OUT/offload-70b.jsonl" | tee "$OUT/offload-70b-spread.jsonl" ;;
   8bmem)  # memory switches at the same shape: chunked loss (default) on/off, adapter_inputs scopes, FP8 params
     AI=(--set trainer.recompute.adapter_inputs=true)
     { $TP --recipe $R8 --docs packed --label 8b-bf16-packed-defaults
@@ -347,5 +392,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|epilogue-70b|swiglu-profile|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|epilogue-70b|swiglu-profile|levers|offload-70b|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac
