@@ -110,12 +110,11 @@ def test_node_check_verdicts():
     assert node_health.exit_code(node_health.judge([_report("a", 1.0)])) == 0
 
 
-def test_vendor_counters_parse():
-    text = "0, 0, No, [N/A]\n1, 3, Yes, 0\n"
-    found = gpu_counters.nvidia(text)
-    assert found[0] == {"ecc.errors.uncorrected.volatile.total": 0.0, "remapped_rows.failure": 0.0}
-    assert gpu_counters.bad(found) == "GPU 1: ecc.errors.uncorrected.volatile.total 3, remapped_rows.failure 1"
-    assert gpu_counters.bad(gpu_counters.nvidia("0, 0, No, No\n")) is None
+def test_vendor_counters_parse():  # (the real formats, and which tool is asked: tests/test_node_gpu_counters.py)
+    found = gpu_counters.nvidia("0, 00000000:18:00.0, 0, [N/A]\n1, 00000000:2A:00.0, 3, Yes\n")
+    assert found[0] == {"ecc.errors.uncorrected.volatile.total": 0.0}
+    assert gpu_counters.bad(found) == "GPU 1: ecc.errors.uncorrected.volatile.total 3, retired_pages.pending 1"
+    assert gpu_counters.bad(gpu_counters.nvidia("0, 00000000:18:00.0, 0, No\n")) is None
 
 
 @pytest.mark.parametrize("args, needle", [
