@@ -54,6 +54,17 @@ def cuda_graph_rules(t: dict, profile: str) -> None:
     fail(f"{GRAPHS} is not built: {GRAPHS_NOT_BUILT}; set it to false")
 
 
+def layout_rules(t: dict) -> None:
+    """One document a row (packing false) runs [S, B] through megatron-core: sequence parallelism splits S itself."""
+    d, par = t["data"], t["parallelism"]
+    sample = -(-d["seq_length"] // d["pad_to_multiple_of"]) * d["pad_to_multiple_of"]
+    if not d["packing"] and par["sequence_parallel"] and sample % par["tensor"]:
+        fail(f"`trainer.data.seq_length` ({sample} after pad_to_multiple_of) must be divisible by "
+             f"`trainer.parallelism.tensor` ({par['tensor']}) with packing false and sequence parallelism (each row "
+             "is split over the tensor-parallel ranks); set pad_to_multiple_of to a multiple of tensor")
+
+
 def lever_rules(t: dict, profile: str) -> None:
+    layout_rules(t)
     offload_rules(t, profile)
     cuda_graph_rules(t, profile)

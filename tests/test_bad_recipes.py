@@ -48,6 +48,8 @@ BAD = [
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, recompute: {activation_offload_layers: 1, "
      "granularity: full}}", "and `trainer.recompute.granularity` full exclude each other"),
     ("trainer: {recompute: {activation_offload_layers: -1}}", "`trainer.recompute.activation_offload_layers`"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true}, data: {packing: "
+     "false, seq_length: 127}}", "`trainer.data.seq_length` (127 after pad_to_multiple_of) must be divisible by"),
     ("trainer: {distributed: {cuda_graphs: true}, data: {packing: false}}",
      "`trainer.distributed.cuda_graphs` needs a GPU"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda, cuda_graphs: true}}",
