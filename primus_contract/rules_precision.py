@@ -13,8 +13,9 @@ FP4_FLAGS = ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_rando
 FP4_FORMAT = {"b200": "nvfp4", "mi355x": "mxfp4", "h100": None, "h200": None, "mi300x": None}
 # TE's FP8 fused attention takes bshd/sbhd inputs only (an H200 run in the packed THD layout failed in TE 2.20.2:
 # "No dot product attention backend is available"); with trainer.data.packing false every row is one document and
-# the trainer runs plain causal sbhd attention (trainer/model/inputs.py). TE's recipe table (dot_product_attention.py,
-# v2.18) lists FP8 attention for DelayedScaling and Float8CurrentScaling linears, not Float8BlockScaling.
+# the trainer runs plain causal sbhd attention (trainer/model/inputs.py). megatron-core (fp8_utils.get_fp8_recipe,
+# 0.16.1 and 0.19.2) hands fp8_dpa to TE's DelayedScaling and Float8CurrentScaling only: with Float8BlockScaling the
+# field would be ignored (TE's recipe table in dot_product_attention.py, v2.18, has no FP8 attention for it either).
 FP8_ATTENTION_RECIPES = ("delayed", "tensorwise")
 
 
