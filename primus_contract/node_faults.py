@@ -8,7 +8,8 @@ The job's processes write `<run_dir>/logs/nodes.jsonl` (NODES), one JSON object 
                                              slower than the others, named once; `timeout`: a peer that a failed
                                              collective named in the job's output, primus_contract/peer_faults.py,
                                              written by `settle`)
-    timeout attempt, node, rank, why         a rank whose collective timed out (waiting for another: `stopped`)
+    timeout attempt, node, rank, why         a rank whose collective timed out (waiting for another: `stopped`);
+                                             `seen: log`: its NCCL watchdog said so in the job's output (`settle`)
     attempt attempt, nodes, rc, node, why, action   written by `settle` when the attempt's job step has ended
 
 `settle` (run by the job script after every attempt, `python -m primus_contract.node_faults settle ...`) turns the
@@ -88,13 +89,15 @@ def stopped(records: list[dict], attempt: int) -> dict[str, str]:
     out is not named, so a node whose ranks were ended by their launcher first is not blamed by mistake. Ranks
     waiting in one collective time out together: a timeout more than WAIT_SPREAD_S after the first is a rank that
     was woken only to be killed (Slurm ends a step with SIGCONT, then SIGTERM: a stopped rank then finds its
-    collective's time long past), not one that waited."""
+    collective's time long past), not one that waited. A timeout the NCCL watchdog wrote in the job's output (`seen:
+    log`: the watchdog aborted its process, and only the output says it waited) carries no time and always counts."""
     ranks = {r.get("rank"): r.get("node") for r in records if r.get("event") == "rank" and r.get("attempt") == attempt}
     waited = [r for r in records if r.get("event") == "timeout" and r.get("attempt") == attempt]
     if not waited or not ranks:
         return {}
-    first = min(float(r.get("t") or 0) for r in waited)
-    waited = [r for r in waited if float(r.get("t") or 0) <= first + WAIT_SPREAD_S]
+    timed = [float(r.get("t") or 0) for r in waited if r.get("seen") != "log"]
+    first = min(timed) if timed else 0.0
+    waited = [r for r in waited if r.get("seen") == "log" or float(r.get("t") or 0) <= first + WAIT_SPREAD_S]
     said = {r.get("node") for r in waited}
     silent = sorted({n for n in ranks.values() if isinstance(n, str) and n not in said})
     if not silent or len(silent) == len(set(ranks.values())):
@@ -133,9 +136,11 @@ def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledge
     job's output, this attempt's part from byte `log_start`, where a failed collective may have named its peer."""
     records = read(run_dir)
     if log and rc:
-        for node, why in peer_faults.named(peer_faults.parse(peer_faults.read_log(log, log_start)), records,
-                                           attempt, job_nodes).items():
+        found = peer_faults.parse(peer_faults.read_log(log, log_start))
+        for node, why in peer_faults.named(found, records, attempt, job_nodes).items():
             record(run_dir, "fault", attempt=attempt, node=node, kind="timeout", why=why, rank=None)
+        for w in peer_faults.waits(found, records, attempt):  # ranks whose NCCL watchdog aborted them
+            record(run_dir, "timeout", attempt=attempt, seen="log", **w)
         records = read(run_dir)
     named = suspects(records, attempt, job_nodes)
     by = f"run {Path(run_dir).name} attempt {attempt} (job {job})"

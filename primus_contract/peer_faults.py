@@ -14,8 +14,8 @@ sees them). Three real formats are read (the sources are cited beside each patte
   it. Read only for the default process group (`[PG ID 0 ...]`): a subgroup's report counts ranks inside it.
 
 `hosts` records (the preflight on every node: its node name, host names and IP addresses) and the job's node
-names map a named host or address onto a node; `rank` records (the trainer's rank 0) map a named rank. `named` decides which nodes the
-findings blame (see there). Standard library only: the job script runs it from `<run_dir>/code`.
+names map a named host or address onto a node; `rank` records (the trainer's rank 0) map a named rank. `named`
+decides which nodes the findings blame (see there). Standard library only: the job script runs it from `<run_dir>/code`.
 """
 from __future__ import annotations
 
@@ -32,13 +32,17 @@ NCCL_WRITER = re.compile(r"(?:^|\s|\])(?P<host>[A-Za-z0-9][A-Za-z0-9_-]*):\d+:\d
 # connect to %s failed : %s", "Call to recv from %s failed : %s", net_socket.cc "NET/Socket : peer %s message
 # truncated ...", net_ib "... tag %x peer %s posted incorrect receive info ..."; %s is ncclSocketToString's
 # "HOST<PORT>" (a numeric address, or the name getnameinfo found for it).
-NCCL_PEER = re.compile(r"(?:from peer|remote peer|connect to|Connect to|recv from|send to|tag \w+ peer|NET/Socket : peer)"
-                       r" (?P<peer>[^\s<>]+)<\d+>")
+NCCL_PEER = re.compile(r"(?:from peer|remote peer|connect to|Connect to|recv from|send to|tag \w+ peer"
+                       r"|NET/Socket : peer) (?P<peer>[^\s<>]+)<\d+>")
 # gloo/transport/tcp/pair.cc: GLOO_ERROR_MSG("Connection closed by peer ", peer_.str()) and "Read error ", ...;
 # torch 2.13 prints it as `[rank0]: RuntimeError: [.../gloo/transport/tcp/pair.cc:553] Connection closed by peer
 # [127.0.0.1]:31432. This is typically caused by a remote worker crashing. ...`
 GLOO_PEER = re.compile(r"(?:Connection closed by peer|Read error|Write error) \[(?P<peer>[^\]]+)\]:\d+")
-TORCH_WRITER = re.compile(r"\[rank(?P<rank>\d+)\]:")
+TORCH_WRITER = re.compile(r"\[rank(?P<rank>\d+)\]:")  # torch's prefix (c10 logging, the Python excepthook): global
+# ProcessGroupNCCL.cpp: c10::str(logPrefix(), "Watchdog caught collective operation timeout: ", work, " ran for ", ms,
+# " milliseconds before timing out."): the writer waited (then its watchdog aborts the process, so no Python
+# handler records it); `waits` turns these into the `timeout` lines the hang guess reads
+WATCHDOG = re.compile(r"Watchdog caught collective operation timeout")
 # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: LOG(ERROR) << logPrefix() << desyncMsg, logPrefix() being
 # "[PG ID %d PG GUID %s(%s) Rank %d] " (older: "[PG %s Rank %d] "); TraceUtils.h's retrieveDesyncReport then
 # writes "\n\t - [R] Timeout at collective: COL, #SEQ" and analyzeMissingRanks / analyzeLaggingRanks.
@@ -71,6 +75,10 @@ def parse(text: str) -> list[dict]:
                 host = NCCL_WRITER.search(line)
                 out.append({"writer_host": host["host"] if host else None, "writer_rank": w_rank,
                             "peer": m["peer"], "via": "NCCL", "line": excerpt})
+            continue
+        if WATCHDOG.search(line) and w_rank is not None:
+            out.append({"writer_host": None, "writer_rank": w_rank, "waited": True, "via": "torch watchdog",
+                        "line": excerpt})
             continue
         m = GLOO_PEER.search(line)
         if m:
@@ -150,7 +158,8 @@ def addresses() -> dict:
             pass
     ips.update(_interface_ips())
     ips = {_norm(ip) for ip in ips}
-    return {"names": sorted(n for n in names if n and not n.startswith("localhost")), "ips": sorted(ip for ip in ips if not _loopback(ip))}
+    return {"names": sorted(n for n in names if n and not n.startswith("localhost")),
+            "ips": sorted(ip for ip in ips if not _loopback(ip))}
 
 
 def _loopback(ip: str) -> bool:
@@ -224,3 +233,15 @@ def named(findings: list[dict], records: list[dict], attempt: int, job_nodes: li
         return {}
     return {n: f"{first[n]['via']} named it ({len(votes[n])} writer(s): {', '.join(sorted(votes[n]))}): "
                f"{first[n]['line']}" for n in winners}
+
+
+def waits(findings: list[dict], records: list[dict], attempt: int) -> list[dict]:
+    """{rank, node, why} of each rank whose watchdog said it waited (once a rank; the `rank` records map it)."""
+    by_rank = {r.get("rank"): r.get("node") for r in records
+               if r.get("event") == "rank" and r.get("attempt") == attempt}
+    out: dict[int, dict] = {}
+    for f in findings:
+        node = by_rank.get(f.get("writer_rank"))
+        if f.get("waited") and isinstance(node, str):
+            out.setdefault(f["writer_rank"], {"rank": f["writer_rank"], "node": node, "why": f["line"]})
+    return [out[r] for r in sorted(out)]

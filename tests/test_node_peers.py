@@ -24,7 +24,8 @@ NCCL_2_18 = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : G
 # NVIDIA/nccl src/misc/socket.cc socketProgress: WARN("socketProgress: Connection closed by remote peer %s",
 # ncclSocketToString(&sock->addr, line, 0)) (a host name: getnameinfo without NI_NUMERICHOST), after src/debug.cc's
 # "%s:%d:%d " and "[%d] %s:%d NCCL WARN %s" prefix
-SOCKET = "node-{w}:4410:4470 [3] misc/socket.cc:58 NCCL WARN socketProgress: Connection closed by remote peer {p}<53021>"
+SOCKET = ("node-{w}:4410:4470 [3] misc/socket.cc:58 NCCL WARN socketProgress: Connection closed by remote peer "
+          "{p}<53021>")
 # Printed here by torch 2.13 (gloo, the CPU backend) on rank 0 when rank 1 died mid-all_reduce; the address changed
 GLOO = ("[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
         "closed by peer [10.2.0.5]:31432. This is typically caused by a remote worker crashing. Check the logs of the "
@@ -149,3 +150,25 @@ def test_settle_reads_the_log_from_the_command_line(tmp_path, capsys):
 def test_this_hosts_addresses_leave_loopback_out():
     mine = peer_faults.addresses()
     assert mine["names"] and not any(ip.startswith("127.") or ip == "::1" for ip in mine["ips"])
+
+
+# ProcessGroupNCCL.cpp's watchdog line after torch's "[rankN]:" log prefix (the WorkNCCL text is its operator<<)
+WATCHDOG = ("[rank{r}]:[E1205 01:12:40.512 4471 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, "
+            "NumelOut=1, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.")
+
+
+def test_ranks_whose_nccl_watchdog_aborted_them_feed_the_hang_guess(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    ranks = [{"event": "rank", "attempt": 0, "rank": r, "node": n} for r, n in enumerate(["a", "a", "b", "b", "c"])]
+    node_ledger.append(run / "logs" / "nodes.jsonl", [json.dumps(r) for r in ranks])
+    log = tmp_path / "out"
+    log.write_text("\n".join(WATCHDOG.format(r=r) for r in (0, 1, 2, 3, 0)) + "\n")  # c's rank never timed out
+    found = peer_faults.parse(log.read_text())
+    assert [f["writer_rank"] for f in found] == [0, 1, 2, 3, 0] and peer_faults.named(found, ranks, 0, list("abc")) == {}
+    line = node_faults.settle(run, 0, "7", 134, list("abc"), "", False, [], [], log=str(log))
+    assert line.startswith("end c | suspect: c (hang: its ranks [4] never timed out while 4 rank(s) on a, b waited")
+    waited = [r for r in node_faults.read(run) if r["event"] == "timeout"]
+    assert [(r["rank"], r["node"], r["seen"]) for r in waited] == [(0, "a", "log"), (1, "a", "log"), (2, "b", "log"),
+                                                                   (3, "b", "log")]
