@@ -43,6 +43,8 @@ TORCH_WRITER = re.compile(r"\[rank(?P<rank>\d+)\]:")  # torch's prefix (c10 logg
 # " milliseconds before timing out."): the writer waited (then its watchdog aborts the process, so no Python
 # handler records it); `waits` turns these into the `timeout` lines the hang guess reads
 WATCHDOG = re.compile(r"Watchdog caught collective operation timeout")
+KEYWORDS = ("NCCL WARN", "by peer", "error [", "[PG ", "Timeout at collective", "collective #", "lagging ranks",
+            "Watchdog caught")  # a line with none of these says nothing here (the output can be large)
 # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: LOG(ERROR) << logPrefix() << desyncMsg, logPrefix() being
 # "[PG ID %d PG GUID %s(%s) Rank %d] " (older: "[PG %s Rank %d] "); TraceUtils.h's retrieveDesyncReport then
 # writes "\n\t - [R] Timeout at collective: COL, #SEQ" and analyzeMissingRanks / analyzeLaggingRanks.
@@ -64,7 +66,7 @@ def parse(text: str) -> list[dict]:
     self_rank = self_seq = None
     for raw in text.splitlines():
         line = raw.strip()
-        if not line:
+        if not line or not any(k in line for k in KEYWORDS):
             continue
         excerpt = line[:240]
         writer = TORCH_WRITER.search(line)
