@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# A real Slurm cluster of ONE node with gres/gpu on the GPU machine, which has no Slurm, no network and an OS that
+# is not Debian: slurmctld + slurmd + slurmdbd (over a private MariaDB, so that sacct answers with AllocTRES, as on
+# a real cluster) from Debian 12's packages (Slurm 22.05.8), staged here and unpacked there with `dpkg -x` into a
+# private prefix. Nothing is written outside $STATE: no package is installed into /, no /etc, no /run.
+#
+#   bash scripts/gpu-slurm.sh stage    here (apt reachable): the debs into the git-ignored $KIT (~17 MiB)
+#   bash scripts/gpu-slurm.sh up       there, as root (send $KIT along): unpack, write the configs, start the
+#                                      daemons (they daemonize: they outlive the call), wait for the node to be idle,
+#                                      print the lines a later command sources (also kept as $STATE/env.sh)
+#   bash scripts/gpu-slurm.sh down     stop the daemons this script started (their PID files only)
+#   bash scripts/gpu-slurm.sh status   each daemon, then sinfo; exit 0 only when all run
+#
+# Auth is auth/none + cred/none (Slurm 22.05 ships both): no munged, no key, no munge user. Only the libraries the
+# machine lacks (by soname, `ldconfig -p`) go on LD_LIBRARY_PATH, so a job's own programs (torch) keep the
+# system's. Its ports (3 from $PORT) and $STATE are not the local test cluster's (scripts/local-slurm.sh).
+# Knobs: PRIMUS_GPU_SLURM_STATE (/var/tmp/primus-gpu-slurm), PRIMUS_GPU_SLURM_KIT (.gpu/slurm),
+#        PRIMUS_GPU_SLURM_PORT (7817), PRIMUS_GPU_SLURM_GPUS (the GPU count; default: nvidia-smi -L, else torch).
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+KIT=$(readlink -m "${PRIMUS_GPU_SLURM_KIT:-.gpu/slurm}")
+STATE=${PRIMUS_GPU_SLURM_STATE:-/var/tmp/primus-gpu-slurm}
+PORT=${PRIMUS_GPU_SLURM_PORT:-7817}
+P=$STATE/root                                   # the unpacked debs
+SLURMLIB=$P/usr/lib/x86_64-linux-gnu/slurm-wlm  # libslurmfull.so and the plugins (the binaries' RUNPATH is /usr)
+LIB=$STATE/lib                                  # links to the packaged libraries this machine lacks
+BIN=$STATE/bin                                  # links to the Slurm commands: the PATH entry
+ETC=$STATE/etc RUN=$STATE/run LOG=$STATE/log
+DB_SOCK=$RUN/mysqld.sock
+# Slurm 22.05.8 (Debian 12) and what it needs; then MariaDB 10.11 for slurmdbd (mariadb-install-db needs the
+# client-core's my_print_defaults); then every shared library of these that is not glibc, from `dpkg -s` Depends
+# and `ldd`, so that a bare image lacking any of them still runs (only those it lacks are used).
+DEBS=(slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins slurm-wlm-mysql-plugin
+  mariadb-server-core mariadb-client-core libmariadb3
+  libhwloc15 libjson-c5 liblua5.1-0 liblz4-1 libnuma1 libyaml-0-2 libdbus-1-3 libreadline8 libtinfo6 libncurses6
+  libpam0g libaudit1 libcap-ng0 libcap2 libudev1 libsystemd0 libgcrypt20 libgpg-error0 liblzma5 libzstd1
+  libaio1 liburing2 libpcre2-8-0 libssl3 libcrypt1 zlib1g libedit2 libbsd0 libmd0 libstdc++6 libgcc-s1)
+CLIENTS=(sbatch squeue sacct scontrol scancel srun sinfo salloc sacctmgr sstat)
+
+say() { echo "gpu-slurm: $*" >&2; }
+die() { say "error: $*"; exit 2; }
+pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+wait_for() {  # wait_for SECONDS WHAT CMD...
+  local secs=$1 what=$2; local end=$((SECONDS + secs)); shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -ge $end ] && die "$what did not come up within ${secs}s; logs under $LOG"
+    sleep 0.2
+  done
+}
+
+stage() {
+  grep -q '^VERSION_CODENAME=bookworm' /etc/os-release || die "stage on Debian 12: the kit is bookworm's packages"
+  mkdir -p "$KIT"
+  rm -f "$KIT"/*.deb
+  (cd "$KIT" && apt-get download "${DEBS[@]}") >"$KIT/download.log" 2>&1 \
+    || die "apt-get download failed (apt-get update first?), see $KIT/download.log"
+  rm -f "$KIT/download.log"
+  say "staged $(ls "$KIT"/*.deb | wc -l) debs, $(du -cb "$KIT"/*.deb | tail -1 | cut -f1) bytes \
+($(du -csh "$KIT"/*.deb | tail -1 | cut -f1)) in $KIT"
+}
+
+unpack() {  # every deb into $P, again whenever the kit changed
+  local debs stamp
+  debs=$(ls "$KIT"/*.deb 2>/dev/null) || die "no debs in $KIT (run 'bash scripts/gpu-slurm.sh stage' here, send $KIT)"
+  command -v dpkg-deb >/dev/null || die "dpkg-deb not found (the kit is .deb files)"
+  stamp=$(cat $debs | cksum)
+  [ -f "$STATE/unpacked" ] && [ "$(cat "$STATE/unpacked")" = "$stamp" ] && return 0
+  rm -rf "$P" && mkdir -p "$P"
+  for d in $debs; do dpkg-deb -x "$d" "$P"; done
+  echo "$stamp" >"$STATE/unpacked"
+}
+
+link_libs() {  # $LIB: the packaged libraries whose names this machine's loader does not know
+  local have f used=()
+  have=$(ldconfig -p 2>/dev/null | awk 'NR > 1 {print $1}' | sort -u)
+  rm -rf "$LIB" "$BIN" "$STATE/sbin" && mkdir -p "$LIB" "$BIN"
+  for f in "$P"/lib/x86_64-linux-gnu/*.so.* "$P"/usr/lib/x86_64-linux-gnu/*.so.*; do
+    [ -e "$f" ] || continue
+    grep -qxF "${f##*/}" <<<"$have" && continue
+    ln -sf "$f" "$LIB/${f##*/}"
+    [[ $f =~ \.so\.[0-9]+$ ]] && used+=("${f##*/}")
+  done
+  say "packaged libraries used (missing here): ${used[*]:-none}"
+  for f in "${CLIENTS[@]}"; do ln -sf "$P/usr/bin/$f" "$BIN/$f"; done
+  # Debian names the daemons slurmctld-wlm etc. (its alternatives link the plain names), but Slurm tells which daemon
+  # it runs in by its program name: slurmctld-wlm called so crashes at its first accounting message
+  mkdir -p "$STATE/sbin"
+  for f in slurmctld slurmd slurmstepd; do ln -sfn "$P/usr/sbin/$f-wlm" "$STATE/sbin/$f"; done
+  export LD_LIBRARY_PATH="$LIB:$SLURMLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  command -v ldd >/dev/null || return 0
+  local missing
+  missing=$(for f in "$P"/usr/sbin/{slurmctld-wlm,slurmd-wlm,slurmstepd-wlm,slurmdbd,mariadbd} "$P/usr/bin/sbatch" \
+      "$SLURMLIB"/{accounting_storage_mysql,select_cons_tres,gres_gpu,auth_none,cred_none,jobcomp_filetxt}.so; do
+    [ -e "$f" ] || { echo "${f##*/}: not in the kit"; continue; }
+    ldd "$f" 2>&1 | sed -n "s|^\s*\(\S*\) => not found|${f##*/}: \1|p"; done | sort -u)
+  [ -z "$missing" ] || die "libraries not found: $missing"
+}
+
+loopback_alias() {  # add|del|check: glibc's AI_ADDRCONFIG, which Slurm's getaddrinfo() asks for, finds no IPv4
+  # address on a machine that has only 127.0.0.1, and every daemon then fails to bind; a second loopback address
+  # (127.0.0.2 on lo:primus) is enough. Python's ioctl, as a bare image may have no `ip`.
+  python3 - "$1" "$PORT" <<'PY'
+import fcntl, socket, struct, sys
+what, port = sys.argv[1], int(sys.argv[2])
+if what == "check":
+    try:
+        socket.getaddrinfo(None, port, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG | socket.AI_PASSIVE)
+    except socket.gaierror:
+        sys.exit(1)
+    sys.exit(0)
+s, name = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), b"lo:primus"
+if what == "add":  # SIOCSIFADDR
+    fcntl.ioctl(s, 0x8916, struct.pack("16sH2s4s8s", name, socket.AF_INET, b"", socket.inet_aton("127.0.0.2"), b""))
+else:  # SIOCGIFFLAGS, then SIOCSIFFLAGS without IFF_UP: the alias and its address go
+    flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", name, 0, b""))[:18])[1]
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", name, flags & ~1, b""))
+PY
+}
+
+gpu_count() {
+  if [ -n "${PRIMUS_GPU_SLURM_GPUS:-}" ]; then echo "$PRIMUS_GPU_SLURM_GPUS"; return; fi
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    nvidia-smi -L | grep -c '^GPU ' || true; return
+  fi
+  python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0
+}
+
+node_name() {  # the job script's rendezvous address is the first node's name: it must resolve
+  local h; h=$(hostname -s 2>/dev/null || hostname)
+  if getent hosts "$h" >/dev/null 2>&1; then echo "$h"; else say "'$h' does not resolve: node named localhost"; echo localhost; fi
+}
+
+write_configs() {
+  local node=$1 gpus=$2 mem gres="" i f
+  mem=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
+  mkdir -p "$ETC" "$STATE/ctld" "$STATE/spool" "$STATE/db"
+  [ "$gpus" -gt 0 ] && gres=" Gres=gpu:$gpus"
+  cat >"$ETC/slurm.conf" <<EOF
+# written by scripts/gpu-slurm.sh: one node, $gpus GPU(s)
+ClusterName=primus-gpu
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$PORT
+SlurmdPort=$((PORT + 1))
+SlurmUser=root
+AuthType=auth/none
+CredType=cred/none
+PluginDir=$SLURMLIB
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SlurmdParameters=config_overrides
+SchedulerParameters=batch_sched_delay=0
+MailProg=/bin/true
+ReturnToService=2
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$((PORT + 2))
+AccountingStorageTRES=gres/gpu
+JobCompType=jobcomp/filetxt
+JobCompLoc=$STATE/jobcomp.txt
+StateSaveLocation=$STATE/ctld
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdSpoolDir=$STATE/spool
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmdLogFile=$LOG/slurmd.log
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$mem$gres
+PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  # gres/gpu counts only GPUs with a File (slurmd drops "file-less" ones); where /dev/nvidiaK is absent (a forced
+  # PRIMUS_GPU_SLURM_GPUS on a machine without GPUs, to prove the accounting) a placeholder device node stands in
+  # (never opened; Slurm sets CUDA_VISIBLE_DEVICES only for character devices; a plain file where mknod is refused)
+  { echo "AutoDetect=off"
+    for ((i = 0; i < gpus; i++)); do
+      f=/dev/nvidia$i
+      [ -e "$f" ] || { mkdir -p "$STATE/dev"; f=$STATE/dev/nvidia$i; [ -e "$f" ] || mknod "$f" c 195 "$i" 2>/dev/null || : >"$f"; }
+      echo "NodeName=$node Name=gpu File=$f"
+    done; } >"$ETC/gres.conf"
+  # no cgroup plugin is loaded (proctrack/linuxproc, task/none, jobacct_gather/linux); should one be, it must not
+  # ask systemd (there is none)
+  printf 'CgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$ETC/cgroup.conf"
+  (umask 077; cat >"$ETC/slurmdbd.conf" <<EOF
+AuthType=auth/none
+DbdHost=localhost
+DbdPort=$((PORT + 2))
+SlurmUser=root
+PluginDir=$SLURMLIB
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOG/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+EOF
+  )
+}
+
+start_mariadb() {  # root over its own unix socket (unix_socket auth): no password, no TCP
+  pid_alive "$RUN/mysqld.pid" && return 0
+  local base=$P/usr
+  if [ ! -d "$STATE/db/mysql" ]; then
+    "$base/bin/mariadb-install-db" --no-defaults --basedir="$base" --datadir="$STATE/db" --user=root \
+      --skip-test-db --skip-name-resolve --auth-root-authentication-method=socket >"$LOG/mariadb-install.log" 2>&1 \
+      || die "mariadb-install-db failed, see $LOG/mariadb-install.log"
+  fi
+  setsid "$base/sbin/mariadbd" --no-defaults --user=root --basedir="$base" --datadir="$STATE/db" \
+    --lc-messages-dir="$base/share/mysql" --plugin-dir="$base/lib/mysql/plugin" --socket="$DB_SOCK" \
+    --pid-file="$RUN/mysqld.pid" --skip-networking --log-error="$LOG/mysqld.log" --innodb-buffer-pool-size=64M \
+    </dev/null >/dev/null 2>&1 &
+  wait_for 60 mariadb test -S "$DB_SOCK"
+  wait_for 10 "mariadb pid file" test -s "$RUN/mysqld.pid"
+}
+
+up() {
+  [ "$(id -u)" = 0 ] || die "run as root"
+  mkdir -p "$STATE" "$RUN" "$LOG"
+  if ! loopback_alias check; then
+    loopback_alias add || die "no IPv4 address but 127.0.0.1, and 127.0.0.2 could not be added to lo"
+    touch "$RUN/lo-alias"
+    say "only 127.0.0.1 here: added 127.0.0.2 (lo:primus) so that the daemons can bind"
+  fi
+  unpack
+  link_libs
+  local node gpus
+  node=$(node_name)
+  gpus=$(gpu_count)
+  if pid_alive "$RUN/slurmctld.pid"; then say "already running (down first to reconfigure)"; else
+    write_configs "$node" "$gpus"
+  fi
+  export SLURM_CONF=$ETC/slurm.conf MYSQL_UNIX_PORT=$DB_SOCK PATH="$BIN:$PATH"
+  start_mariadb
+  pid_alive "$RUN/slurmdbd.pid" || "$P/usr/sbin/slurmdbd"
+  wait_for 60 slurmdbd sacctmgr -i -n list cluster
+  pid_alive "$RUN/slurmctld.pid" || "$STATE/sbin/slurmctld"
+  wait_for 30 slurmctld scontrol ping
+  pid_alive "$RUN/slurmd.pid" || "$STATE/sbin/slurmd" -N "$node" -d "$STATE/sbin/slurmstepd"
+  wait_for 60 "slurmd $node" sh -c "sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated)'"
+  cat >"$STATE/env.sh" <<EOF
+export PATH="$BIN:\$PATH"
+export LD_LIBRARY_PATH="$LIB:$SLURMLIB\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export SLURM_CONF="$ETC/slurm.conf"
+EOF
+  say "up: node $node, $gpus GPU(s) as gres/gpu, state $STATE; a later command sources $STATE/env.sh:"
+  cat "$STATE/env.sh"
+}
+
+stop_pidfile() {  # stop_pidfile NAME PIDFILE
+  local pid i
+  pid_alive "$2" || { rm -f "$2"; return 0; }
+  pid=$(cat "$2")
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then say "$1 ($pid) ignored TERM: killing it"; kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -f "$2"
+}
+
+down() {
+  stop_pidfile slurmd "$RUN/slurmd.pid"
+  stop_pidfile slurmctld "$RUN/slurmctld.pid"
+  stop_pidfile slurmdbd "$RUN/slurmdbd.pid"
+  stop_pidfile mariadbd "$RUN/mysqld.pid"
+  if [ -f "$RUN/lo-alias" ]; then loopback_alias del && rm -f "$RUN/lo-alias"; fi
+  say "down"
+}
+
+status() {
+  local ok=0 name
+  for name in mysqld slurmdbd slurmctld slurmd; do
+    if pid_alive "$RUN/$name.pid"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; ok=1; fi
+  done
+  if [ $ok = 0 ]; then (. "$STATE/env.sh" && sinfo -N -o "%N %T %c %G"); fi
+  return $ok
+}
+
+case "${1:-}" in
+  stage) stage ;;
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 stage|up|down|status" >&2; exit 2 ;;
+esac
