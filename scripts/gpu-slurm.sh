@@ -10,6 +10,8 @@
 #                                      print the lines a later command sources (also kept as $STATE/env.sh)
 #   bash scripts/gpu-slurm.sh down     stop the daemons this script started (their PID files only)
 #   bash scripts/gpu-slurm.sh status   each daemon, then sinfo; exit 0 only when all run
+#   bash scripts/gpu-slurm.sh prove    here: `up`, a --gres=gpu:1 `sbatch --wrap hostname`, sacct, `down`, all in the
+#                                      project's Debian 12 image (scripts/container-image.sh) with --network none
 #
 # Auth is auth/none + cred/none (Slurm 22.05 ships both): no munged, no key, no munge user. Only the libraries the
 # machine lacks (by soname, `ldconfig -p`) go on LD_LIBRARY_PATH, so a job's own programs (torch) keep the
@@ -275,10 +277,30 @@ status() {
   return $ok
 }
 
+prove() {  # here: the kit in the project's Debian 12 image (no Slurm in it), no network, one placeholder GPU
+  local image=${1:-$(bash scripts/container-image.sh tag)}
+  podman image exists "$image" || die "no image $image (bash scripts/container-image.sh builds it)"
+  ls "$KIT"/*.deb >/dev/null 2>&1 || die "no debs in $KIT: stage first"
+  podman run --rm --network none --cap-add NET_ADMIN --cap-add MKNOD -v "$PWD:/src:ro" -v "$KIT:/kit:ro" \
+    -e PRIMUS_GPU_SLURM_KIT=/kit -e PRIMUS_GPU_SLURM_GPUS=1 "$image" bash -euo pipefail -c '
+    cd /src
+    if command -v sbatch slurmd; then echo "the image has a Slurm of its own"; exit 3; fi
+    start=$SECONDS; bash scripts/gpu-slurm.sh up; echo "up in $((SECONDS - start)) s"
+    . /var/tmp/primus-gpu-slurm/env.sh
+    echo "sbatch: $(command -v sbatch)"; sinfo -N -o "%N %T %c %G"
+    id=$(sbatch --parsable --gres=gpu:1 -o /tmp/%j.out --wrap "hostname; echo CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES")
+    for _ in $(seq 120); do [ "$(sacct -n -X -P -j "$id" -o State)" = COMPLETED ] && break; sleep 0.5; done
+    sacct -X -P -j "$id" -o JobID,State,ExitCode,AllocTRES; cat "/tmp/$id.out"
+    state=$(sacct -n -X -P -j "$id" -o State)
+    bash scripts/gpu-slurm.sh down
+    [ "$state" = COMPLETED ]'
+}
+
 case "${1:-}" in
   stage) stage ;;
+  prove) shift; prove "$@" ;;
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 stage|up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 stage|up|down|status|prove [IMAGE]" >&2; exit 2 ;;
 esac

@@ -6,13 +6,18 @@
 #                                       JSON goes to $OUT/lifecycle.json, else bench/results/<date>_<gpu>_lifecycle/
 # PRIMUS_LIFECYCLE_ON_CPU=1 runs the same suite on the CPU (FP8 and the 8B shape skipped), to prove it before device
 # time is spent on it. Extra arguments go to pytest.
+# Slurm: `stage` also stages scripts/gpu-slurm.sh's kit (.gpu/slurm, Debian 12 debs, ~18 MB; send it along too);
+# where it is there and CUDA is (or PRIMUS_GPU_SLURM=1), the suite starts that one-node cluster with gres/gpu first,
+# so that tests/gpu/test_slurm_gpu.py runs, and stops it at the end (PRIMUS_GPU_SLURM_KEEP=1: leaves it up).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ "${1:-}" = stage ]; then
   shift
-  exec "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d .gpu/test-wheels pytest pytest-timeout
+  "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d .gpu/test-wheels pytest pytest-timeout || exit
+  bash scripts/gpu-slurm.sh stage || echo "gpu-test: no Slurm kit staged (the Slurm test will skip there)" >&2
+  exit 0
 fi
 if ! "$PY" -c "import pytest, pytest_timeout" 2>/dev/null; then
   ls .gpu/test-wheels/*.whl >/dev/null 2>&1 || { echo "gpu-test: no pytest here and no .gpu/test-wheels (run: bash scripts/gpu-test.sh stage, then send .gpu/test-wheels)" >&2; exit 2; }
@@ -22,6 +27,15 @@ gpu=$("$PY" -c "import torch; print(torch.cuda.get_device_name().split()[-1].low
 dir=${OUT:-bench/results/$(date +%F)_${gpu}_lifecycle}
 mkdir -p "$dir"
 start=$SECONDS
+if ls .gpu/slurm/*.deb >/dev/null 2>&1 && { [ "$gpu" != cpu ] || [ "${PRIMUS_GPU_SLURM:-}" = 1 ]; }; then
+  if bash scripts/gpu-slurm.sh up >"$dir/gpu-slurm-up.log" 2>&1; then
+    . "${PRIMUS_GPU_SLURM_STATE:-/var/tmp/primus-gpu-slurm}/env.sh"
+    [ "${PRIMUS_GPU_SLURM_KEEP:-}" = 1 ] || trap 'bash scripts/gpu-slurm.sh down' EXIT
+    echo "gpu-test: Slurm up in $((SECONDS - start)) s ($(sinfo -h -o '%N %T %G'))"
+  else
+    echo "gpu-test: Slurm did not come up (the Slurm test will skip); its log:" >&2; tail -n 20 "$dir/gpu-slurm-up.log" >&2
+  fi
+fi
 PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider -p lifecycle_report \
   -m gpu tests/gpu --lifecycle-json "$dir/lifecycle.json" -rA "$@"
 rc=$?
