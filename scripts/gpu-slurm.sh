@@ -41,14 +41,8 @@ CLIENTS=(sbatch squeue sacct scontrol scancel srun sinfo salloc sacctmgr sstat)
 
 say() { echo "gpu-slurm: $*" >&2; }
 die() { say "error: $*"; exit 2; }
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-wait_for() {  # wait_for SECONDS WHAT CMD...
-  local secs=$1 what=$2; local end=$((SECONDS + secs)); shift 2
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -ge $end ] && die "$what did not come up within ${secs}s; logs under $LOG"
-    sleep 0.2
-  done
-}
+# pid_alive, wait_for, stop_pidfile, slurm{,dbd}_conf_common (the lines the local test cluster has too)
+. scripts/slurm-common.sh
 
 stage() {
   grep -q '^VERSION_CODENAME=bookworm' /etc/os-release || die "stage on Debian 12: the kit is bookworm's packages"
@@ -147,16 +141,8 @@ SlurmUser=root
 AuthType=auth/none
 CredType=cred/none
 PluginDir=$SLURMLIB
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/linux
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+$(slurm_conf_common)
 GresTypes=gpu
-SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0
-MailProg=/bin/true
-ReturnToService=2
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$((PORT + 2))
@@ -190,12 +176,8 @@ DbdHost=localhost
 DbdPort=$((PORT + 2))
 SlurmUser=root
 PluginDir=$SLURMLIB
-PidFile=$RUN/slurmdbd.pid
-LogFile=$LOG/slurmdbd.log
-StorageType=accounting_storage/mysql
-StorageHost=localhost
+$(slurmdbd_conf_common)
 StorageUser=root
-StorageLoc=slurm_acct_db
 EOF
   )
 }
@@ -247,16 +229,6 @@ export SLURM_CONF="$ETC/slurm.conf"
 EOF
   say "up: node $node, $gpus GPU(s) as gres/gpu, state $STATE; a later command sources $STATE/env.sh:"
   cat "$STATE/env.sh"
-}
-
-stop_pidfile() {  # stop_pidfile NAME PIDFILE
-  local pid i
-  pid_alive "$2" || { rm -f "$2"; return 0; }
-  pid=$(cat "$2")
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then say "$1 ($pid) ignored TERM: killing it"; kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$2"
 }
 
 down() {

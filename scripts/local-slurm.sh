@@ -26,18 +26,8 @@ PACKAGES=(munge slurmctld slurmd slurm-client)
 say() { echo "local-slurm: $*" >&2; }
 die() { say "error: $*"; exit 2; }
 
-pid_alive() {  # pid_alive PIDFILE -> 0 when the pid in the file is a live process
-  [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
-}
-
-wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
-  local secs=$1 what=$2; shift 2
-  local end=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -ge $end ] && die "$what did not come up within ${secs}s (logs under $LOG)"
-    sleep 0.2
-  done
-}
+# pid_alive, wait_for, stop_pidfile, slurm_conf_common, slurmdbd_conf_common
+. "$(dirname "$(readlink -f "$0")")/slurm-common.sh"
 
 install_packages() {
   local missing=()
@@ -87,15 +77,7 @@ ClusterName=primus-local
 SlurmctldHost=localhost(127.0.0.1)
 SlurmUser=root
 AuthType=auth/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/linux
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0
-MailProg=/bin/true
-ReturnToService=2
+$(slurm_conf_common)
 $acct
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt
@@ -115,11 +97,7 @@ $MARK
 AuthType=auth/munge
 DbdHost=localhost
 SlurmUser=root
-PidFile=$RUN/slurmdbd.pid
-LogFile=$LOG/slurmdbd.log
-StorageType=accounting_storage/mysql
-StorageHost=localhost
-StorageLoc=slurm_acct_db
+$(slurmdbd_conf_common)
 StorageUser=slurm
 StoragePass=primus-local
 EOF
@@ -204,16 +182,6 @@ up() {
   # a node left DOWN/DRAIN by an earlier run comes back
   scontrol update nodename=node[1-2] state=resume >/dev/null 2>&1 || true
   say "up (state $STATE)"
-}
-
-stop_pidfile() {  # stop_pidfile NAME PIDFILE
-  local pidfile=$2 pid i
-  pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-  pid=$(cat "$pidfile")
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then say "$1 ($pid) ignored TERM; killing"; kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$pidfile"
 }
 
 down() {
