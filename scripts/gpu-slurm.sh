@@ -2,9 +2,10 @@
 # A real Slurm cluster of ONE node with gres/gpu on the GPU machine, which has no Slurm, no network and an OS that
 # is not Debian: slurmctld + slurmd + slurmdbd (over a private MariaDB, so that sacct answers with AllocTRES, as on
 # a real cluster) from Debian 12's packages (Slurm 22.05.8), staged here and unpacked there with `dpkg -x` into a
-# private prefix. Nothing is written outside $STATE: no package is installed into /, no /etc, no /run.
+# private prefix. Nothing is written outside $STATE (no package into /, no /etc, no /run), but for a loopback alias
+# where the machine has no IPv4 address except 127.0.0.1 (loopback_alias).
 #
-#   bash scripts/gpu-slurm.sh stage    here (apt reachable): the debs into the git-ignored $KIT (~17 MiB)
+#   bash scripts/gpu-slurm.sh stage    here (apt reachable): the debs into the git-ignored $KIT (18.3 MB)
 #   bash scripts/gpu-slurm.sh up       there, as root (send $KIT along): unpack, write the configs, start the
 #                                      daemons (they daemonize: they outlive the call), wait for the node to be idle,
 #                                      print the lines a later command sources (also kept as $STATE/env.sh)
@@ -40,7 +41,14 @@ DEBS=(slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins slurm-wlm-m
 CLIENTS=(sbatch squeue sacct scontrol scancel srun sinfo salloc sacctmgr sstat)
 
 say() { echo "gpu-slurm: $*" >&2; }
-die() { say "error: $*"; exit 2; }
+die() {  # the daemons' last log lines too: on the device a failed call costs minutes, its output is all there is
+  say "error: $*"
+  local f
+  for f in "$LOG"/{mariadb-install,mysqld,slurmdbd,slurmctld,slurmd}.log; do
+    [ -s "$f" ] && { echo "== $f" >&2; tail -n 5 "$f" >&2; }
+  done
+  exit 2
+}
 # pid_alive, wait_for, stop_pidfile, slurm{,dbd}_conf_common (the lines the local test cluster has too)
 . scripts/slurm-common.sh
 
@@ -123,7 +131,9 @@ gpu_count() {
 
 node_name() {  # the job script's rendezvous address is the first node's name: it must resolve
   local h; h=$(hostname -s 2>/dev/null || hostname)
-  if getent hosts "$h" >/dev/null 2>&1; then echo "$h"; else say "'$h' does not resolve: node named localhost"; echo localhost; fi
+  if getent hosts "$h" >/dev/null 2>&1; then echo "$h"; return; fi
+  say "'$h' does not resolve: node named localhost"
+  echo localhost
 }
 
 write_configs() {
@@ -164,11 +174,14 @@ EOF
   { echo "AutoDetect=off"
     for ((i = 0; i < gpus; i++)); do
       f=/dev/nvidia$i
-      [ -e "$f" ] || { mkdir -p "$STATE/dev"; f=$STATE/dev/nvidia$i; [ -e "$f" ] || mknod "$f" c 195 "$i" 2>/dev/null || : >"$f"; }
+      if [ ! -e "$f" ]; then
+        mkdir -p "$STATE/dev"; f=$STATE/dev/nvidia$i
+        [ -e "$f" ] || mknod "$f" c 195 "$i" 2>/dev/null || : >"$f"
+      fi
       echo "NodeName=$node Name=gpu File=$f"
     done; } >"$ETC/gres.conf"
-  # no cgroup plugin is loaded (proctrack/linuxproc, task/none, jobacct_gather/linux); should one be, it must not
-  # ask systemd (there is none)
+  # no cgroup is used (proctrack/linuxproc, task/none, jobacct_gather/linux), yet slurmd loads a cgroup plugin
+  # (cgroup/v1 here): it must not ask systemd, which the device has not
   printf 'CgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$ETC/cgroup.conf"
   (umask 077; cat >"$ETC/slurmdbd.conf" <<EOF
 AuthType=auth/none
@@ -187,7 +200,8 @@ start_mariadb() {  # root over its own unix socket (unix_socket auth): no passwo
   local base=$P/usr
   if [ ! -d "$STATE/db/mysql" ]; then
     "$base/bin/mariadb-install-db" --no-defaults --basedir="$base" --datadir="$STATE/db" --user=root \
-      --skip-test-db --skip-name-resolve --auth-root-authentication-method=socket >"$LOG/mariadb-install.log" 2>&1 \
+      --skip-test-db --skip-name-resolve --force --auth-root-authentication-method=socket \
+      >"$LOG/mariadb-install.log" 2>&1 \
       || die "mariadb-install-db failed, see $LOG/mariadb-install.log"
   fi
   setsid "$base/sbin/mariadbd" --no-defaults --user=root --basedir="$base" --datadir="$STATE/db" \
@@ -216,12 +230,13 @@ up() {
   fi
   export SLURM_CONF=$ETC/slurm.conf MYSQL_UNIX_PORT=$DB_SOCK PATH="$BIN:$PATH"
   start_mariadb
-  pid_alive "$RUN/slurmdbd.pid" || "$P/usr/sbin/slurmdbd"
+  pid_alive "$RUN/slurmdbd.pid" || "$P/usr/sbin/slurmdbd" || die "slurmdbd did not start"
   wait_for 60 slurmdbd sacctmgr -i -n list cluster
-  pid_alive "$RUN/slurmctld.pid" || "$STATE/sbin/slurmctld"
+  pid_alive "$RUN/slurmctld.pid" || "$STATE/sbin/slurmctld" || die "slurmctld did not start"
   wait_for 30 slurmctld scontrol ping
-  pid_alive "$RUN/slurmd.pid" || "$STATE/sbin/slurmd" -N "$node" -d "$STATE/sbin/slurmstepd"
-  wait_for 60 "slurmd $node" sh -c "sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated)'"
+  pid_alive "$RUN/slurmd.pid" || "$STATE/sbin/slurmd" -N "$node" -d "$STATE/sbin/slurmstepd" \
+    || die "slurmd did not start"
+  wait_for 60 "slurmd $node" sh -c "sinfo -h -n $node -o %T | grep -qxE 'idle|mixed|allocated'"
   cat >"$STATE/env.sh" <<EOF
 export PATH="$BIN:\$PATH"
 export LD_LIBRARY_PATH="$LIB:$SLURMLIB\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
@@ -243,7 +258,8 @@ down() {
 status() {
   local ok=0 name
   for name in mysqld slurmdbd slurmctld slurmd; do
-    if pid_alive "$RUN/$name.pid"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; ok=1; fi
+    if pid_alive "$RUN/$name.pid"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"
+    else echo "$name: stopped"; ok=1; fi
   done
   if [ $ok = 0 ]; then (. "$STATE/env.sh" && sinfo -N -o "%N %T %c %G"); fi
   return $ok
@@ -260,7 +276,8 @@ prove() {  # here: the kit in the project's Debian 12 image (no Slurm in it), no
     start=$SECONDS; bash scripts/gpu-slurm.sh up; echo "up in $((SECONDS - start)) s"
     . /var/tmp/primus-gpu-slurm/env.sh
     echo "sbatch: $(command -v sbatch)"; sinfo -N -o "%N %T %c %G"
-    id=$(sbatch --parsable --gres=gpu:1 -o /tmp/%j.out --wrap "hostname; echo CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES")
+    id=$(sbatch --parsable --gres=gpu:1 -o /tmp/%j.out \
+      --wrap "hostname; echo CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES")
     for _ in $(seq 120); do [ "$(sacct -n -X -P -j "$id" -o State)" = COMPLETED ] && break; sleep 0.5; done
     sacct -X -P -j "$id" -o JobID,State,ExitCode,AllocTRES; cat "/tmp/$id.out"
     state=$(sacct -n -X -P -j "$id" -o State)

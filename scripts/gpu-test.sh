@@ -33,7 +33,8 @@ if ls .gpu/slurm/*.deb >/dev/null 2>&1 && { [ "$gpu" != cpu ] || [ "${PRIMUS_GPU
     [ "${PRIMUS_GPU_SLURM_KEEP:-}" = 1 ] || trap 'bash scripts/gpu-slurm.sh down' EXIT
     echo "gpu-test: Slurm up in $((SECONDS - start)) s ($(sinfo -h -o '%N %T %G'))"
   else
-    echo "gpu-test: Slurm did not come up (the Slurm test will skip); its log:" >&2; tail -n 20 "$dir/gpu-slurm-up.log" >&2
+    echo "gpu-test: Slurm did not come up (the Slurm test will skip); its log:" >&2
+    tail -n 40 "$dir/gpu-slurm-up.log" >&2
   fi
 fi
 PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider -p lifecycle_report \

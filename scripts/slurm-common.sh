@@ -1,5 +1,6 @@
 # Sourced by scripts/local-slurm.sh and scripts/gpu-slurm.sh: daemons started by hand, waited for, and stopped by
-# their PID files only (never by name); the slurm.conf lines both clusters share. The sourcing script defines say(), die().
+# their PID files only (never by name); the slurm.conf lines both clusters share. The sourcing script defines say()
+# and die().
 
 pid_alive() {  # pid_alive PIDFILE -> 0 when the pid in the file is a live process
   [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null

@@ -53,7 +53,7 @@ def _node_gpus() -> int:
 
 def test_slurm_job_on_gres_gpu_requeues_resumes_and_costs_its_gpu_hours(tmp_path, record):
     gpus = 1 if _node_gpus() else 0
-    assert gpus or DEV != "cuda", "a CUDA machine whose Slurm node has no gres/gpu (scripts/gpu-slurm.sh up counts them)"
+    assert gpus or DEV != "cuda", "a CUDA machine whose Slurm node has no gres/gpu (gpu-slurm.sh up counts them)"
     env = ls.env_for(tmp_path)
     sets = [*ls.device_sets(DEV, tmp_path), *ls.precision_sets(ls.precisions(DEV)[0]),
             f"trainer.schedule.train_iters={ITERS}", f"trainer.schedule.eval_interval={ITERS // 2}",
