@@ -70,10 +70,17 @@ def pytest_sessionfinish(session, exitstatus):
     if not path:
         return
     root = Path(__file__).resolve().parents[2]
-    commit = os.environ.get("PRIMUS_COMMIT") or subprocess.run(  # the device's copy of the tree has no .git
-        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    commit = os.environ.get("PRIMUS_COMMIT") or _git_head(root)  # the device's copy of the tree has no .git
     doc = {"suite": "gpu lifecycle (tests/gpu)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "commit": commit.strip() or "unknown (no git here)", "exit_status": int(exitstatus),
            "versions": _versions(), "tests": _RESULTS}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def _git_head(root) -> str:
+    """HEAD's commit, or "" where git or the repository is missing."""
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
