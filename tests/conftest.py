@@ -14,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 JOBS_DIR = ROOT / "tests" / "slurm_jobs"          # holds primus_testjob (cluster.entrypoint of job tests)
 CLI = Path(sys.executable).parent / "primus-slurm"
+# the installed command, else the package run from this tree (the GPU machine's copy, where nothing is pip-installed;
+# the environment's PYTHONPATH then names the tree: tests/gpu/lifecycle_support.env_for)
+CLI_ARGS = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "primus_slurm"]
 
 
 # Markers by fixture, so `make check` (-m "not slurm and not container and not slow") cannot drift from what a test
@@ -81,7 +84,7 @@ def job_recipe(tmp_path):
 
 def cli(env: dict, *args: str, timeout: float = 120, wrap: tuple = ()) -> subprocess.CompletedProcess:
     """`primus-slurm ARGS` (under the command `wrap`, e.g. ("unshare", "--net", "--"), when given)."""
-    return subprocess.run([*wrap, str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*wrap, *CLI_ARGS, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple = ()) -> tuple[dict, dict, Path]:
@@ -123,13 +126,14 @@ def status_json(env: dict, run_id: str) -> dict:
     return json.loads(out.stdout)
 
 
-def wait_state(env: dict, run_id: str, states: set, timeout: float = 90, key: str = "state") -> dict:
-    """Poll `status RUN --json` until row[key] is in `states`; returns the row."""
+def wait_state(env: dict, run_id: str, states: set, timeout: float = 90, key: str = "state",
+               every: float = 0.3) -> dict:
+    """Poll `status RUN --json` every `every` seconds until row[key] is in `states`; returns the row."""
     end = time.monotonic() + timeout
     row = {}
     while time.monotonic() < end:
         row = status_json(env, run_id)
-        if row[key] in states:
+        if row.get(key) in states:
             return row
-        time.sleep(0.3)
+        time.sleep(every)
     raise AssertionError(f"run {run_id} never reached {states}; last status: {row}")

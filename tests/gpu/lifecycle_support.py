@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import conftest  # tests/conftest.py (pytest puts tests/ on sys.path)
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "compare_realtext.yaml"
 BASE = ROOT / "recipes" / "data" / "realtext" / "base"
@@ -61,12 +63,11 @@ def env_for(tmp: Path) -> dict:
 
 
 def cli(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "primus_slurm", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return conftest.cli(env, *args, timeout=timeout)  # (`python -m primus_slurm` where it is not installed)
 
 
 def ok(out: subprocess.CompletedProcess) -> str:
-    assert out.returncode == 0, (out.args[3:], out.stdout[-3000:], out.stderr[-3000:])
+    assert out.returncode == 0, (out.args[len(conftest.CLI_ARGS):], out.stdout[-3000:], out.stderr[-3000:])
     return out.stdout
 
 
@@ -75,25 +76,18 @@ def submit(env: dict, *sets: str, recipe: Path = RECIPE, then: tuple = ()) -> di
     return json.loads(ok(cli(env, "submit", str(recipe), "--executor", "local", "--json", *args)))
 
 
-def status(env: dict, run: str) -> dict:
-    return json.loads(ok(cli(env, "status", run, "--json")))
+status = conftest.status_json  # `status RUN --json`
 
 
 def wait_state(env: dict, run: str, states=TERMINAL, timeout: float = 600) -> dict:
-    end = time.monotonic() + timeout
-    row = {}
-    while time.monotonic() < end:
-        row = status(env, run)
-        if row.get("state") in states:
-            return row
-        time.sleep(1)
-    raise AssertionError(f"{run} never reached {sorted(states)}: {row}")
+    return conftest.wait_state(env, run, states, timeout=timeout, every=1.0)
 
 
 def events(run_dir: Path) -> list[list[dict]]:
-    from primus_contract import run_files
+    """Each attempt's rank-0 event stream, oldest first (what `status` reads)."""
+    from primus_slurm.experiments.cost import attempt_events
 
-    return [run_files.read_events(p) for p in run_files.attempt_files(run_dir, "jsonl")]
+    return attempt_events(run_dir)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
