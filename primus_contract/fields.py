@@ -288,8 +288,6 @@ SCHEMA: dict = {
             "device": Field("str", "auto", choices=("auto", "cpu", "cuda")),
             "backend": Field("str", "auto", choices=("auto", "nccl", "gloo")),
             "timeout_minutes": Field("float", 30.0, min=0.05, max=1440),
-            "cuda_graphs": Field("bool", False, help="megatron-core CUDA graphs of the transformer layers; refused "
-                                 "when true (primus_contract/rules_model.py cuda_graph_rules says why)"),
         },
     },
 }

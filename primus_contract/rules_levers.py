@@ -1,19 +1,12 @@
-"""Rules for the step's memory and launch levers that map onto megatron-core's TransformerConfig (wired in
-trainer/model/levers.py): activation offload to host memory and CUDA graphs. One definition, run by
-`validate`/`submit` and by the trainer at start; what needs the node (Transformer Engine) is a machine rule
-(primus_contract.machine)."""
+"""Rules for the step's memory levers that map onto megatron-core's TransformerConfig (wired in
+trainer/model/levers.py): activation offload to host memory, and the one-document-a-row layout. (CUDA graphs are not
+built: docs/performance.md says why.) One definition, run by `validate`/`submit` and by the trainer at start;
+what needs the node (Transformer Engine) is a machine rule (primus_contract.machine)."""
 from __future__ import annotations
 
 from primus_contract.errors import fail
 
 OFFLOAD = "`trainer.recompute.activation_offload_layers`"
-GRAPHS = "`trainer.distributed.cuda_graphs`"
-# why no recipe can set cuda_graphs today (read in megatron-core 0.16.1 and 0.19.2, and in this trainer)
-GRAPHS_NOT_BUILT = ("megatron-core captures its layer graphs from its own loop (create_cudagraphs in its pipeline "
-                    "schedules, TECudaGraphHelper in megatron/training), which this trainer's step does not run, and "
-                    "the adapters keep Python-side state a replayed graph skips (fp8_param's transpose release, "
-                    "trainer/precision/fp8_release.py; adapter_inputs' stashed SwiGLU input, trainer/model/lora/"
-                    "inputs.py; dropout from torch's default generator, trainer/model/lora/drop.py)")
 
 
 def run_device(t: dict, profile: str) -> str:
@@ -43,17 +36,6 @@ def offload_rules(t: dict, profile: str) -> None:
              "`trainer.distributed.device` is cpu: set it to 0")
 
 
-def cuda_graph_rules(t: dict, profile: str) -> None:
-    if not t["distributed"]["cuda_graphs"]:
-        return
-    if run_device(t, profile) == "cpu":
-        fail(f"{GRAPHS} needs a GPU; `trainer.distributed.device` is cpu: set it to false")
-    if t["data"]["packing"]:
-        fail(f"{GRAPHS} needs static shapes, and `trainer.data.packing: true` gives every batch its own document "
-             "boundaries (cu_seqlens): set packing: false, or cuda_graphs: false")
-    fail(f"{GRAPHS} is not built: {GRAPHS_NOT_BUILT}; set it to false")
-
-
 def layout_rules(t: dict) -> None:
     """One document a row (packing false) runs [S, B] through megatron-core: sequence parallelism splits S itself."""
     d, par = t["data"], t["parallelism"]
@@ -67,4 +49,3 @@ def layout_rules(t: dict) -> None:
 def lever_rules(t: dict, profile: str) -> None:
     layout_rules(t)
     offload_rules(t, profile)
-    cuda_graph_rules(t, profile)

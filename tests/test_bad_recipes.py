@@ -50,12 +50,6 @@ BAD = [
     ("trainer: {recompute: {activation_offload_layers: -1}}", "`trainer.recompute.activation_offload_layers`"),
     ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true}, data: {packing: "
      "false, seq_length: 127}}", "`trainer.data.seq_length` (127 after pad_to_multiple_of) must be divisible by"),
-    ("trainer: {distributed: {cuda_graphs: true}, data: {packing: false}}",
-     "`trainer.distributed.cuda_graphs` needs a GPU"),
-    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda, cuda_graphs: true}}",
-     "`trainer.distributed.cuda_graphs` needs static shapes"),
-    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda, cuda_graphs: true}, data: {packing: false}}",
-     "`trainer.distributed.cuda_graphs` is not built: megatron-core captures its layer graphs from its own loop"),
     ("trainer: {precision: {fp4_param_gather: true, fp4: e2m1}}", "`trainer.precision.fp4_param_gather`"),
     ("trainer: {precision: {fp4: e3m2}}", "`trainer.precision.fp4`"),
     ("trainer: {model: {preset: qwen3_30b_a3b, num_layers: 2}, checkpoint: {pretrained: /tmp}}",

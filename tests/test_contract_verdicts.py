@@ -73,7 +73,6 @@ SPACE = {
     "trainer.data.packing": [SKIP, False],
     "trainer.recompute.activation_offload_layers": [SKIP, SKIP, 1, 79],
     "trainer.recompute.granularity": [SKIP, SKIP, "full"],
-    "trainer.distributed.cuda_graphs": [SKIP, SKIP, True],
     "trainer.tokenizer.path": ["/tok", ""],
     "trainer.schedule.eval_interval": [SKIP, 10],
     "trainer.schedule.micro_batch_size": [SKIP, 2],

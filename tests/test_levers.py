@@ -53,19 +53,6 @@ def test_fp8_attention_reaches_megatron_with_one_document_rows():
     assert transformer_config(resolved(precision={"fp8": "hybrid"})).fp8_dot_product_attention is False
 
 
-@pytest.mark.parametrize("trainer,why", [
-    ({"distributed": {"device": "cuda", "cuda_graphs": True}, "data": {"packing": False}}, "is not built"),
-    ({"distributed": {"device": "cuda", "cuda_graphs": True}}, "needs static shapes"),
-    ({"distributed": {"device": "cpu", "cuda_graphs": True}, "data": {"packing": False}}, "needs a GPU")])
-def test_cuda_graphs_are_refused_in_one_line(trainer, why):
-    from primus_contract import ContractError, check
-
-    with pytest.raises(ContractError) as err:
-        check(resolved(**trainer))
-    assert err.value.field == "trainer.distributed.cuda_graphs" and why in str(err.value) and "\n" not in str(
-        err.value)
-
-
 def test_plan_moves_offloaded_activations_to_the_host():
     from primus_contract.plan import plan
     from primus_contract.plan.memory import offloaded_bytes
