@@ -14,6 +14,7 @@ NVFP4_MIN_TE = (2, 8)
 CUSTOM_RECIPE_MIN_TE = (2, 9)
 FP8_MIN_CC = (8, 9)
 FP8_BLOCKWISE_MIN_CC = (9, 0)
+FP8_ATTENTION_MIN_CC = (9, 0)  # cuDNN fused attention in FP8 (TE's FusedAttention backend): sm90+
 NVFP4_MIN_CC = (10, 0)
 FP8_MIN_GFX = 942
 MXFP4_GFX = 950
@@ -90,6 +91,9 @@ def fp8_error(s, env: Environment) -> Optional[str]:
     if s.fp8_recipe == "blockwise" and env.cuda_cc < FP8_BLOCKWISE_MIN_CC:
         return (f"{FIELD}.fp8_recipe: blockwise (Float8BlockScaling) needs compute capability >= 9.0; "
                 f"found {_cc(env)}; use fp8_recipe: delayed or tensorwise")
+    if getattr(s, "fp8_dot_product_attention", False) and env.cuda_cc < FP8_ATTENTION_MIN_CC:
+        return (f"{FIELD}.fp8_dot_product_attention needs compute capability >= 9.0 (cuDNN's FP8 fused attention: "
+                f"Hopper or newer); found {_cc(env)}; set it to false")
     return None
 
 
@@ -136,7 +140,7 @@ def offload_error(layers: int, env: Environment) -> Optional[str]:
 # name -> (what is checked on the node, which recipes it applies to)
 MACHINE_RULES = {
     "fp8_device": ("fp8 needs Transformer Engine on a GPU with FP8 units (NVIDIA compute capability >= 8.9, "
-                   "AMD gfx942+); blockwise needs compute capability >= 9.0",
+                   "AMD gfx942+); blockwise and fp8_dot_product_attention need compute capability >= 9.0",
                    lambda p: bool(p["fp8"])),
     "nvfp4_native": ("fp4 nvfp4 needs Transformer Engine >= 2.8 on compute capability >= 10.0 (B200/GB200/B300)",
                      lambda p: bool(p["fp4"]) and not p["fp4_emulation"] and p["fp4_recipe"] == "nvfp4"),

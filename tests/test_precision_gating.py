@@ -142,6 +142,9 @@ def test_fp8_on_old_rocm():
 def test_fp8_blockwise_needs_hopper():
     ada = Environment(device="cuda", device_name="L40S", cuda_cc=(8, 9), te_version=(2, 20, 2))
     assert "blockwise" in refuse(ada, fp8="hybrid", fp8_recipe="blockwise")
+    # cuDNN's FP8 fused attention is sm90+: on Ada the start check refuses, not TE's first forward
+    assert "fp8_dot_product_attention needs compute capability >= 9.0" in refuse(
+        ada, fp8="hybrid", fp8_recipe="delayed", fp8_dot_product_attention=True)
     assert check_capabilities(cfg(fp8="hybrid", fp8_recipe="delayed"), ada).kind == "fp8"
 
 
