@@ -10,6 +10,8 @@ The job's processes write `<run_dir>/logs/nodes.jsonl` (NODES), one JSON object 
                                              written by `settle`)
     timeout attempt, node, rank, why         a rank whose collective timed out (waiting for another: `stopped`);
                                              `seen: log`: its NCCL watchdog said so in the job's output (`settle`)
+    error   attempt, node, rank, why         a rank that failed on its own (not its device, not a collective: a
+                                             software error); a peer that then names its node does not blame it
     attempt attempt, nodes, rc, node, why, action   written by `settle` when the attempt's job step has ended
 
 `settle` (run by the job script after every attempt, `python -m primus_contract.node_faults settle ...`) turns the
@@ -44,8 +46,15 @@ NODE_KINDS = ("device", "timeout", "hang", "slow")
 SHARED_KINDS = ("preflight",)
 KINDS = NODE_KINDS + SHARED_KINDS
 WAIT_SPREAD_S = 2.0  # timeouts of ranks waiting in the same collective, apart (`stopped`)
-MAX_NODE_REQUEUES = 3
-EXIT_STOPPED = 75  # the trainer checkpointed and stopped (trainer/runtime/signals.py EXIT_PREEMPTED)  # requeues away from suspect nodes per run; then the job ends (a fleet-wide problem)
+MAX_NODE_REQUEUES = 3  # requeues away from suspect nodes per run; then the job ends (a fleet-wide problem)
+EXIT_STOPPED = 75  # the trainer checkpointed and stopped (trainer/runtime/signals.py EXIT_PREEMPTED)
+# An attempt that ended on purpose: the trainer's own decisions (trainer/runtime/signals.py: 2 config or data, 3
+# diverged, 4 checkpoint failed), or a stop signal that reached the job script (settle's `stopped`: a cancel, the
+# time-limit warning). Its ranks end one after another and their peers' sockets close as they go ("Connection closed
+# by remote peer"): a peer named in its output says nothing about that peer's node, so settle does not read it. (Not
+# by exit code alone: when one node's task fails, srun ends the others with SIGTERM, and the job's code can be
+# theirs, 143, or a stopped trainer's 75.)
+ENDED_ON_PURPOSE = (0, 2, 3, 4)
 FAULT_ENV = "PRIMUS_FAULT_FILE"
 
 
@@ -131,11 +140,13 @@ def decide(records: list[dict], attempt: int, job_nodes: list[str], rc: int, req
 
 
 def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledger, requeue: bool,
-           excluded: list[str], partition_nodes: list[str], log: str = "", log_start: int = 0) -> str:
+           excluded: list[str], partition_nodes: list[str], log: str = "", log_start: int = 0,
+           stopped: bool = False) -> str:
     """Record the attempt's end and its suspects (run file and ledger); returns the script's one line. `log`: the
-    job's output, this attempt's part from byte `log_start`, where a failed collective may have named its peer."""
+    job's output, this attempt's part from byte `log_start`, where a failed collective may have named its peer;
+    `stopped`: a stop signal reached the job script (ENDED_ON_PURPOSE)."""
     records = read(run_dir)
-    if log and rc:
+    if log and rc not in ENDED_ON_PURPOSE and not stopped:
         found = peer_faults.parse(peer_faults.read_log(log, log_start))
         for node, why in peer_faults.named(found, records, attempt, job_nodes).items():
             record(run_dir, "fault", attempt=attempt, node=node, kind="timeout", why=why, rank=None)
@@ -213,10 +224,11 @@ def main(argv=None) -> int:
     s.add_argument("--partition-nodes", default="", help="every node of the job's partition")
     s.add_argument("--log", default="", help="the job's output file (a failed collective may name its peer there)")
     s.add_argument("--log-start", default="0", help="where this attempt's part of --log starts (bytes)")
+    s.add_argument("--stopped", action="store_true", help="a stop signal reached the job script (cancel, warning)")
     args = ap.parse_args(argv)
     start = int(args.log_start) if args.log_start.isdigit() else 0
     print(settle(args.run_dir, args.attempt, args.job, args.rc, _split(args.nodes), args.ledger, args.requeue,
-                 _split(args.excluded), _split(args.partition_nodes), args.log, start), flush=True)
+                 _split(args.excluded), _split(args.partition_nodes), args.log, start, args.stopped), flush=True)
     return 0
 
 

@@ -194,16 +194,32 @@ def _interface_ips() -> set[str]:
     return found
 
 
+# what an exception says when a collective or its connection failed under this rank (a lost peer), rather than the
+# rank failing on its own: torch's distributed error types, the backends' names, the socket errors
+PEER_ERROR_WORDS = ("distbackenderror", "distnetworkerror", "diststoreerror", "nccl", "rccl", "gloo",
+                    "processgroup", "connection closed", "connection reset", "connection refused", "broken pipe")
+
+
+def from_a_peer(text: str) -> bool:
+    """Whether an exception's text (`Type: message`) is a failed collective or connection, not the rank's own error."""
+    low = text.lower()
+    return any(w in low for w in PEER_ERROR_WORDS) or bool(GLOO_PEER.search(text) or NCCL_PEER.search(text))
+
+
 def named(findings: list[dict], records: list[dict], attempt: int, job_nodes: list[str]) -> dict[str, str]:
     """{node: why} that the findings blame. A named host, address or rank counts only where it maps onto exactly
     one of the job's nodes (the attempt's `hosts` and `rank` records), and not where the writer names its own node
     (a broken connection between two ranks of one node does not say which one failed; the node's own faults are
     recorded by its ranks). Every finding is a vote of its writer (a node, else a rank, else one unknown writer):
     the nodes with the most votes are named (one dead node is named by all of its peers, and their own aborts then
-    make their peers name them: fewer votes). Nobody is named when the most-voted nodes are all of the job's nodes
+    make their peers name them: fewer votes). A node whose own rank failed with a software error (an `error` record)
+    is never named: its peers lost it because of that failure. Nobody is named when the most-voted nodes are all of the job's nodes
     (they named each other: a link between them, or a network-wide fault) or more than half of them."""
     hosts = [r for r in records if r.get("event") == "hosts" and r.get("attempt") == attempt
              and r.get("node") in job_nodes]
+    # a node one of whose ranks failed on its own (an `error` record: a software error, not a lost peer) closed its
+    # connections because of that failure: its peers naming it say nothing about the node
+    origin = {r.get("node") for r in records if r.get("event") == "error" and r.get("attempt") == attempt}
     by_name: dict[str, set[str]] = {}
     for node in job_nodes:  # a Slurm node name is usually its host name (and needs no hosts line of a node that
         by_name.setdefault(_norm(node), set()).add(node)  # died before its preflight wrote one)
@@ -224,7 +240,7 @@ def named(findings: list[dict], records: list[dict], attempt: int, job_nodes: li
         writer = (node_of(f["writer_host"]) if f.get("writer_host") else None) or by_rank.get(f.get("writer_rank"))
         targets = {node_of(f["peer"])} if f.get("peer") else {by_rank.get(r) for r in f.get("ranks") or []}
         voter = writer or (f"rank {f['writer_rank']}" if f.get("writer_rank") is not None else "?")
-        for node in targets - {None, writer}:
+        for node in targets - {None, writer} - origin:
             votes.setdefault(node, set()).add(voter)
             first.setdefault(node, f)
     if not votes:

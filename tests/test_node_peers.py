@@ -172,3 +172,33 @@ def test_ranks_whose_nccl_watchdog_aborted_them_feed_the_hang_guess(tmp_path):
     waited = [r for r in node_faults.read(run) if r["event"] == "timeout"]
     assert [(r["rank"], r["node"], r["seen"]) for r in waited] == [(0, "a", "log"), (1, "a", "log"), (2, "b", "log"),
                                                                    (3, "b", "log")]
+
+
+def test_a_rank_that_failed_on_its_own_or_a_stop_on_purpose_blames_no_peer(tmp_path):
+    """When a rank exits, the kernel closes its sockets and its peers print "Connection closed by remote peer": that
+    names a node whatever ended the rank (review, 2026-12-05). A node whose own rank recorded a software error
+    (`error`) is not named; an attempt that ended on purpose (the trainer's own codes; a stop signal that reached
+    the job script) is not read."""
+    text = "\n".join([SOCKET.format(w=1, p="node-5"), SOCKET.format(w=2, p="node-5")])
+    assert list(peer_faults.named(peer_faults.parse(text), FOUR, 0, NODES4)) == ["node-5"]
+    own = FOUR + [{"event": "error", "attempt": 0, "node": "node-5", "rank": 3, "why": "OSError: [Errno 28] No space"}]
+    assert peer_faults.named(peer_faults.parse(text), own, 0, NODES4) == {}
+    assert peer_faults.named(peer_faults.parse(text), [*own[:-1], {**own[-1], "attempt": 1}], 0, NODES4)  # another
+    # what the trainer records as a rank's own failure, and what it leaves to the peer logic
+    assert not peer_faults.from_a_peer("OSError: [Errno 28] No space left on device")
+    assert not peer_faults.from_a_peer("ValueError: trainer.lora.dim must be positive")
+    assert peer_faults.from_a_peer(GLOO.split("]: ", 1)[1])
+    assert peer_faults.from_a_peer("DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:2015, remote process exited")
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    node_ledger.append(run / "logs" / "nodes.jsonl", [json.dumps(r) for r in FOUR])
+    log = tmp_path / "out"
+    log.write_text(text + "\n")
+    args = dict(job_nodes=NODES4, ledger=tmp_path / "ledger.jsonl", requeue=True, excluded=[],
+                partition_nodes=NODES4 + ["node-8"])
+    for rc in (2, 3, 4):  # the trainer's own decisions
+        assert node_faults.settle(run, 0, "9", rc, log=str(log), **args).startswith("end - | no failure named"), rc
+    for rc in (node_faults.EXIT_STOPPED, 143):  # a cancel or the warning reached the job script
+        assert node_faults.settle(run, 0, "9", rc, log=str(log), stopped=True, **args).startswith("end - | no "), rc
+    # without the stop: srun ended the other tasks (143), or the trainer stopped there (75), after one failed
+    assert node_faults.settle(run, 0, "9", 143, log=str(log), **args).startswith("requeue node-5 |")

@@ -202,4 +202,5 @@ def test_a_cuda_error_names_the_node_and_a_timeout_is_recorded_as_waiting(tmp_pa
     record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms for recv operation to complete"))
     record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms"), stopping=True)  # woken to be killed
     got = [(r["event"], r.get("kind"), r["node"], r["attempt"]) for r in node_faults.read(tmp_path)]
-    assert got == [("fault", "device", "gpu7", 2), ("timeout", None, "gpu7", 2)]
+    # the out-of-memory is the rank's own failure (`error`: its peers that lose it do not blame its node)
+    assert got == [("fault", "device", "gpu7", 2), ("error", None, "gpu7", 2), ("timeout", None, "gpu7", 2)]

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from primus_contract import node_faults
+from primus_contract import node_faults, peer_faults
 
 THRESHOLD = 0.20   # over the median
 INTERVALS = 3      # log points in a row
@@ -124,8 +124,9 @@ class RankTimes:
 
 
 def record_error(run_dir: str, err: BaseException, stopping: bool = False) -> None:
-    """A failure that names this rank's node (a CUDA/HIP error, not out-of-memory), or a collective that timed out
-    on this rank (primus_contract/node_faults.py: `settle` names the nodes whose ranks did not time out). A timeout
+    """A failure that names this rank's node (a CUDA/HIP error, not out-of-memory), a collective that timed out
+    on this rank (primus_contract/node_faults.py: `settle` names the nodes whose ranks did not time out), or this
+    rank's own failure (`error`: anything else that is not a lost peer). A timeout
     raised once the rank was told to stop (`stopping`: Slurm ending the step sends SIGCONT, then SIGTERM) is not a
     rank that was waiting: it is the stopped rank, woken to be killed."""
     text = f"{type(err).__name__}: {err}"
@@ -139,3 +140,6 @@ def record_error(run_dir: str, err: BaseException, stopping: bool = False) -> No
                            why=first, rank=rank)
     elif ("timed out" in low or "timeout" in low) and not stopping:
         node_faults.record(run_dir, "timeout", attempt=attempt, node=node_faults.node_name(), rank=rank, why=first)
+    elif not stopping and not peer_faults.from_a_peer(text):  # this rank's own failure: its peers then lose it, through no fault of
+        # its node (primus_contract/peer_faults.named does not blame a node that recorded one)
+        node_faults.record(run_dir, "error", attempt=attempt, node=node_faults.node_name(), rank=rank, why=first)
