@@ -230,7 +230,10 @@ def _cancel(run_dir: Path, info: dict, now: dict) -> None:
     if info.get("executor") == "slurm":  # its afterok steps first: Slurm may start a step whose dependency, an
         for step in chain_state.chain_states(info):  # array task cancelled while pending, left no record
             if step.get("when") == "afterok" and step.get("state") == "PENDING" and step.get("job_id"):
-                executor.cancel(run_dir, {"job_id": step["job_id"]})
+                try:
+                    executor.cancel(run_dir, {"job_id": step["job_id"]})
+                except NothingToCancel:  # it ended (and was purged) since its state was read
+                    continue
                 click.echo(f"cancelled run {info['run_id']}'s {step['step']} step (job {step['job_id']})")
     try:
         executor.cancel(run_dir, info)

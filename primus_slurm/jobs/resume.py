@@ -12,6 +12,7 @@ import fcntl
 import time
 from pathlib import Path
 
+from primus_contract import node_faults
 from primus_slurm.jobs import registry, runs
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executors import executor_for
@@ -22,9 +23,12 @@ LOCK = ".resume.lock"
 
 
 def next_attempt(run_dir: Path) -> int:
-    """One past the highest attempt any rank-0 log records (0 when the run never logged)."""
+    """One past the highest attempt any rank-0 log or the run's node records (logs/nodes.jsonl: an attempt whose
+    preflight failed before the trainer logged has only those) know of; 0 for a run that never started."""
     logs = rank_logs(run_dir, 0)
-    return attempt_of(logs[-1]) + 1 if logs else 0
+    seen = [attempt_of(logs[-1])] if logs else []
+    seen += [r["attempt"] for r in node_faults.read(run_dir) if isinstance(r.get("attempt"), int)]
+    return max(seen) + 1 if seen else 0
 
 
 def resume(ref: str) -> dict:
