@@ -77,6 +77,9 @@ unpack() {  # every deb into $P, again whenever the kit changed
 link_libs() {  # $LIB: the packaged libraries whose names this machine's loader does not know
   local have f used=()
   have=$(ldconfig -p 2>/dev/null | awk 'NR > 1 {print $1}' | sort -u)
+  # without the loader's list every packaged library (Debian 12's libstdc++, libssl ...) would go first on the
+  # LD_LIBRARY_PATH that the suite and its jobs inherit: stop instead
+  [ -n "$have" ] || die "ldconfig -p lists no libraries here: cannot tell which packaged libraries are missing"
   rm -rf "$LIB" "$BIN" "$STATE/sbin" && mkdir -p "$LIB" "$BIN"
   for f in "$P"/lib/x86_64-linux-gnu/*.so.* "$P"/usr/lib/x86_64-linux-gnu/*.so.*; do
     [ -e "$f" ] || continue
