@@ -5,14 +5,9 @@ what needs the node (Transformer Engine) is a machine rule (primus_contract.mach
 from __future__ import annotations
 
 from primus_contract.errors import fail
+from primus_contract.rules_precision import run_device
 
 OFFLOAD = "`trainer.recompute.activation_offload_layers`"
-
-
-def run_device(t: dict, profile: str) -> str:
-    """cpu | cuda | auto: the recipe's device, with env profile cpu hiding the GPUs (as device_rules says)."""
-    device = t["distributed"]["device"]
-    return "cpu" if profile == "cpu" and device == "auto" else device
 
 
 def offload_rules(t: dict, profile: str) -> None:

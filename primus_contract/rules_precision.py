@@ -91,11 +91,15 @@ def profile_rules(p: Mapping, profile: str) -> None:
              f"{native} (NVFP4 is NVIDIA TE's, MXFP4 ROCm TE's); set fp4_recipe: {native}")
 
 
+def run_device(t: Mapping, profile: str) -> str:
+    """cpu | cuda | auto: the recipe's device, with env profile cpu hiding the GPUs (as device_rules says)."""
+    device = t["distributed"]["device"]
+    return "cpu" if profile == "cpu" and device == "auto" else device
+
+
 def recipe_precision_rules(t: Mapping, profile: str) -> None:
     """precision_rules + profile_rules on the `trainer` section of a defaulted recipe."""
-    device = t["distributed"]["device"]
-    device = "cpu" if profile == "cpu" and device == "auto" else device  # profile cpu hides the GPUs (device_rules)
-    precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], device)
+    precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], run_device(t, profile))
     if t["precision"]["fp8_dot_product_attention"] and t["data"]["packing"]:
         fail(f"`{P}.fp8_dot_product_attention` needs `trainer.data.packing: false`: TE's FP8 attention takes one "
              "document a row (bshd/sbhd), and packing puts several in a row (the packed THD layout)")

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from primus_contract.restore_rules import random_base_refusal
+from primus_contract.rules_precision import run_device
 from primus_slurm.jobs import executors, registry, runs
 from primus_slurm.errors import UserError
 from primus_slurm.config.render import render_script, sbatch_lines
@@ -86,7 +87,9 @@ def check_layout(run_dir: Path, name: str, resolved: dict) -> None:
         tensor = int(json.loads((run_dir / "checkpoints" / name / "metadata.json").read_text()).get("tensor", 1))
     except (OSError, ValueError, TypeError):
         return  # the job reads it and says what is wrong
-    why = random_base_refusal(tensor, 1, bool(pretrained(resolved)), resolved["trainer"]["distributed"]["device"])
+    profile = (resolved.get("cluster") or {}).get("env_profile", "none")
+    device = run_device(resolved["trainer"], profile)  # (env profile cpu: device auto runs on the CPU)
+    why = random_base_refusal(tensor, 1, bool(pretrained(resolved)), device)
     if why:
         raise UserError(f"checkpoint {name} was {why} (a post job runs at tensor parallel 1)")
 
