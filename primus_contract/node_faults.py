@@ -100,7 +100,7 @@ def stopped(records: list[dict], attempt: int) -> dict[str, str]:
     was woken only to be killed (Slurm ends a step with SIGCONT, then SIGTERM: a stopped rank then finds its
     collective's time long past), not one that waited. A timeout the NCCL watchdog wrote in the job's output (`seen:
     log`: the watchdog aborted its process, and only the output says it waited) carries no time and always counts."""
-    ranks = {r.get("rank"): r.get("node") for r in records if r.get("event") == "rank" and r.get("attempt") == attempt}
+    ranks = peer_faults.rank_nodes(records, attempt)
     waited = [r for r in records if r.get("event") == "timeout" and r.get("attempt") == attempt]
     if not waited or not ranks:
         return {}

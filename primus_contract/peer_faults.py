@@ -194,6 +194,11 @@ def _interface_ips() -> set[str]:
     return found
 
 
+def rank_nodes(records: list[dict], attempt: int) -> dict:
+    """{rank: node} of the attempt's `rank` records (every rank at start)."""
+    return {r.get("rank"): r.get("node") for r in records if r.get("event") == "rank" and r.get("attempt") == attempt}
+
+
 # what an exception says when a collective or its connection failed under this rank (a lost peer), rather than the
 # rank failing on its own: torch's distributed error types, the backends' names, the socket errors
 PEER_ERROR_WORDS = ("distbackenderror", "distnetworkerror", "diststoreerror", "nccl", "rccl", "gloo",
@@ -227,8 +232,7 @@ def named(findings: list[dict], records: list[dict], attempt: int, job_nodes: li
         for name in [h["node"], *(h.get("names") or []), *(h.get("ips") or [])]:
             for key in _key(str(name)):
                 by_name.setdefault(key, set()).add(h["node"])
-    by_rank = {r.get("rank"): r.get("node") for r in records if r.get("event") == "rank"
-               and r.get("attempt") == attempt and r.get("node") in job_nodes}
+    by_rank = {rank: node for rank, node in rank_nodes(records, attempt).items() if node in job_nodes}
 
     def node_of(name: str) -> str | None:
         nodes = set().union(*(by_name.get(k, set()) for k in _key(name)))
@@ -255,8 +259,7 @@ def named(findings: list[dict], records: list[dict], attempt: int, job_nodes: li
 
 def waits(findings: list[dict], records: list[dict], attempt: int) -> list[dict]:
     """{rank, node, why} of each rank whose watchdog said it waited (once a rank; the `rank` records map it)."""
-    by_rank = {r.get("rank"): r.get("node") for r in records
-               if r.get("event") == "rank" and r.get("attempt") == attempt}
+    by_rank = rank_nodes(records, attempt)
     out: dict[int, dict] = {}
     for f in findings:
         node = by_rank.get(f.get("writer_rank"))
