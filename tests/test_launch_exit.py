@@ -1,5 +1,6 @@
 """trainer.runtime.launch: the node's exit code after torchrun was stopped by a signal (the job script's forwarded
-time-limit warning, a cancel) is the workers' own, read from what each recorded."""
+time-limit warning, a cancel) is the workers' own, read from what each recorded. (wait_s=0: the launcher waits for
+its own children, the workers; pytest's children are other tests' processes.)"""
 import os
 import signal
 
@@ -17,20 +18,20 @@ def _record(folder, codes: dict) -> None:
 def test_every_worker_finished_before_the_signal_is_success(tmp_path):
     # the warning landed while torchrun tore down a finished run: the job read FAILED (143) before this
     _record(tmp_path, {0: 0, 1: 0})
-    assert after_signal(str(tmp_path), TERM, workers=2) == 0
+    assert after_signal(str(tmp_path), TERM, workers=2, wait_s=0) == 0
 
 
 def test_a_stopped_worker_gives_its_own_code(tmp_path):
     _record(tmp_path, {0: 0, 1: 75})
-    assert after_signal(str(tmp_path), TERM, workers=2) == 75
+    assert after_signal(str(tmp_path), TERM, workers=2, wait_s=0) == 75
 
 
 def test_a_worker_that_never_said_gives_the_signal(tmp_path):
     _record(tmp_path, {0: 0})  # local rank 1 was killed before it could record
-    assert after_signal(str(tmp_path), TERM, workers=2) == 128 + TERM
+    assert after_signal(str(tmp_path), TERM, workers=2, wait_s=0) == 128 + TERM
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert after_signal(str(empty), TERM, workers=1) == 128 + TERM
+    assert after_signal(str(empty), TERM, workers=1, wait_s=0) == 128 + TERM
 
 
 def test_signal_during_teardown_of_a_finished_worker(tmp_path):

@@ -61,10 +61,11 @@ def recorded(folder: str) -> dict[int, int]:
     return out
 
 
-def after_signal(folder: str, signum: int, workers: int) -> int:
-    """The node's code once the workers are gone: the first non-zero recorded code by local rank; 0 when all
-    `workers` local ranks recorded 0; else 128 + signum (a worker that never said: killed, or not started)."""
-    end = time.monotonic() + WAIT_WORKERS_S
+def after_signal(folder: str, signum: int, workers: int, wait_s: float = WAIT_WORKERS_S) -> int:
+    """The node's code once the workers are gone (this process's children, waited for up to `wait_s`): the first
+    non-zero recorded code by local rank; 0 when all `workers` local ranks recorded 0; else 128 + signum (a worker
+    that never said: killed, or not started)."""
+    end = time.monotonic() + wait_s
     while _children() and time.monotonic() < end:
         time.sleep(0.1)
     codes = recorded(folder)
