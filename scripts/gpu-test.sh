@@ -27,7 +27,7 @@ gpu=$("$PY" -c "import torch; print(torch.cuda.get_device_name().split()[-1].low
 dir=${OUT:-bench/results/$(date +%F)_${gpu}_lifecycle}
 mkdir -p "$dir"
 start=$SECONDS
-if ls .gpu/slurm/*.deb >/dev/null 2>&1 && { [ "$gpu" != cpu ] || [ "${PRIMUS_GPU_SLURM:-}" = 1 ]; }; then
+if ls "${PRIMUS_GPU_SLURM_KIT:-.gpu/slurm}"/*.deb >/dev/null 2>&1 && { [ "$gpu" != cpu ] || [ "${PRIMUS_GPU_SLURM:-}" = 1 ]; }; then
   if bash scripts/gpu-slurm.sh up >"$dir/gpu-slurm-up.log" 2>&1; then
     . "${PRIMUS_GPU_SLURM_STATE:-/var/tmp/primus-gpu-slurm}/env.sh"
     [ "${PRIMUS_GPU_SLURM_KEEP:-}" = 1 ] || trap 'bash scripts/gpu-slurm.sh down' EXIT
