@@ -28,6 +28,11 @@ def uses_hub(t: dict) -> bool:
         d["train"]["hf_name"] or d["validation"]["hf_name"])
 
 
+def sample_length(seq_length: int, multiple: int) -> int:
+    """The length of every sample handed to the model: seq_length rounded up to pad_to_multiple_of."""
+    return -(-int(seq_length) // int(multiple)) * int(multiple)
+
+
 def data_and_schedule_rules(t: dict) -> None:
     d, s = t["data"], t["schedule"]
     if not d["train"]["path"] and not d["train"]["hf_name"]:

@@ -5,6 +5,7 @@ what needs the node (Transformer Engine) is a machine rule (primus_contract.mach
 from __future__ import annotations
 
 from primus_contract.errors import fail
+from primus_contract.rules_data import sample_length
 from primus_contract.rules_precision import run_device
 
 OFFLOAD = "`trainer.recompute.activation_offload_layers`"
@@ -34,7 +35,7 @@ def offload_rules(t: dict, profile: str) -> None:
 def layout_rules(t: dict) -> None:
     """One document a row (packing false) runs [S, B] through megatron-core: sequence parallelism splits S itself."""
     d, par = t["data"], t["parallelism"]
-    sample = -(-d["seq_length"] // d["pad_to_multiple_of"]) * d["pad_to_multiple_of"]
+    sample = sample_length(d["seq_length"], d["pad_to_multiple_of"])
     if not d["packing"] and par["sequence_parallel"] and sample % par["tensor"]:
         fail(f"`trainer.data.seq_length` ({sample} after pad_to_multiple_of) must be divisible by "
              f"`trainer.parallelism.tensor` ({par['tensor']}) with packing false and sequence parallelism (each row "

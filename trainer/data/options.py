@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus_contract.fields import SCHEMA
+from primus_contract.rules_data import sample_length
 
 _DATA = SCHEMA["trainer"]["data"]  # allowed values and defaults: primus_contract.fields (the one definition)
 
@@ -66,8 +67,7 @@ class DataOptions:
     @property
     def sample_length(self) -> int:
         """Length of every sample handed to the model: seq_length rounded up to pad_to_multiple_of."""
-        m = self.pad_to_multiple_of
-        return -(-self.seq_length // m) * m
+        return sample_length(self.seq_length, self.pad_to_multiple_of)
 
     def packing_key(self) -> dict:
         """The options that change the packed arrays (part of the cache key)."""
