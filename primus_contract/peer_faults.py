@@ -22,7 +22,9 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
 
+RESOLVE_S = 2.0  # the resolver's time in addresses()
 MAX_READ = 16 << 20  # the last bytes of the attempt's output that are read
 # NCCL's WARN prefix (src/debug.cc, ncclDebugLog: "[timestamp] host:pid:tid [cudaDev] file:line NCCL WARN ...")
 NCCL_WRITER = re.compile(r"(?:^|\s|\])(?P<host>[A-Za-z0-9][A-Za-z0-9_-]*):\d+:\d+ \[\d+\] .*NCCL WARN ")
@@ -145,20 +147,32 @@ def _is_ip(name: str) -> bool:
     return False
 
 
-def addresses() -> dict:
-    """This host's names and IP addresses (loopback left out: every node has it), for its `hosts` record."""
-    names = {socket.gethostname()}
-    try:
-        names.add(socket.getfqdn())
-    except OSError:
-        pass
-    ips: set[str] = set()
-    for name in list(names):
+def addresses(resolve_s: float = RESOLVE_S) -> dict:
+    """This host's names and IP addresses (loopback left out: every node has it), for its `hosts` record. The
+    resolver's part (the FQDN, the names' addresses) gets `resolve_s` seconds: the preflight runs this before
+    torchrun on every node, and a node with broken DNS must not hold the job up (the interfaces' own addresses need
+    no resolver)."""
+    host = socket.gethostname()
+    found: dict = {}
+
+    def resolve() -> None:
+        names, ips = {host}, set()
         try:
-            ips.update(info[4][0] for info in socket.getaddrinfo(name, None))
+            names.add(socket.getfqdn())
         except OSError:
             pass
-    ips.update(_interface_ips())
+        for name in list(names):
+            try:
+                ips.update(info[4][0] for info in socket.getaddrinfo(name, None))
+            except OSError:
+                pass
+        found["both"] = (names, ips)  # one assignment: all of it, or nothing (a late answer is dropped)
+
+    worker = threading.Thread(target=resolve, daemon=True)
+    worker.start()
+    worker.join(resolve_s)
+    names, ips = found.get("both", ({host}, set()))
+    ips = set(ips) | _interface_ips()
     ips = {_norm(ip) for ip in ips}
     return {"names": sorted(n for n in names if n and not n.startswith("localhost")),
             "ips": sorted(ip for ip in ips if not _loopback(ip))}

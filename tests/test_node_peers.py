@@ -202,3 +202,18 @@ def test_a_rank_that_failed_on_its_own_or_a_stop_on_purpose_blames_no_peer(tmp_p
         assert node_faults.settle(run, 0, "9", rc, log=str(log), stopped=True, **args).startswith("end - | no "), rc
     # without the stop: srun ended the other tasks (143), or the trainer stopped there (75), after one failed
     assert node_faults.settle(run, 0, "9", 143, log=str(log), **args).startswith("requeue node-5 |")
+
+
+def test_a_resolver_that_hangs_does_not_hold_the_preflight(monkeypatch):
+    """addresses() runs before torchrun on every node: a node with broken DNS gives its host name and its
+    interfaces' addresses after resolve_s, not after the resolver's own timeouts (review, 2026-12-05)."""
+    import socket
+    import time
+
+    def hang(*_args, **_kw):
+        time.sleep(5)
+        return "late.example"
+
+    monkeypatch.setattr(socket, "getfqdn", hang)
+    mine = peer_faults.addresses(resolve_s=0.2)  # (had it waited for the resolver, late.example would be there)
+    assert mine["names"] == sorted({socket.gethostname()} - {"localhost"}) and "late.example" not in mine["names"]
