@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -58,3 +59,23 @@ def test_local_sweep_runs_one_after_another(tmp_path):
         (run,) = [r["run"] for r in records if r["type"] == "run"]
         assert run["run_group"] == data["sweep_id"], run
     assert "queue done" in (Path(data["sweep_dir"]) / "logs" / "queue.out").read_text()
+
+
+@pytest.mark.slow  # ~5 s: kept out of `make check`'s 3 minutes
+def test_runs_the_queue_starts_together_share_the_cpus(job_env, job_recipe):
+    """--max-parallel 2 on this machine: each trial's ranks get nproc / 2 threads (the job script's line), not a
+    thread per core each; the tiny test job, no training."""
+    env = {k: v for k, v in job_env.items() if k != "OMP_NUM_THREADS"}
+    out = cli(env, "sweep", str(job_recipe("ok", nodes=1, executor="local")), "--grid", "trainer.lora.dim=4,8",
+              "--max-parallel", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)["runs"]
+    end = time.monotonic() + 120
+    for r in runs:
+        path = Path(r["run_dir"]) / "logs" / "local.out"
+        while "exited with code" not in (path.read_text() if path.exists() else ""):
+            assert time.monotonic() < end, path
+            time.sleep(0.5)
+        text = path.read_text()
+        m = re.search(r"OMP_NUM_THREADS=(\d+) per rank: this machine's (\d+) CPU\(s\) shared by 2 runs at once", text)
+        assert m and int(m[1]) == max(1, int(m[2]) // 2), text  # (the CPUs nproc counts: the job's affinity)

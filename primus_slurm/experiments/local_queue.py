@@ -41,13 +41,13 @@ def release(folder: Path) -> None:
     (folder / (QUEUE_JSON + ".pending")).replace(folder / QUEUE_JSON)
 
 
-def _start_run(run_dir: Path, executor: LocalExecutor) -> dict | None:
-    """Start one queued run (None when it was cancelled while it waited)."""
+def _start_run(run_dir: Path, executor: LocalExecutor, sharing: int = 1) -> dict | None:
+    """Start one queued run (None when it was cancelled while it waited); `sharing` runs share the machine."""
     with queue_lock(run_dir):
         if (run_dir / LOCAL_CANCELLED).exists():
             return None
         info = runs.read_run_json(run_dir)
-        info.update(executor.submit(run_dir))
+        info.update(executor.submit(run_dir, sharing))
         runs.write_run_json(run_dir, info)
     registry.record({k: info[k] for k in ("run_id", "job_id")})
     print(f"started {run_dir} as {info['job_id']}", flush=True)
@@ -81,7 +81,7 @@ def run_queue(folder: Path, after=None) -> None:
         running = still
         while pending and len(running) < spec["parallel"]:
             run_dir = pending.pop(0)
-            info = _start_run(run_dir, executor)
+            info = _start_run(run_dir, executor, min(spec["parallel"], len(spec["run_dirs"])))
             if info is not None:
                 running.append((run_dir, info))
         if pending or running:

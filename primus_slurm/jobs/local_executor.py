@@ -16,6 +16,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.jobs.executor_base import STOPPING, TERMINAL, Executor
 from primus_slurm.jobs.runs import read_run_json
 
+SHARING_ENV = "PRIMUS_LOCAL_SHARING"  # read by templates/job.sh.j2 (a local job's part of the CPUs)
 LOCAL_OUT = "logs/local.out"        # stdout/stderr of a local job (the analogue of slurm-<jobid>.out)
 LOCAL_EXIT = "exit_code"            # written by the local wrapper when the script ends
 LOCAL_CANCELLED = "cancelled"       # written by `cancel` before it signals the process group
@@ -109,13 +110,16 @@ class LocalExecutor(Executor):
         """A pyxis image: pyxis is srun's plugin, so the local job runs on the host."""
         return runtime == "pyxis"
 
-    def submit(self, run_dir: Path) -> dict:
-        """{'job_id', 'pid', 'pid_start'} of the detached wrapper around `<run_dir>/job.sbatch`."""
+    def submit(self, run_dir: Path, sharing: int = 1) -> dict:
+        """{'job_id', 'pid', 'pid_start'} of the detached wrapper around `<run_dir>/job.sbatch`. `sharing`: how many
+        runs the local queue runs at once on this machine (the job script gives each its part of the CPUs,
+        PRIMUS_LOCAL_SHARING)."""
+        env = {**os.environ, SHARING_ENV: str(sharing)} if sharing > 1 else None
         proc = subprocess.Popen(
             ["bash", "-c", _WRAPPER, "primus-local", str(run_dir / "job.sbatch"),
              str(run_dir / LOCAL_OUT), str(run_dir / LOCAL_EXIT)],
             cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True)
+            start_new_session=True, close_fds=True, env=env)
         return {"job_id": f"local-{proc.pid}", "pid": proc.pid, "pid_start": proc_start_ticks(proc.pid)}
 
     def resubmit(self, run_dir: Path) -> dict:
