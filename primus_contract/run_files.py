@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -48,6 +49,11 @@ _ATTEMPT_FILE = re.compile(r"^(debug|events)(?:\.attempt-(\d+))?\.(log|jsonl)$")
 
 def rank_dir(run_dir, rank: int = 0) -> Path:
     return Path(run_dir) / "logs" / f"rank-{rank}"
+
+
+def current_attempt(environ=None) -> int:
+    """This job's attempt: Slurm's SLURM_RESTART_COUNT (0 on the first run, +1 a requeue; unset or empty: 0)."""
+    return int((os.environ if environ is None else environ).get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def log_name(attempt: int) -> str:

@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 
+from primus_contract import run_files
 from trainer.checkpointing import checkpoint as ckpt
 from trainer import precision
 from trainer.observability import quiet
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     quiet.install()  # before anything imports megatron-core
     run_dir = os.path.abspath(args.run_dir)
-    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    attempt = run_files.current_attempt()
     try:
         try:
             cfg = load_config(args.config)

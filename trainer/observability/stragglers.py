@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from primus_contract import node_faults, peer_faults
+from primus_contract import node_faults, peer_faults, run_files
 
 THRESHOLD = 0.20   # over the median
 INTERVALS = 3      # log points in a row
@@ -131,7 +131,7 @@ def record_error(run_dir: str, err: BaseException, stopping: bool = False) -> No
     rank that was waiting: it is the stopped rank, woken to be killed."""
     text = f"{type(err).__name__}: {err}"
     low = text.lower()
-    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    attempt = run_files.current_attempt()
     rank = int(os.environ.get("RANK", "0"))
     first = text.splitlines()[0][:300] if text else ""
     if any(k in low for k in ("cuda error", "hip error", "cublas_status", "cudnn_status", "ecc error",

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 
-from primus_contract import node_faults, peer_faults
+from primus_contract import node_faults, peer_faults, run_files
 from trainer.runtime import gpu_counters
 
 
 def attempt() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return run_files.current_attempt()
 
 
 def problem() -> str | None:

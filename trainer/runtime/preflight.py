@@ -155,7 +155,7 @@ def _log_failure(run_dir: Optional[str], line: str, head: str = "config error", 
     the node that found a problem of its own): status shows it."""
     if not run_dir or (os.environ.get("SLURM_PROCID", "0") != "0" and not any_node):
         return
-    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    attempt = node_preflight.attempt()
     try:
         from primus_contract import run_files
     except ImportError:  # a run directory without the contract's copy: the human log only

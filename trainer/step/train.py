@@ -23,6 +23,8 @@ from typing import Callable, Optional
 
 import torch
 
+from primus_contract import run_files
+
 from trainer.checkpointing import checkpoint as ckpt
 from trainer.step.evaluate import evaluate
 from trainer.step.flops import doc_length_stats, step_flops
@@ -128,7 +130,7 @@ class Trainer:
         self.last_loss = float("nan")
         self.profiler = StepProfiler.from_cfg(t.logging, run_dir, info.rank, self.device, logger, model)
         self.times = RankTimes(run_dir, info.rank, info.world_size, self.device,  # slow ranks named
-                               int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), logger)
+                               run_files.current_attempt(), logger)
 
     # ------------------------------------------------------------------ one step
     def micro_batches(self, iteration: int) -> list[dict]:
