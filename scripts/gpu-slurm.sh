@@ -19,6 +19,7 @@
 # system's. Its ports (3 from $PORT) and $STATE are not the local test cluster's (scripts/local-slurm.sh).
 # Knobs: PRIMUS_GPU_SLURM_STATE (/var/tmp/primus-gpu-slurm), PRIMUS_GPU_SLURM_KIT (.gpu/slurm),
 #        PRIMUS_GPU_SLURM_PORT (7817), PRIMUS_GPU_SLURM_GPUS (the GPU count; default: nvidia-smi -L, else torch).
+#        PYTHON (python3): the interpreter of the loopback alias and of the torch GPU count.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 KIT=$(readlink -m "${PRIMUS_GPU_SLURM_KIT:-.gpu/slurm}")
@@ -38,6 +39,7 @@ DEBS=(slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins slurm-wlm-m
   libhwloc15 libjson-c5 liblua5.1-0 liblz4-1 libnuma1 libyaml-0-2 libdbus-1-3 libreadline8 libtinfo6 libncurses6
   libpam0g libaudit1 libcap-ng0 libcap2 libudev1 libsystemd0 libgcrypt20 libgpg-error0 liblzma5 libzstd1
   libaio1 liburing2 libpcre2-8-0 libssl3 libcrypt1 zlib1g libedit2 libbsd0 libmd0 libstdc++6 libgcc-s1)
+PY=${PYTHON:-python3}                           # the loopback alias and the torch GPU count (no nvidia-smi)
 CLIENTS=(sbatch squeue sacct scontrol scancel srun sinfo salloc sacctmgr sstat)
 
 say() { echo "gpu-slurm: $*" >&2; }
@@ -106,7 +108,7 @@ link_libs() {  # $LIB: the packaged libraries whose names this machine's loader 
 loopback_alias() {  # add|del|check: glibc's AI_ADDRCONFIG, which Slurm's getaddrinfo() asks for, finds no IPv4
   # address on a machine that has only 127.0.0.1, and every daemon then fails to bind; a second loopback address
   # (127.0.0.2 on lo:primus) is enough. Python's ioctl, as a bare image may have no `ip`.
-  python3 - "$1" "$PORT" <<'PY'
+  "$PY" - "$1" "$PORT" <<'PY'
 import fcntl, socket, struct, sys
 what, port = sys.argv[1], int(sys.argv[2])
 if what == "check":
@@ -129,7 +131,7 @@ gpu_count() {
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     nvidia-smi -L | grep -c '^GPU ' || true; return
   fi
-  python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0
+  "$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0
 }
 
 node_name() {  # the job script's rendezvous address is the first node's name: it must resolve
@@ -223,12 +225,15 @@ up() {
     touch "$RUN/lo-alias"
     say "only 127.0.0.1 here: added 127.0.0.2 (lo:primus) so that the daemons can bind"
   fi
-  unpack
-  link_libs
   local node gpus
   node=$(node_name)
   gpus=$(gpu_count)
-  if pid_alive "$RUN/slurmctld.pid"; then say "already running (down first to reconfigure)"; else
+  if pid_alive "$RUN/slurmctld.pid"; then  # the running daemons' libraries and configs stay as they are
+    say "already running (down first to reconfigure)"
+    export LD_LIBRARY_PATH="$LIB:$SLURMLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    unpack
+    link_libs
     write_configs "$node" "$gpus"
   fi
   export SLURM_CONF=$ETC/slurm.conf MYSQL_UNIX_PORT=$DB_SOCK PATH="$BIN:$PATH"
