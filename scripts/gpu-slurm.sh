@@ -186,7 +186,7 @@ EOF
       echo "NodeName=$node Name=gpu File=$f"
     done; } >"$ETC/gres.conf"
   # no cgroup is used (proctrack/linuxproc, task/none, jobacct_gather/linux), yet slurmd loads a cgroup plugin
-  # (cgroup/v1 here): it must not ask systemd, which the device has not
+  # (cgroup/v1 here, v2 on the H200 machine): it must not ask systemd, which the device has not
   printf 'CgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$ETC/cgroup.conf"
   (umask 077; cat >"$ETC/slurmdbd.conf" <<EOF
 AuthType=auth/none
@@ -242,6 +242,17 @@ up() {
   wait_for 60 slurmdbd sacctmgr -i -n list cluster
   pid_alive "$RUN/slurmctld.pid" || "$STATE/sbin/slurmctld" || die "slurmctld did not start"
   wait_for 30 slurmctld scontrol ping
+  # cgroup/v2 with IgnoreSystemd makes its slurmstepd scope with a plain mkdir under system.slice, which a machine
+  # without systemd lacks (the H200 machine, 2026-12-05: "Could not create scope directory
+  # /sys/fs/cgroup/system.slice/vm_slurmstepd.scope", slurmd initialization failed): make the slice, once
+  if [ -f /sys/fs/cgroup/cgroup.controllers ] && [ ! -d /sys/fs/cgroup/system.slice ]; then
+    if mkdir /sys/fs/cgroup/system.slice 2>/dev/null; then
+      touch "$RUN/made-system-slice"
+      say "made /sys/fs/cgroup/system.slice (no systemd here) for slurmd's cgroup/v2 plugin"
+    else
+      say "cgroup v2 without /sys/fs/cgroup/system.slice, and it cannot be made: slurmd may not start"
+    fi
+  fi
   pid_alive "$RUN/slurmd.pid" || "$STATE/sbin/slurmd" -N "$node" -d "$STATE/sbin/slurmstepd" \
     || die "slurmd did not start"
   wait_for 60 "slurmd $node" sh -c "sinfo -h -n $node -o %T | grep -qxE 'idle|mixed|allocated'"
@@ -259,6 +270,10 @@ down() {
   stop_pidfile slurmctld "$RUN/slurmctld.pid"
   stop_pidfile slurmdbd "$RUN/slurmdbd.pid"
   stop_pidfile mariadbd "$RUN/mysqld.pid"
+  if [ -f "$RUN/made-system-slice" ]; then  # empty again once slurmd's scope is gone; rmdir leaves one in use
+    rmdir /sys/fs/cgroup/system.slice/*_slurmstepd.scope /sys/fs/cgroup/system.slice 2>/dev/null || true
+    rm -f "$RUN/made-system-slice"
+  fi
   if [ -f "$RUN/lo-alias" ]; then loopback_alias del && rm -f "$RUN/lo-alias"; fi
   say "down"
 }
