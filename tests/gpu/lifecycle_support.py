@@ -136,5 +136,8 @@ def compare(got: dict[int, float], want: dict[int, float], first: int) -> dict:
     its = sorted(i for i in want if i >= first)
     missing = [i for i in its if i not in got]
     diffs = [abs(got[i] - want[i]) for i in its if i in got]
+    differ = [i for i in its if i in got and got[i] != want[i]]  # where the runs part: the first resumed step or later
     return {"from_iteration": first, "iterations": len(its), "missing": missing[:5],
-            "max_abs_diff": max(diffs) if diffs else None, "bitwise": bool(diffs) and max(diffs) == 0.0}
+            "max_abs_diff": max(diffs) if diffs else None, "bitwise": bool(diffs) and max(diffs) == 0.0,
+            "first_differing": differ[0] if differ else None,
+            "first_diff": abs(got[differ[0]] - want[differ[0]]) if differ else None}

@@ -50,3 +50,28 @@ def clear() -> None:
 def size() -> int:
     """Number of cached entries (all weights, all keys)."""
     return sum(len(slots) for slots in _CACHE.values())
+
+
+# Transformer Engine's own copies of the frozen weights (fp8_weight_cache: megatron passes is_first_microbatch, and
+# TE quantizes a weight only when it is True, keeping the copy otherwise). Megatron's modules start with it True and
+# set it False after their first forward; only megatron's pipeline schedule sets it True again (every step). Without
+# a refresh the copy made by a process's first forward is kept for the whole run: with delayed scaling that forward
+# quantizes with the initial scale (1.0, no amax seen yet), not the weight's own, so an uninterrupted run trained on
+# those copies while a resumed one (scales restored from the checkpoint) quantized with the real scale: FP8 resume was
+# not bit-exact on the H200 (2026-12-05, max |dloss| 0.0089 from the first resumed iteration). A frozen weight's amax
+# never changes, so its scale is final after the first update: refreshing at the first two steps of every process
+# gives every run, fresh or resumed, the same copies from its second step on, at the cost of one extra quantization.
+REFRESH_STEPS = 2
+
+
+def refresh_te_weight_copies(model) -> int:
+    """Ask every TE module of the model (megatron's set_is_first_microbatch: a no-op without fp8/fp4) to quantize
+    its weights again at its next forward; returns how many model chunks were asked."""
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    asked = 0
+    for chunk in chunks:
+        target = getattr(chunk, "module", chunk)  # a DDP-style wrapper
+        if hasattr(target, "set_is_first_microbatch"):
+            target.set_is_first_microbatch()
+            asked += 1
+    return asked

@@ -33,7 +33,7 @@ from trainer.step.loss import all_reduce_sum, local_token_count, step_header
 from trainer.model.tp_overlap import check_tokens
 from trainer.step.optim import clip_gradients, reduce_gradients
 from trainer.step.pipeline import accumulate_gradients
-from trainer.precision import fp8_params
+from trainer.precision import fp8_params, weight_cache
 from trainer.observability.profiling import StepProfiler
 from trainer.observability.stragglers import RankTimes
 from trainer.step.schedule import LRSchedule
@@ -123,6 +123,7 @@ class Trainer:
         self.dp_size = ps.get_data_parallel_world_size()
         self.mp_group = ps.get_model_parallel_group()
         self.counts_once = info.tp_rank == 0 and info.pp_rank == 0
+        self.steps_in_process = 0  # weight_cache.REFRESH_STEPS: TE's weight copies are redone in the first steps
         self.ckpt_dir = os.path.join(run_dir, "checkpoints")
         self.seed = int(cfg.experiment.seed)
         self.pending: list[tuple[int, torch.Tensor, float, torch.Tensor, float]] = []
@@ -156,6 +157,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
+        if self.steps_in_process < weight_cache.REFRESH_STEPS:
+            weight_cache.refresh_te_weight_copies(self.model)
+        self.steps_in_process += 1
         release = (lambda: fp8_params.release_transposes(self.model)) if self.t.precision.fp8_param else None
         with self.times.compute_section():
             loss_sum = accumulate_gradients(self.model, self.forward_losses, micro_batches, n, self.device, release)
