@@ -10,6 +10,8 @@
 #                                     3 interleaved repeats (bench/interleaved.py), spread + verdicts (bench/spread.py)
 #   bash bench/gpu_suite.sh epilogue  the same with trainer.lora.epilogue as a third variant (bench/README.md)
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
+#   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
+#                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
 #                                     FP8 attention, FP8 delayed (and BF16), 3 interleaved repeats, ceiling x3, spread
@@ -139,6 +141,25 @@ case "${1:-}" in
              # contract refuses it with FP8, one error row says so), interleaved (see interleaved_call)
     interleaved_call epilogue --variant default= --variant swiglu=trainer.lora.fused_swiglu=true \
       --variant epilogue=trainer.lora.epilogue=true ${EXTRA_VARIANTS:-} ;;
+  swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default: recipes/compare_realtext.yaml (200
+                    # iterations, real English text) per precision (PRECISIONS, default "bf16 fp8") three runs side by
+                    # side: the default (a), fused_swiglu (b), the default with another seed (spread); bench/loss_match.py
+                    # says whether b stays as close to a as the reseeded a does (tail mean of the lm loss, last eval)
+    W=/tmp/swr; rm -rf "$W"
+    for p in ${PRECISIONS:-bf16 fp8}; do
+      set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
+      for v in a:false:1234:00000a b:true:1234:00000b spread:false:4321:00000c; do
+        IFS=: read -r k f seed id <<<"$v"
+        python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow \
+          --run-id "20261205-000000-$id" --set experiment.workspace="$W/$p" \
+          --set trainer.precision.bf16=true --set trainer.distributed.device=cuda --set trainer.distributed.backend=nccl \
+          --set cluster.env_profile=h200 --set trainer.lora.fused_swiglu=$f --set experiment.seed=$seed "${set_p[@]}" \
+          > "$OUT/swr-$p-$k.log" 2>&1 &
+      done
+      wait
+      d="$W/$p/compare_realtext/20261205-000000-00000"
+      python3 bench/loss_match.py --a "${d}a" --b "${d}b" --spread "${d}c" --label "realtext-$p"
+    done | tee -a "$OUT/swiglu-realtext.jsonl" ;;
   swiglu-profile)  # issue 37: why fused_swiglu gave nothing in FP8 single-document (2026-12-04, one run a cell): the
                    # FP8 default and fused_swiglu profiled over iterations 8-9 (profile-<label>.txt), ~2 min
     { for f in false true; do
