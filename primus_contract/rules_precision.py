@@ -97,6 +97,24 @@ def run_device(t: Mapping, profile: str) -> str:
     return "cpu" if profile == "cpu" and device == "auto" else device
 
 
+def fused_swiglu_on(t: Mapping, profile: str) -> bool:
+    """trainer.lora.fused_swiglu as it runs: true / false as written; null (auto) on wherever it applies: an adapter
+    on linear_fc1 without post-dropout, no recompute.adapter_inputs scope all|fc2 (fc2's adapter recomputes from
+    fc1's full output), and with precision.fp8_swiglu_input only on an NVIDIA GPU (the kernels keep the FP8 copy;
+    the unfused ops would not, and ROCm's FP8 is e4m3fnuz). The trainer decides per MLP by the same conditions
+    (trainer/model/lora/swiglu.py: experts and non-gated MLPs keep the unfused path)."""
+    value = t["lora"]["fused_swiglu"]
+    if value is not None:
+        return bool(value)
+    lora, rec = t["lora"], t["recompute"]
+    if "linear_fc1" not in lora["target_modules"] or (lora["dropout"] and lora["dropout_position"] == "post"):
+        return False
+    if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
+        return False
+    return not (t["precision"]["fp8_swiglu_input"]
+                and (run_device(t, profile) != "cuda" or profile in ("mi300x", "mi355x")))
+
+
 def recipe_precision_rules(t: Mapping, profile: str) -> None:
     """precision_rules + profile_rules on the `trainer` section of a defaulted recipe."""
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], run_device(t, profile))
@@ -106,7 +124,7 @@ def recipe_precision_rules(t: Mapping, profile: str) -> None:
     rec = t["recompute"]
     fc2_recompute = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2")
     # (fused_swiglu with fp8_swiglu_input: its kernels keep fc1's output in FP8 themselves, trainer/model/lora/swiglu.py)
-    if t["lora"]["fused_swiglu"] and fc2_recompute:
+    if t["lora"]["fused_swiglu"] is True and fc2_recompute:
         fail(f"`trainer.lora.fused_swiglu` and `trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} "
              "(fc2's adapter recomputes its input from fc1's full output, which the fused SwiGLU never writes) "
              "exclude each other; set one of them to false (or adapter_inputs_scope: norm)")

@@ -138,3 +138,31 @@ def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired(monkeypatch):
         none = tiny_cfg(trainer={"lora": {"fused_swiglu": True, "target_modules": ["linear_qkv", "linear_proj"]}})
         with pytest.raises(ConfigError, match="no dense gated-SiLU MLP with an adapter on linear_fc1"):
             build(none, info.device)
+
+
+def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
+    """fused_swiglu null (auto): wired like true where an MLP can fold its fc1 adapter; where none can (no fc1
+    adapter here), the unfused path and a line that says so, where true refuses; the planner and the contract
+    agree (primus_contract.rules_precision.fused_swiglu_on)."""
+    from primus_contract.rules_precision import fused_swiglu_on
+    from tests.model_helpers import dist_session
+    from trainer.model import build
+
+    auto = tiny_cfg(trainer={"lora": {"fused_swiglu": None}})
+    none_here = tiny_cfg(trainer={"lora": {"fused_swiglu": None, "target_modules": ["linear_qkv", "linear_proj"]}})
+    with dist_session(auto) as info:
+        built = build(auto, info.device)
+        assert sum(hasattr(m, "_primus_megatron_forward") for m in built.model.modules()) == 2
+        assert "fc1 adapters folded into the activation | 2 MLPs" in dict(built.lines)["fused swiglu"]
+        built = build(none_here, info.device)
+        assert not any(hasattr(m, "_primus_megatron_forward") for m in built.model.modules())
+        assert "no MLP here can fold" in dict(built.lines)["fused swiglu"]
+    t = {"lora": {"fused_swiglu": None, "target_modules": ["linear_fc1"], "dropout": 0.0, "dropout_position": "pre"},
+         "recompute": {"adapter_inputs": False, "adapter_inputs_scope": "all"},
+         "precision": {"fp8_swiglu_input": False}, "distributed": {"device": "cuda"}}
+    assert fused_swiglu_on(t, "h200")
+    assert not fused_swiglu_on({**t, "recompute": {"adapter_inputs": True, "adapter_inputs_scope": "fc2"}}, "h200")
+    store = {**t, "precision": {"fp8_swiglu_input": True}}
+    assert fused_swiglu_on(store, "h200") and not fused_swiglu_on(store, "mi300x")
+    assert not fused_swiglu_on({**store, "distributed": {"device": "cpu"}}, "cpu")
+    assert fused_swiglu_on({**t, "lora": {**t["lora"], "fused_swiglu": True, "target_modules": []}}, "h200")

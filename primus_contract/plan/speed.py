@@ -27,6 +27,7 @@ from __future__ import annotations
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
+from primus_contract.rules_precision import fused_swiglu_on
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.memory import offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
@@ -51,7 +52,9 @@ def _gemm_class(precision: str) -> str:
 def features(r: dict, lay: Layout) -> dict[str, float]:
     """Work per GPU per step, by feature (FLOPs, element counts, calls, bytes)."""
     t = r["trainer"]
-    m, rec, lora = t["model"], t["recompute"], t["lora"]
+    m, rec = t["model"], t["recompute"]
+    # null fused_swiglu (auto): as it will run on this recipe's machine
+    lora = {**t["lora"], "fused_swiglu": fused_swiglu_on(t, r["cluster"]["env_profile"])}
     precision = precision_of(t)
     gclass = _gemm_class(precision)
     n_mb = lay.micro_batches

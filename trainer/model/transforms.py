@@ -101,7 +101,10 @@ def _fused_swiglu(model, ctx: BuildContext) -> str:
     """trainer.lora.fused_swiglu: dense MLPs whose fc1 adapter is folded into the activation."""
     from trainer.model.lora.swiglu import kernels_usable, wire_fused_swiglu
 
-    wired = wire_fused_swiglu(model)
+    strict = ctx.cfg.trainer.lora.fused_swiglu is True  # null: wherever it applies, and says where it did not
+    wired = wire_fused_swiglu(model, strict)
+    if not wired and not strict:
+        return "fused swiglu | auto (fused_swiglu null): no MLP here can fold its fc1 adapter; the unfused path"
     if not wired:  # accepted and ignored would be a lie: no dense MLP here has an fc1 adapter it could fold
         from trainer.config import ConfigError
 
@@ -146,7 +149,7 @@ TRANSFORMS = (
     Transform("lora", lambda ctx: True, _lora),
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
-    Transform("fused swiglu", lambda ctx: bool(ctx.cfg.trainer.lora.fused_swiglu), _fused_swiglu),
+    Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
     Transform("lora epilogue", lambda ctx: bool(ctx.cfg.trainer.lora.epilogue), _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
               lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),

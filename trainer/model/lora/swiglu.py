@@ -1,4 +1,5 @@
-"""fc1's adapter folded into the SwiGLU that reads its output (trainer.lora.fused_swiglu; off by default).
+"""fc1's adapter folded into the SwiGLU that reads its output (trainer.lora.fused_swiglu; off by default,
+null: wherever it applies).
 
 A dense gated-SiLU MLP computes act = swiglu(u) with u = fc1(x) = u_base + s h B^T (h = x A^T, the rank-sized
 adapter activation). Unfused, u is formed by an addmm over fc1's [tokens, 2 ffn] output (read u_base, write u) and
@@ -155,10 +156,11 @@ def eligible(mlp, lora_cls) -> bool:
             and not (fc1.dropout is not None and fc1.dropout_position == "post"))
 
 
-def wire_fused_swiglu(model) -> int:
+def wire_fused_swiglu(model, strict: bool = True) -> int:
     """Route every eligible dense MLP through swiglu_lora; returns how many were wired. With the FP8 SwiGLU input
     store (megatron's activation_func_fp8_input_store) the fused kernels keep fc1's output in FP8 as megatron would;
-    a ConfigError where they cannot run (no Triton device: the unfused ops would drop the store)."""
+    a ConfigError where they cannot run (no Triton device: the unfused ops would drop the store), or, not `strict`
+    (fused_swiglu null: wherever it applies), those MLPs keep the unfused path."""
     from megatron.core.transformer.mlp import MLP
 
     from trainer.config import ConfigError
@@ -172,6 +174,8 @@ def wire_fused_swiglu(model) -> int:
         if getattr(fc2, "input_act", None) is not None:  # fc2's adapter recomputes swiglu(u): it needs u itself
             continue
         store = bool(getattr(module.config, "activation_func_fp8_input_store", False))
+        if store and not strict and (torch.version.hip or not kernels_usable(module.linear_fc1.weight.device)):
+            continue
         if store and not kernels_usable(module.linear_fc1.weight.device):
             raise ConfigError("trainer.lora.fused_swiglu with trainer.precision.fp8_swiglu_input needs its Triton "
                               "kernels (a GPU with Triton): the unfused ops here would not keep the FP8 copy")
