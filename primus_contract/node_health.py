@@ -8,11 +8,13 @@ The job's rank 0 adds the cross-node figures: allreduce {ms, busbw_gb_s, ranks} 
 rank sending to the next node's rank (src → dst), so one slow link is found and not just a slow total.
 
 Thresholds, and why:
-- GEMM: slow below GEMM_FRACTION (0.75) of the expected rate. The expected rate is the planner's: the BF16 GEMM
+- GEMM: slow below GEMM_FRACTION (0.8) of the expected rate. The expected rate is the planner's: the BF16 GEMM
   rate calibrated on the H200 (plan/calibration.py COST['gemm_bf16'], seconds per FLOP, fitted on whole training
   steps) scaled to the node's GPU by its vendor peak (plan/gpus.py), as plan/speed.py scales it. A healthy GPU's
-  large square GEMM runs at or above the training mix's rate; a power- or thermally-throttled GPU loses 25 % and
-  more. Nodes whose GPU the table lacks are judged against the other nodes only: slow below RELATIVE (0.5) of the
+  large square GEMM runs at or above the training mix's rate: a healthy H200 measured 766.6 TFLOP/s against the
+  696.9 expected (2026-12-05, `make gpu-test`), so 0.8 (557.5) flags a GPU that lost 27 % of its healthy rate, as
+  power or thermal throttling does (25 % and more), and leaves a 10 % dip ok (0.75 let a 30 % loss pass).
+  Nodes whose GPU the table lacks are judged against the other nodes only: slow below RELATIVE (0.5) of the
   median node; CPU nodes below RELATIVE_CPU (0.25: on the local test cluster two healthy "nodes" sharing two busy
   cores measured 0.098 and 0.037 TFLOP/s in one check), where the figures only prove that the code paths run.
 - Links: a ring link below RELATIVE of the median link marks both its ends slow (the link is named); GPU nodes
@@ -29,7 +31,7 @@ import statistics
 from primus_contract.plan.calibration import COST
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 
-GEMM_FRACTION = 0.75
+GEMM_FRACTION = 0.8
 RELATIVE = 0.5
 RELATIVE_CPU = 0.25  # CPU nodes sharing cores with other work: two healthy ones measured 2.6x apart
 FREE_FRACTION = 0.9
