@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     block_s = 0.0
     for rep, (name, sets) in interleave(variants, args.repeats):
         base = {"bench": "interleaved", "label": args.label, "variant": name, "rep": rep,
-                "precision": precision_name, "overrides": sets}
+                "precision": precision_name, "overrides": sets, "recipe": args.recipe, "set": list(args.overrides),
+                "nproc": info.world_size}
         if name in refused:
             if rep == 0:
                 print(json.dumps({**base, "error": refused[name]}), flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
+import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,32 @@ class Row:
             "outofmemory", "out of memory")
 
 
+# interleaved rows (bench/interleaved.py) printed before they named their recipe and the call's own --set
+INTERLEAVED_RECIPES = {"2026-12-05_h200_speed/epilogue.jsonl": "bench/recipes/llama3_8b_h200.yaml"}
+
+
+def interleaved_medians(rel: str, rows_: list[dict]) -> list[Row]:
+    """bench/interleaved.py's repeats of one cell (label, variant, docs) as one row: the median tokens/s and peak
+    (what bench/spread.py reports), in trainer_throughput's keys, so that the plan is held to the cell and not to
+    each repeat. Error rows are left out (their refusal is in the file)."""
+    cells: dict[tuple, list[dict]] = {}
+    for d in rows_:
+        if d.get("tokens_per_s") and d.get("peak_gib"):
+            cells.setdefault((d.get("label"), d.get("variant"), d.get("docs")), []).append(d)
+    out = []
+    for (label, variant, docs), reps in cells.items():
+        first = reps[0]
+        sets = first.get("set")
+        if sets is None:  # older rows: only the precision came from the call (gpu_suite.sh interleaved_call)
+            sets = ["trainer.precision.fp8=hybrid"] if first.get("precision") == "fp8" else []
+        data = {"bench": "trainer_throughput", "recipe": first.get("recipe") or INTERLEAVED_RECIPES.get(rel),
+                "overrides": [*sets, *(first.get("overrides") or [])], "nproc": first.get("nproc") or 1, "rc": 0,
+                "docs": docs, "tokens_per_s_per_gpu": statistics.median(r["tokens_per_s"] for r in reps),
+                "peak_mem_gib": statistics.median(r["peak_gib"] for r in reps), "repeats": len(reps)}
+        out.append(Row(rel, f"{label}-{variant}-{docs} (median of {len(reps)})", data))
+    return out
+
+
 def rows() -> list[Row]:
     out = []
     for path in sorted(RESULTS.rglob("*.json*")):
@@ -90,6 +117,7 @@ def rows() -> list[Row]:
         rel = str(path.relative_to(RESULTS))
         text = path.read_text(errors="replace")
         chunks = text.splitlines() if path.suffix == ".jsonl" else [text]
+        interleaved = []
         for chunk in chunks:
             chunk = chunk.strip()
             if not chunk.startswith("{"):
@@ -98,8 +126,11 @@ def rows() -> list[Row]:
                 data = json.loads(chunk)
             except ValueError:
                 continue
-            if isinstance(data, dict):
+            if isinstance(data, dict) and data.get("bench") == "interleaved" and not data.get("error"):
+                interleaved.append(data)
+            elif isinstance(data, dict):
                 out.append(Row(rel, str(data.get("label") or data.get("bench") or "?"), data))
+        out.extend(interleaved_medians(rel, interleaved))
     return out
 
 

@@ -5,7 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from primus_contract.plan.adapter_passes import passes, traffic_ratio
+import pytest
+
+from primus_contract.plan.adapter_passes import REALIZED, passes, traffic_ratio
 from primus_contract.plan.shapes import Linear
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,10 +29,16 @@ def test_planner_ratio():
     proj, fc1 = _lin("linear_proj", 4096, 4096, False), _lin("linear_fc1", 4096, 28672, True)
     lora = {"fused": True, "epilogue": False, "fused_swiglu": False, "dropout": 0.0}
     assert traffic_ratio(lora, proj) == 1.0 and traffic_ratio(lora, fc1) == 1.0
-    assert traffic_ratio({**lora, "epilogue": True}, proj) == (3 + 2) / (4 + 4)
+    # the byte saving, of which the measured share (REALIZED) shows as time
+    ep, sw = REALIZED["epilogue"], REALIZED["fused_swiglu"]
+    assert traffic_ratio({**lora, "epilogue": True}, proj) == pytest.approx(1 - ep * (1 - (3 + 2) / (4 + 4)))
     assert traffic_ratio({**lora, "epilogue": True}, fc1) == 1.0
     assert traffic_ratio({**lora, "epilogue": True}, proj, tp=2) == 1.0  # refused at TP 2: priced as the default
-    assert traffic_ratio({**lora, "fused_swiglu": True}, fc1) == (6 * 4096 + 2 * 28672) / (6 * 4096 + 4 * 28672)
+    folded = (6 * 4096 + 2 * 28672) / (6 * 4096 + 4 * 28672)
+    assert traffic_ratio({**lora, "fused_swiglu": True}, fc1) == pytest.approx(1 - sw * (1 - folded))
+    both = {**lora, "fused_swiglu": True, "epilogue": True}  # fc1 is norm-fed: the epilogue leaves it as it was
+    assert traffic_ratio(both, fc1) == pytest.approx(1 - sw * (1 - folded))
+    assert traffic_ratio(both, proj) == traffic_ratio({**lora, "epilogue": True}, proj)
 
 
 def test_adapter_traffic_prints_every_design():
