@@ -2,8 +2,9 @@
 ok, slow or failed, with the figure and why. Standard library only; the GPU expectations are the planner's.
 
 A node's report (JSON): node, device (cuda / cpu), gpu_name, gpus: [{index, gemm_tflops, free_gib, total_gib,
-errors: {counter: n} or null}], gemm_tflops (the node's slowest device), vendor_tool (nvidia-smi / rocm-smi or
-null), notes, disk: {path, free_gib, error}, shared_fs: {path, write_ms, error}, error (the check itself failed).
+errors: {counter: n} or null (null where the job sees some GPUs only: torch's numbering is not the tool's)}],
+counters: {the tool's GPU index: {counter: n}} of every GPU of the node, or null, gemm_tflops (the node's slowest
+device), vendor_tool (nvidia-smi / amd-smi / rocm-smi or null), notes, disk: {path, free_gib, error}, shared_fs: {path, write_ms, error}, error (the check itself failed).
 The job's rank 0 adds the cross-node figures: allreduce {ms, busbw_gb_s, ranks} and ring: [{src, dst, gb_s}], each
 rank sending to the next node's rank (src → dst), so one slow link is found and not just a slow total.
 
@@ -95,9 +96,16 @@ def _gpus(r: dict, failed: list) -> None:
         total, free = g.get("total_gib") or 0.0, g.get("free_gib")
         if total and free is not None and free < FREE_FRACTION * total:
             failed.append(f"GPU {g.get('index')}: {free:.1f} of {total:.1f} GiB free (another process holds it?)")
-        bad = {k: v for k, v in (g.get("errors") or {}).items() if isinstance(v, (int, float)) and v > 0}
+    # the vendor's counters of every GPU of the node, by its numbering (`counters`); a report without them (older
+    # checks) carries them per visible GPU
+    tool = r.get("vendor_tool") or "vendor tool"
+    per_node = r.get("counters")
+    rows = ([(f"{tool} GPU {k}", v) for k, v in sorted(per_node.items(), key=lambda kv: int(kv[0]))]
+            if isinstance(per_node, dict) else [(f"GPU {g.get('index')}", g.get("errors")) for g in r.get("gpus") or []])
+    for name, errors in rows:
+        bad = {k: v for k, v in (errors or {}).items() if isinstance(v, (int, float)) and v > 0}
         if bad:
-            failed.append(f"GPU {g.get('index')}: " + ", ".join(f"{k} {v:g}" for k, v in sorted(bad.items())))
+            failed.append(f"{name}: " + ", ".join(f"{k} {v:g}" for k, v in sorted(bad.items())))
 
 
 def _gemm(r: dict, median: float | None, slow: list) -> None:

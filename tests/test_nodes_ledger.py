@@ -110,6 +110,20 @@ def test_node_check_verdicts():
     assert node_health.exit_code(node_health.judge([_report("a", 1.0)])) == 0
 
 
+def test_counters_are_judged_per_node_by_the_tools_numbering():
+    """A job that sees some GPUs only (Slurm's CUDA_VISIBLE_DEVICES) has torch's numbering, not nvidia-smi's: the
+    report's `counters` hold every GPU of the node by the tool's index, and a bad GPU the job was not given still
+    fails the node, named by that index."""
+    gpu = {"device": "cuda", "gpu_name": "NVIDIA H200", "vendor_tool": "nvidia-smi"}
+    want = node_health.expected_tflops(node_health.gpu_of("NVIDIA H200"))
+    row = {"index": 0, "free_gib": 139.0, "total_gib": 140.0, "errors": None}
+    bad = {"0": {"remapped_rows.failure": 0.0}, "3": {"remapped_rows.failure": 1.0}}
+    (v,) = node_health.judge([_report("a", want, gpus=[row], counters=bad, **gpu)])
+    assert v["verdict"] == "failed" and v["why"] == ["nvidia-smi GPU 3: remapped_rows.failure 1"], v
+    (v,) = node_health.judge([_report("a", want, gpus=[row], counters={"0": {"remapped_rows.failure": 0.0}}, **gpu)])
+    assert v["verdict"] == "ok", v
+
+
 def test_vendor_counters_parse():  # (the real formats, and which tool is asked: tests/test_node_gpu_counters.py)
     found = gpu_counters.nvidia("0, 00000000:18:00.0, 0, [N/A]\n1, 00000000:2A:00.0, 3, Yes\n")
     assert found[0] == {"ecc.errors.uncorrected.volatile.total": 0.0}

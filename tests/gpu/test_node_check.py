@@ -26,9 +26,9 @@ def test_node_check_on_this_machine(tmp_path, record):
     report = node["report"]
     expected = node_health.expected_tflops(node_health.gpu_of(report.get("gpu_name")))
     record(verdict=node["verdict"], why=node["why"], gpu_name=report.get("gpu_name"), gpus=report.get("gpus"),
-           gemm_tflops=report.get("gemm_tflops"), expected_tflops=expected, vendor_tool=report.get("vendor_tool"),
+           gemm_tflops=report.get("gemm_tflops"), expected_tflops=expected, vendor_tool=report.get("vendor_tool"), counters=report.get("counters"),
            notes=report.get("notes"), disk=report.get("disk"), shared_fs=report.get("shared_fs"))
     if DEV == "cuda":
         assert report["device"] == "cuda" and report["gpus"] and report["vendor_tool"] == "nvidia-smi", report
-        assert all(g["errors"] is not None for g in report["gpus"]), report  # nvidia-smi's counters were read
+        assert report["counters"], report  # nvidia-smi's counters were read (every GPU of the machine)
     assert node["verdict"] == "ok" and out.returncode == 0, node

@@ -90,11 +90,18 @@ def probe(out_dir: Path, node: str) -> dict:
         report["device"], report["gpu_name"] = "cuda", torch.cuda.get_device_name(0)
         tool, counts, note = gpu_counters.counters()
         report["vendor_tool"] = tool
+        # the vendor tool numbers every GPU of the node, torch only the visible ones (CUDA_VISIBLE_DEVICES /
+        # HIP_VISIBLE_DEVICES, as Slurm sets them): the counters are judged per node, by the tool's numbering, and
+        # a GPU row carries its own only where both number alike (nothing hidden)
+        report["counters"] = {str(k): v for k, v in counts.items()} if tool else None
+        same = not any(os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                                     "ROCR_VISIBLE_DEVICES"))
         for i in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(i)
             rate = _gemm_tflops(torch.device("cuda", i), 8192, torch.bfloat16, stretch)
             report["gpus"].append({"index": i, "gemm_tflops": round(rate, 2), "free_gib": round(free / 2**30, 2),
-                                   "total_gib": round(total / 2**30, 2), "errors": counts.get(i) if tool else None})
+                                   "total_gib": round(total / 2**30, 2),
+                                   "errors": counts.get(i) if tool and same else None})
         report["gemm_tflops"] = min(g["gemm_tflops"] for g in report["gpus"])
     else:
         report["device"], report["gpu_name"], report["vendor_tool"] = "cpu", None, None
