@@ -148,16 +148,17 @@ case "${1:-}" in
     W=/tmp/swr; rm -rf "$W"
     for p in ${PRECISIONS:-bf16 fp8}; do
       set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
-      for v in a:false:1234:00000a b:true:1234:00000b spread:false:4321:00000c; do
-        IFS=: read -r k f seed id <<<"$v"
-        python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow \
-          --run-id "20261205-000000-$id" --set experiment.workspace="$W/$p" \
+      pid=$([ "$p" = fp8 ] && echo 0f08 || echo 0b16)  # the precision in the run ids: one registry holds all six
+      for v in a:false:1234 b:true:1234 c:false:4321; do
+        IFS=: read -r k f seed <<<"$v"
+        timeout 240 python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow \
+          --run-id "20261205-000000-${pid}0$k" --set experiment.workspace="$W/$p" \
           --set trainer.precision.bf16=true --set trainer.distributed.device=cuda --set trainer.distributed.backend=nccl \
           --set cluster.env_profile=h200 --set trainer.lora.fused_swiglu=$f --set experiment.seed=$seed "${set_p[@]}" \
           > "$OUT/swr-$p-$k.log" 2>&1 &
       done
       wait
-      d="$W/$p/compare_realtext/20261205-000000-00000"
+      d="$W/$p/compare_realtext/20261205-000000-${pid}0"
       python3 bench/loss_match.py --a "${d}a" --b "${d}b" --spread "${d}c" --label "realtext-$p"
     done | tee -a "$OUT/swiglu-realtext.jsonl" ;;
   swiglu-profile)  # issue 37: why fused_swiglu gave nothing in FP8 single-document (2026-12-04, one run a cell): the

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from primus_contract.errors import fail
+from primus_contract.rules_model import pattern_matches
 
 P = "trainer.precision"
 FP4_FLAGS = ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard")
@@ -106,13 +107,21 @@ def fused_swiglu_on(t: Mapping, profile: str) -> bool:
     value = t["lora"]["fused_swiglu"]
     if value is not None:
         return bool(value)
-    lora, rec = t["lora"], t["recompute"]
-    if "linear_fc1" not in lora["target_modules"] or (lora["dropout"] and lora["dropout_position"] == "post"):
+    lora, rec, m = t["lora"], t["recompute"], t["model"]
+    if not lora["enabled"] or (lora["dropout"] and lora["dropout_position"] == "post"):
         return False
     if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
         return False
-    return not (t["precision"]["fp8_swiglu_input"]
-                and (run_device(t, profile) != "cuda" or profile in ("mi300x", "mi355x")))
+    dense = not m["num_moe_experts"] or m["moe_first_k_dense"] > 0 or m["moe_layer_freq"] > 1
+    # the dense MLP's fc1, as LoRA matches it (trainer/model/lora/layers.py: the full module name or its last part)
+    fc1 = ["decoder.layers.0.mlp.linear_fc1", "mlp.linear_fc1"]
+    if not dense or not any(pattern_matches(p, fc1) for p in lora["target_modules"]) or any(
+            pattern_matches(p, fc1) for p in lora["exclude_modules"]):
+        return False
+    device = run_device(t, profile)
+    nvidia = profile in ("h100", "h200", "b200") if device == "auto" else (
+        device == "cuda" and profile not in ("mi300x", "mi355x"))
+    return not (t["precision"]["fp8_swiglu_input"] and not nvidia)
 
 
 def recipe_precision_rules(t: Mapping, profile: str) -> None:

@@ -228,7 +228,9 @@ up() {
   local node gpus
   node=$(node_name)
   gpus=$(gpu_count)
-  if pid_alive "$RUN/slurmctld.pid"; then  # the running daemons' libraries and configs stay as they are
+  local name running=
+  for name in mysqld slurmdbd slurmctld slurmd; do pid_alive "$RUN/$name.pid" && running=1; done
+  if [ -n "$running" ]; then  # any daemon still running keeps its libraries and configs as they are
     say "already running (down first to reconfigure)"
     export LD_LIBRARY_PATH="$LIB:$SLURMLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   else
@@ -270,9 +272,10 @@ down() {
   stop_pidfile slurmctld "$RUN/slurmctld.pid"
   stop_pidfile slurmdbd "$RUN/slurmdbd.pid"
   stop_pidfile mariadbd "$RUN/mysqld.pid"
-  if [ -f "$RUN/made-system-slice" ]; then  # empty again once slurmd's scope is gone; rmdir leaves one in use
-    rmdir /sys/fs/cgroup/system.slice/*_slurmstepd.scope /sys/fs/cgroup/system.slice 2>/dev/null || true
-    rm -f "$RUN/made-system-slice"
+  if [ -f "$RUN/made-system-slice" ]; then  # slurmd's scope holds child cgroups (system/, job_*): deepest first;
+    # rmdir leaves a cgroup that still has processes, and then the marker stays for the next down
+    find /sys/fs/cgroup/system.slice -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    [ -d /sys/fs/cgroup/system.slice ] || rm -f "$RUN/made-system-slice"
   fi
   if [ -f "$RUN/lo-alias" ]; then loopback_alias del && rm -f "$RUN/lo-alias"; fi
   say "down"

@@ -157,12 +157,23 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
         built = build(none_here, info.device)
         assert not any(hasattr(m, "_primus_megatron_forward") for m in built.model.modules())
         assert "no MLP here can fold" in dict(built.lines)["fused swiglu"]
-    t = {"lora": {"fused_swiglu": None, "target_modules": ["linear_fc1"], "dropout": 0.0, "dropout_position": "pre"},
-         "recompute": {"adapter_inputs": False, "adapter_inputs_scope": "all"},
+    lora = {"enabled": True, "fused_swiglu": None, "target_modules": ["linear_fc1"], "exclude_modules": [],
+            "dropout": 0.0, "dropout_position": "pre"}
+    t = {"lora": lora, "recompute": {"adapter_inputs": False, "adapter_inputs_scope": "all"},
+         "model": {"num_moe_experts": None, "moe_first_k_dense": 0, "moe_layer_freq": 1},
          "precision": {"fp8_swiglu_input": False}, "distributed": {"device": "cuda"}}
     assert fused_swiglu_on(t, "h200")
     assert not fused_swiglu_on({**t, "recompute": {"adapter_inputs": True, "adapter_inputs_scope": "fc2"}}, "h200")
+    for targets, excludes, on in ((["linear_fc*"], [], True), (["*"], ["linear_fc1"], False),
+                                  (["decoder.layers.*.mlp.linear_fc1"], [], True), (["linear_qkv"], [], False)):
+        assert fused_swiglu_on({**t, "lora": {**lora, "target_modules": targets, "exclude_modules": excludes}},
+                               "h200") is on, (targets, excludes)
+    moe = {**t, "model": {"num_moe_experts": 8, "moe_first_k_dense": 0, "moe_layer_freq": 1}}
+    assert not fused_swiglu_on(moe, "h200")  # experts keep their grouped path; no dense MLP
+    assert fused_swiglu_on({**moe, "model": {**moe["model"], "moe_first_k_dense": 1}}, "h200")
     store = {**t, "precision": {"fp8_swiglu_input": True}}
     assert fused_swiglu_on(store, "h200") and not fused_swiglu_on(store, "mi300x")
+    assert fused_swiglu_on({**store, "distributed": {"device": "auto"}}, "h200")  # the recipes' default device
+    assert not fused_swiglu_on({**store, "distributed": {"device": "auto"}}, "mi355x")
     assert not fused_swiglu_on({**store, "distributed": {"device": "cpu"}}, "cpu")
-    assert fused_swiglu_on({**t, "lora": {**t["lora"], "fused_swiglu": True, "target_modules": []}}, "h200")
+    assert fused_swiglu_on({**t, "lora": {**lora, "fused_swiglu": True, "target_modules": []}}, "h200")

@@ -35,3 +35,12 @@ def test_within_and_outside_the_reseeded_spread(tmp_path):
     assert abs(got["tail_b_a"] - 0.01 / 3) < 1e-9 and abs(got["tail_spread"] - 0.1) < 1e-9, got
     far = _run(tmp_path, "far", [5.0, 4.0, 3.0, 2.0], 3.2)  # the same training curve, an eval loss off by 0.2
     assert _match(a, far, spread)["verdict"] == "outside spread"
+
+
+def test_runs_that_ended_apart_are_refused(tmp_path):
+    a = _run(tmp_path, "a", [5.0, 4.0, 3.0, 2.0], 3.0)
+    short = _run(tmp_path, "short", [5.0, 4.0, 3.0], 3.0)  # stopped early (a timeout, a crash)
+    spread = _run(tmp_path, "s", [5.1, 4.1, 3.1, 2.1], 3.05)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "loss_match.py"), "--a", str(a), "--b", str(short),
+                          "--spread", str(spread)], capture_output=True, text=True)
+    assert out.returncode != 0 and "same last iteration" in out.stderr and not out.stdout, out

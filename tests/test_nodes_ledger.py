@@ -124,6 +124,19 @@ def test_counters_are_judged_per_node_by_the_tools_numbering():
     assert v["verdict"] == "ok", v
 
 
+def test_gemm_margin_is_wider_where_the_rate_is_only_scaled():
+    """0.8x the expected rate on the Hopper parts (measured: a healthy H200 766.6 against 696.9), 0.55x where the
+    expectation is the H200's scaled by vendor peak (an MI300X: unmeasured)."""
+    def verdict(name, rate):
+        return node_health.judge([_report("a", rate, device="cuda", gpu_name=name)])[0]["verdict"]
+
+    h200 = node_health.expected_tflops(node_health.gpu_of("NVIDIA H200"))
+    mi300x = node_health.expected_tflops(node_health.gpu_of("AMD Instinct MI300X"))
+    assert verdict("NVIDIA H200", 0.81 * h200) == "ok" and verdict("NVIDIA H200", 0.79 * h200) == "slow"
+    assert verdict("AMD Instinct MI300X", 0.6 * mi300x) == "ok"
+    assert verdict("AMD Instinct MI300X", 0.5 * mi300x) == "slow"
+
+
 def test_vendor_counters_parse():  # (the real formats, and which tool is asked: tests/test_node_gpu_counters.py)
     found = gpu_counters.nvidia("0, 00000000:18:00.0, 0, [N/A]\n1, 00000000:2A:00.0, 3, Yes\n")
     assert found[0] == {"ecc.errors.uncorrected.volatile.total": 0.0}

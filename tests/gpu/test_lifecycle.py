@@ -91,7 +91,8 @@ def lab(tmp_path_factory):
 
 
 def _stopped(lab, key) -> tuple[str, Path, dict]:
-    """(run id, run dir, its status when it stopped); the interruption's own error, if it failed, is raised here."""
+    """(run id, run dir, its status when it stopped); an error of the interruption or of the resume after it (the
+    same thread: a resume that timed out, say) is raised here."""
     entry = lab["runs"][key]
     return entry["run_id"], Path(entry["run_dir"]), lab["stopped"][key].result()[0]
 
@@ -110,7 +111,10 @@ def _reference(lab, precision: str) -> Path:
 
 def _stop_iteration(run_dir: Path) -> int:
     """The last checkpoint of the interrupted first attempt (the resume, already run, wrote later ones)."""
-    saved = [e["iteration"] for e in ls.events(run_dir)[0] if e.get("event") == "checkpoint"]
+    from primus_contract import run_files
+
+    (first,) = [p for p in run_files.attempt_files(run_dir, "jsonl") if run_files.attempt_of(p) == 0]
+    saved = [e["iteration"] for e in run_files.read_events(first) if e.get("event") == "checkpoint"]
     return max(saved)
 
 
