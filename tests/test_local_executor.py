@@ -119,8 +119,11 @@ def test_unknown_run_is_a_clean_user_error(job_env):
 def test_ctrl_c_stops_following_not_the_job(job_env, job_recipe):
     import signal
 
+    # Ctrl-C as a terminal sends it: with SIGINT's default action (a test run started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)
     proc = subprocess.Popen([str(CLI), "submit", str(job_recipe("sleep:300")), "--follow", *LOCAL],
-                            env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env=job_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     while "iteration 1/4" not in seen:
         line = proc.stdout.readline()
