@@ -4,7 +4,8 @@ ok, slow or failed, with the figure and why. Standard library only; the GPU expe
 A node's report (JSON): node, device (cuda / cpu), gpu_name, gpus: [{index, gemm_tflops, free_gib, total_gib,
 errors: {counter: n} or null (null where the job sees some GPUs only: torch's numbering is not the tool's)}],
 counters: {the tool's GPU index: {counter: n}} of every GPU of the node, or null, gemm_tflops (the node's slowest
-device), vendor_tool (nvidia-smi / amd-smi / rocm-smi or null), notes, disk: {path, free_gib, error}, shared_fs: {path, write_ms, error}, error (the check itself failed).
+device), vendor_tool (nvidia-smi / amd-smi / rocm-smi or null), notes, disk: {path, free_gib, error}, shared_fs:
+{path, write_ms, error}, error (the check itself failed).
 The job's rank 0 adds the cross-node figures: allreduce {ms, busbw_gb_s, ranks} and ring: [{src, dst, gb_s}], each
 rank sending to the next node's rank (src → dst), so one slow link is found and not just a slow total.
 
@@ -106,8 +107,10 @@ def _gpus(r: dict, failed: list) -> None:
     # checks) carries them per visible GPU
     tool = r.get("vendor_tool") or "vendor tool"
     per_node = r.get("counters")
-    rows = ([(f"{tool} GPU {k}", v) for k, v in sorted(per_node.items(), key=lambda kv: int(kv[0]))]
-            if isinstance(per_node, dict) else [(f"GPU {g.get('index')}", g.get("errors")) for g in r.get("gpus") or []])
+    if isinstance(per_node, dict):
+        rows = [(f"{tool} GPU {k}", v) for k, v in sorted(per_node.items(), key=lambda kv: int(kv[0]))]
+    else:
+        rows = [(f"GPU {g.get('index')}", g.get("errors")) for g in r.get("gpus") or []]
     for name, errors in rows:
         bad = {k: v for k, v in (errors or {}).items() if isinstance(v, (int, float)) and v > 0}
         if bad:
