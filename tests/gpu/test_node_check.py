@@ -26,7 +26,8 @@ def test_node_check_on_this_machine(tmp_path, record):
     report = node["report"]
     expected = node_health.expected_tflops(node_health.gpu_of(report.get("gpu_name")))
     record(verdict=node["verdict"], why=node["why"], gpu_name=report.get("gpu_name"), gpus=report.get("gpus"),
-           gemm_tflops=report.get("gemm_tflops"), expected_tflops=expected, vendor_tool=report.get("vendor_tool"), counters=report.get("counters"),
+           gemm_tflops=report.get("gemm_tflops"), expected_tflops=expected, vendor_tool=report.get("vendor_tool"),
+           counters=report.get("counters"),
            notes=report.get("notes"), disk=report.get("disk"), shared_fs=report.get("shared_fs"))
     if DEV == "cuda":
         assert report["device"] == "cuda" and report["gpus"] and report["vendor_tool"] == "nvidia-smi", report

@@ -15,10 +15,6 @@ from primus_contract import node_faults, peer_faults, run_files
 from trainer.runtime import gpu_counters
 
 
-def attempt() -> int:
-    return run_files.current_attempt()
-
-
 def problem() -> str | None:
     """What is wrong with this node's GPUs, else None."""
     value = node_faults.injected("preflight")
@@ -33,7 +29,7 @@ def record(run_dir: str | None, kind: str, why: str) -> str:
     """The fault in the run's logs/nodes.jsonl; returns this node's name."""
     node = node_faults.node_name()
     if run_dir:
-        node_faults.record(run_dir, "fault", attempt=attempt(), node=node, kind=kind, why=why,
+        node_faults.record(run_dir, "fault", attempt=run_files.current_attempt(), node=node, kind=kind, why=why,
                            rank=None, task=int(os.environ.get("SLURM_PROCID", "0") or 0))
     return node
 
@@ -42,7 +38,7 @@ def start(run_dir: str | None) -> None:
     """On every node before torchrun: the node's `hosts` line, and NCCL/RCCL's warnings on (they go to stdout)."""
     os.environ.setdefault("NCCL_DEBUG", "WARN")
     if run_dir:
-        node_faults.record(run_dir, "hosts", attempt=attempt(), node=node_faults.node_name(),
+        node_faults.record(run_dir, "hosts", attempt=run_files.current_attempt(), node=node_faults.node_name(),
                            **peer_faults.addresses())
 
 

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Optional
 
+from primus_contract import run_files
 from primus_contract.fields import SCHEMA
 from primus_contract.machine import parse_version
 from trainer.runtime import node_preflight
@@ -155,21 +156,14 @@ def _log_failure(run_dir: Optional[str], line: str, head: str = "config error", 
     the node that found a problem of its own): status shows it."""
     if not run_dir or (os.environ.get("SLURM_PROCID", "0") != "0" and not any_node):
         return
-    attempt = node_preflight.attempt()
-    try:
-        from primus_contract import run_files
-    except ImportError:  # a run directory without the contract's copy: the human log only
-        run_files = None
+    attempt = run_files.current_attempt()
     folder = os.path.join(run_dir, "logs", "rank-0")
     try:
         os.makedirs(folder, exist_ok=True)
-        name = run_files.log_name(attempt) if run_files else ("debug.log" if attempt == 0 else
-                                                                f"debug.attempt-{attempt}.log")
-        with open(os.path.join(folder, name), "a", encoding="utf-8") as fh:
+        with open(os.path.join(folder, run_files.log_name(attempt)), "a", encoding="utf-8") as fh:
             fh.write(f"[{time.strftime(STAMP)}] {head} | {line}\n")
-        if run_files is not None:
-            with open(os.path.join(folder, run_files.events_name(attempt)), "a", encoding="utf-8") as fh:
-                fh.write(run_files.event_line("outcome", status=head, exit=code, message=line) + "\n")
+        with open(os.path.join(folder, run_files.events_name(attempt)), "a", encoding="utf-8") as fh:
+            fh.write(run_files.event_line("outcome", status=head, exit=code, message=line) + "\n")
     except OSError:
         pass
 
