@@ -110,6 +110,7 @@ KERNELS = textwrap.dedent("""
     import torch
     from trainer.model.lora.drop import draw
     from trainer.model.lora.epilogue import epilogue_adapter
+    from trainer.model.lora.fused import fused_adapter
     from trainer.model.lora.kernels import dual_grad, masked_product
     torch.manual_seed(0)
     tol = dict(rtol=2e-5, atol=2e-5)
@@ -131,6 +132,18 @@ KERNELS = textwrap.dedent("""
             b1 = torch.randn(n, r, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
             torch.manual_seed(5)
             y = epilogue_adapter(w, x, a1, b1, 2.0, 0.1, kernels=kernels)
+            (y * torch.ones_like(y)).sum().backward()
+            grads.append((y.detach(), x.grad, a1.grad, b1.grad))
+        for ref, got in zip(*grads):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        grads = []  # the fused path (trainer.lora.fused, the default) with pre-dropout: the masked dh A added into dx
+        for kernels in (False, True):
+            x = torch.randn(t, 48, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+            a1 = torch.randn(r, 48, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+            b1 = torch.randn(n, r, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+            torch.manual_seed(5)
+            y, _ = fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, drop=lambda z: draw(z, 0.1), p=0.1,
+                                 kernels=kernels)
             (y * torch.ones_like(y)).sum().backward()
             grads.append((y.detach(), x.grad, a1.grad, b1.grad))
         for ref, got in zip(*grads):

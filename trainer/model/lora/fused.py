@@ -25,9 +25,10 @@ activation dtype first). tests/test_lora_fused.py pins both, and 20 iterations o
 
 Pre-dropout (lora.dropout with dropout_position pre, the MLPerf recipes') is fused into A: the mask is drawn as
 nn.Dropout draws it (trainer.model.lora.drop: the same RNG calls, so the same mask), the masked input feeds A and is
-kept for dA, and the tap adds the masked dh A into dx (torch's ops, the dropout's own backward op on CPU, so dx
-stays bitwise there; trainer.model.lora.kernels' one-pass Triton kernel can serve here once it has been checked on a
-GPU: the caller passes kernels=False until then).
+kept for dA, and the tap adds the masked dh A into dx: on a GPU in one pass (trainer.model.lora.kernels'
+masked_product kernel, checked against the torch ops on an H200 by bench/kernel_check.py on 2026-12-05: dx then
+differs from the unfused path only in where dh A is rounded); on CPU with torch's ops, the dropout's own backward op,
+so dx stays bitwise there.
 
 Applies to a base whose adapter input is the base's own input x: linear_proj, linear_fc2 (also with fc2's SwiGLU
 recomputed from fc1's output, trainer.model.lora.inputs), any non-norm linear, at any TP size with or without

@@ -250,9 +250,8 @@ class LoRALinear(nn.Module):
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
                                  collective=self._collective if self.tp_size > 1 else None, drop=drop, p=p,
-                                 kernels=False)  # torch's ops for the masked dh A: this default path takes no
-        # Triton kernel that has not run on a GPU yet (the masked kernel serves the opt-in epilogue until the device
-        # call's bench/kernel_check.py has checked it; then True here, kernels_usable(x.device))
+                                 kernels=kernels_usable(x.device))  # the masked dh A in one pass (its Triton
+        # kernel matched the torch ops on an H200 at the 8B's widths: bench/kernel_check.py, 2026-12-05)
         out, bias, h = self._base_and_h(x, args, kwargs)
         b = self.lora_b.to(out.dtype)
         if self.dropout is not None and self.dropout_position == "post":
