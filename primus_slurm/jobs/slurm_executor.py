@@ -70,6 +70,18 @@ def _exit_code(text: str) -> int | None:
     return 128 + sig if sig and not code else code
 
 
+SETTLE_S = 120  # how long after a cancelled job's end sacct may still lack its batch script's exit code
+
+
+def _within_settle(end: str, now: float | None = None) -> bool:
+    """sacct's End (local time, `2026-12-05T05:50:58`) lies less than SETTLE_S ago; False when it is not a time."""
+    try:
+        t = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return False
+    return (time.time() if now is None else now) - t < SETTLE_S
+
+
 def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     """State of many jobs in ONE sacct call (allocations and their batch steps).
 
@@ -77,8 +89,11 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     off, or a job slurmdbd has not recorded yet), reports as still active (slurmdbd lags the controller, so a job
     that has started can still read PENDING there) or as cancelled: a cancelled job the controller still lists
     (COMPLETING: its processes run, the trainer checkpoints) is STOPPING, and its exit code, once it has ended, is
-    its batch script's (sacct's allocation line says 0:0). Returns {job_id: {'state', 'exit_code', 'nodes',
-    'source'}}; jobs neither tool knows are absent.
+    its batch script's (sacct's allocation line says 0:0). A cancelled job whose batch step sacct still holds as
+    `CANCELLED 0:0` (what the controller records at the cancel, before the script ends) is STOPPING too, for up to
+    SETTLE_S after the allocation's end: slurmdbd lags the controller, so the controller can have forgotten the job
+    before sacct has the script's exit code (seen in the CI simulation of 2026-12-05: CANCELLED with no exit code,
+    then 75). Returns {job_id: {'state', 'exit_code', 'nodes', 'source'}}; jobs neither tool knows are absent.
     """
     wanted = sorted(set(map(str, job_ids)))
     if not wanted:
@@ -88,12 +103,14 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     # (the array's own id too: sacct lists an array's unstarted tasks only under it, as `111_[2-3%2]`)
     asked = sorted({*wanted, *(j.split("_")[0] for j in wanted if "_" in j)})
     out = runner(["sacct", "--parsable2", "--noheader", "-j", ",".join(asked),
-                  "-o", "JobIDRaw,JobID,State,ExitCode,NodeList"], capture_output=True, text=True)
+                  "-o", "JobIDRaw,JobID,State,ExitCode,NodeList,End"], capture_output=True, text=True)
+    ended: dict[str, str] = {}  # the allocation's End, of the cancelled jobs
     if out.returncode == 0:
         for line in out.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) < 5:
+            if len(parts) < 6:
                 continue
+            end = parts.pop()
             raw, array_id = parts.pop(0), parts[0]  # a job array's task is known by <array>_<task> (a sweep's)
             for task in array_tasks(array_id):  # tasks that never started: one row `111_[2-3%2]` holds them all
                 if task in wanted and task not in states:
@@ -106,10 +123,13 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
                 batch[parts[0][:-len(".batch")]] = (state, code)
             elif parts[0] in wanted:
                 states[parts[0]] = {"state": state, "exit_code": code, "nodes": parts[3], "source": "sacct"}
+                ended[parts[0]] = end
     for job, row in states.items():
         if row["state"] == "CANCELLED":  # the batch script's own exit code (the trainer's, trainer/runtime/launch.py)
             state, code = batch.get(job, ("CANCELLED", None))
             row["exit_code"] = None if state == "CANCELLED" and not code else code  # 0:0: not ended, or none
+            if batch.get(job) == ("CANCELLED", 0) and _within_settle(ended.get(job, "")):
+                row.update(state=STOPPING, exit_code=None)  # the script's end is not in accounting yet
     missing = {j for j in wanted if states.get(j, {}).get("state") in (None, "CANCELLED", *ACTIVE)}
     if not missing:
         return states
@@ -122,7 +142,7 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
                 continue
             why, start = parts.pop(3), parts.pop(3)
             known = states.get(parts[0], {}).get("state")
-            if known == "CANCELLED":
+            if known in ("CANCELLED", STOPPING):
                 if parts[1] in ACTIVE:
                     states[parts[0]].update(state=STOPPING, exit_code=None)
                 continue
