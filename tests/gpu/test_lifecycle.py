@@ -8,7 +8,8 @@ Everything starts at once in one module fixture, so the runs share the device's 
 - per precision, a run cancelled after its first checkpoint and resumed;
 - a run warned of its time limit (the recipe's cluster.signal to the job script, as Slurm's --signal=B:SIG@T),
   which checkpoints and stops with the preempted code, then resumes;
-- on CUDA, the Llama-3-8B shape (bench/recipes/llama3_8b_h200.yaml, FP8) cancelled, resumed and exported.
+- on CUDA, the Llama-3-8B shape (bench/recipes/llama3_8b_h200.yaml, FP8) cancelled, resumed and exported;
+- an FP4-emulated run of the same recipe, which `compare` (with the sweep's trials) and `verify-fp4` then read.
 Each test records what it measured (the `record` fixture, tests/gpu/lifecycle_report.py).
 """
 from __future__ import annotations
@@ -82,12 +83,14 @@ def lab(tmp_path_factory):
     runs["warn", PRECISIONS[0]] = ls.submit(env, *base, *ls.precision_sets(PRECISIONS[0]))
     if DEV == "cuda":
         runs["cancel", "8b"] = _eight_b(env, tmp)
+    fp4 = ls.submit(env, *base, *fixed, "trainer.precision.fp8=null", "trainer.precision.fp4=e2m1",
+                    "trainer.precision.fp4_emulation=true")
     with ThreadPoolExecutor(len(runs)) as pool:
         stopped = {key: pool.submit(_interrupt, env, entry, key[0], 900 if key[1] == "8b" else 600)
                    for key, entry in runs.items()}
         wait(stopped.values())
     return {"env": env, "tmp": tmp, "sweep": sweep, "trials": [t["run_id"] for t in sweep["trials"]],
-            "runs": runs, "stopped": stopped}
+            "runs": runs, "stopped": stopped, "fp4": fp4}
 
 
 def _stopped(lab, key) -> tuple[str, Path, dict]:
@@ -251,3 +254,20 @@ def test_8b_shape_saves_resumes_and_exports(lab, record):
     layers = {int(k.split(".layers.", 1)[1].split(".", 1)[0]) for k in tensors if ".layers." in k}
     record(stopped_at=stop, last_loss=got[16], adapter_tensors=len(tensors), export=out.strip().splitlines()[-1])
     assert layers == set(range(32)) and all(".lora_A." in k or ".lora_B." in k for k in tensors), sorted(tensors)[:4]
+
+
+def test_compare_and_verify_fp4_read_the_device_runs(lab, record):
+    """`compare` of the sweep's trials and the FP4-emulated run; `verify-fp4` of that run against the FP8 trial (on
+    the CPU, where no FP8 ran, alone): the evidence the trainer logs on the device is there and reads as FP4."""
+    env, fp4 = lab["env"], lab["fp4"]
+    row = ls.wait_state(env, fp4["run_id"], timeout=900)
+    assert row["state"] == "COMPLETED", row
+    trials = [_reference(lab, p) for p in PRECISIONS] if DEV == "cuda" else [_reference(lab, PRECISIONS[0])]
+    out = ls.ok(ls.cli(env, "compare", *map(str, trials), fp4["run_dir"]))
+    assert all(Path(d).name in out for d in (*trials, fp4["run_dir"])), out
+    fp8_run = ["--fp8-run", str(trials[1])] if DEV == "cuda" else []
+    done = ls.cli(env, "verify-fp4", fp4["run_dir"], *fp8_run)
+    checks = [line.strip() for line in done.stdout.splitlines() if line.strip()[:2] in ("1.", "2.", "3.", "4.", "5.")]
+    record(compare=out.strip().splitlines()[-4:], verify_fp4=checks, verify_fp4_rc=done.returncode)
+    assert len(checks) == 5 and all("[PASS]" in c for c in checks[:3]), done.stdout + done.stderr
+    assert "EMULATED" in done.stdout, done.stdout
