@@ -37,6 +37,9 @@ def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device
     if p["fp4"] and p["fp4_recipe"] == "mxfp4" and p["fp4_random_hadamard"]:
         fail(f"`{P}.fp4_random_hadamard` is implemented for fp4_recipe: nvfp4 only (TE's 16-point RHT); set it "
              "to false for mxfp4")
+    if p["fp4"] and p["fp4_recipe"] == "mxfp4" and p["fp4_stochastic_rounding"] and not p["fp4_emulation"]:
+        fail(f"`{P}.fp4_stochastic_rounding` with native MXFP4 (ROCm TE's MXFP4BlockScaling, its own rounding) would "
+             "be ignored; set it to false, or fp4_emulation: true (the emulation rounds gradients stochastically)")
     if p["fp4_param"] and p["fp4_emulation"]:
         fail(f"`{P}.fp4_param` keeps weights as real FP4 tensors with native TE kernels, which emulation has "
              "not; set fp4_param: false to emulate, or run natively on FP4 hardware")

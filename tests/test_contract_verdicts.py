@@ -222,6 +222,13 @@ DRIFTS = [
      {"trainer.precision.fp4": "e2m1", "trainer.precision.fp4_recipe": "mxfp4", "trainer.precision.fp4_emulation": True,
       "trainer.precision.fp4_random_hadamard": True, "trainer.distributed.device": "cpu"},
      "trainer.precision.fp4_random_hadamard"),
+    ("stochastic rounding with native mxfp4 (ROCm TE rounds its own way)",
+     {"trainer.precision.fp4": "e2m1", "trainer.precision.fp4_recipe": "mxfp4",
+      "trainer.precision.fp4_stochastic_rounding": True, "trainer.distributed.device": "cuda",
+      "cluster.env_profile": "mi355x"}, "trainer.precision.fp4_stochastic_rounding"),
+    ("stochastic rounding with emulated mxfp4",
+     {"trainer.precision.fp4": "e2m1", "trainer.precision.fp4_recipe": "mxfp4", "trainer.precision.fp4_emulation": True,
+      "trainer.precision.fp4_stochastic_rounding": True, "trainer.distributed.device": "cpu"}, "accept"),
 ]
 
 

@@ -52,7 +52,9 @@ def test_native_mxfp4_routes_through_custom_hook():
                                         ({"fp4_stochastic_rounding": True}, "nvfp4_sr_factory"),
                                         ({"fp4_random_hadamard": True, "fp4_stochastic_rounding": True},
                                          "nvfp4_rht_sr_factory"),
-                                        ({"fp4_recipe": "mxfp4"}, "mxfp4_factory")])
+                                        ({"fp4_recipe": "mxfp4"}, "mxfp4_factory"),
+                                        ({"fp4_recipe": "mxfp4", "fp4_stochastic_rounding": True},
+                                         "mxfp4_sr_factory")])
 def test_emulated_under_te_uses_custom_factory(flags, name):
     kw = kwargs(cfg(fp4="e2m1", fp4_emulation=True, **flags), H200)
     assert kw["fp4_recipe"] == "custom"

@@ -18,7 +18,7 @@ FACTORY_MODULE = "trainer.precision.te_factory"
 def factory_path(s: PrecisionSettings) -> str:
     """Import path of the TE CustomRecipe quantizer factory for an emulated FP4 run."""
     if s.fp4_recipe == "mxfp4":
-        name = "mxfp4_factory"
+        name = "mxfp4" + ("_sr" if s.fp4_stochastic_rounding else "") + "_factory"
     else:
         name = "nvfp4" + ("_rht" if s.fp4_random_hadamard else "") + ("_sr" if s.fp4_stochastic_rounding else "") \
             + "_factory"

@@ -174,8 +174,13 @@ def nvfp4_rht_sr_factory(role):
 
 
 def mxfp4_factory(role):
-    """MXFP4 emulation (OCP MX v1.0): 1x32 blocks, E8M0 scales, every role."""
+    """MXFP4 emulation (OCP MX v1.0): 1x32 blocks, E8M0 scales, every role, round-to-nearest-even."""
     return _classes()(tile=(1, 32), mx=True, weight=_is(role, "weight"))
+
+
+def mxfp4_sr_factory(role):
+    """MXFP4 emulation with stochastic rounding of the gradients (grad_output), as the local emulation rounds them."""
+    return _classes()(tile=(1, 32), mx=True, weight=_is(role, "weight"), stochastic=_is(role, "grad_output"))
 
 
 def rocm_mxfp4_factory(role):
