@@ -20,6 +20,8 @@ import json
 import math
 from pathlib import Path
 
+from primus_contract.flops import is_moe_layer
+
 FAMILY = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "deepseek_v2": "deepseek"}
 MOE_TYPES = ("qwen3_moe", "deepseek_v2")
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")  # the spellings of the routed-expert count
@@ -130,8 +132,6 @@ def _check_unsupported(hf: dict) -> None:
                                        "routing scores a group by the sum of its best experts, DeepSeek-V2 by the max)")
         if hf.get("scoring_func", "softmax") != "softmax":
             _refuse(hf, "scoring_func", "DeepSeek-V2 routing is a softmax over the experts")
-        if int(hf.get("moe_layer_freq", 1)) != 1:
-            _refuse(hf, "moe_layer_freq", "MoE layers every layer after first_k_dense_replace are implemented")
         if hf.get("norm_topk_prob"):
             _refuse(hf, "norm_topk_prob", "transformers' DeepSeek-V2 ignores it (top-k weights times "
                                           "routed_scaling_factor, never renormalised), DeepSeek's own code renormalises "
@@ -146,11 +146,8 @@ def _check_unsupported(hf: dict) -> None:
         if not hf["n_shared_experts"]:
             _refuse(hf, "n_shared_experts", "transformers' DeepSeek-V2 keeps zero-width shared-expert tensors "
                                             "that the trainer's model has no parameter for")
-    if mt == "qwen3_moe":
-        if int(hf.get("decoder_sparse_step", 1)) != 1:
-            _refuse(hf, "decoder_sparse_step", "every layer is an MoE layer in the trainer's Qwen3-MoE")
-        if hf.get("mlp_only_layers"):
-            _refuse(hf, "mlp_only_layers", "every layer is an MoE layer in the trainer's Qwen3-MoE")
+    if mt in MOE_TYPES:
+        moe_pattern(hf)  # refuses a layout of MoE and dense layers the trainer cannot build
     counts = {k: hf[k] for k in EXPERT_COUNTS if hf.get(k) is not None}
     if mt in MOE_TYPES and len(set(counts.values())) > 1:
         _refuse(hf, next(iter(counts)), f"the expert counts {json.dumps(counts)} disagree (transformers reads one)")
@@ -182,6 +179,30 @@ def _rope_fields(hf: dict, mla: bool) -> dict:
     return {"rotary_base": theta, "rope_scaling": scaling}
 
 
+def moe_pattern(hf: dict) -> tuple[int, int]:
+    """(moe_first_k_dense, moe_layer_freq) that build the MoE layers of this config.json as transformers does:
+    DeepSeek-V2 i >= first_k_dense_replace and i % moe_layer_freq == 0; Qwen3-MoE (i + 1) % decoder_sparse_step == 0
+    and i not in mlp_only_layers. The trainer builds every layout of flops.is_moe_layer; others are refused."""
+    layers, mt = int(_need(hf, "num_hidden_layers")), hf.get("model_type")
+    if mt == "deepseek_v2":  # transformers builds every layer from first_k_dense_replace on as MoE
+        if int(hf.get("moe_layer_freq") or 1) != 1:
+            _refuse(hf, "moe_layer_freq", "transformers' DeepSeek-V2 ignores it (every layer from first_k_dense_replace "
+                                          "on is MoE), so its weights could follow either reading")
+        first = int(hf.get("first_k_dense_replace") or 0)
+        want, field = [i >= first for i in range(layers)], "first_k_dense_replace"
+    else:
+        step, dense = int(hf.get("decoder_sparse_step") or 1), set(hf.get("mlp_only_layers") or ())
+        want = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+        field = "mlp_only_layers" if dense else "decoder_sparse_step"
+    for first in range(layers):
+        for freq in range(1, layers + 1):
+            m = {"num_moe_experts": 1, "moe_first_k_dense": first, "moe_layer_freq": freq}
+            if [is_moe_layer(m, i) for i in range(layers)] == want:
+                return first, freq
+    _refuse(hf, field, "the trainer builds the first moe_first_k_dense layers dense, then every moe_layer_freq-th "
+                       f"layer MoE; config.json makes layers {[i for i, x in enumerate(want) if x]} MoE")
+
+
 def model_fields(hf: dict) -> dict:
     """The recipe's trainer.model fields that this config.json implies (HFConfigError if unsupported)."""
     mt = hf.get("model_type")
@@ -211,7 +232,7 @@ def model_fields(hf: dict) -> dict:
         out.update(num_moe_experts=int(_need(hf, name)), moe_router_topk=int(_need(hf, "num_experts_per_tok")),
                    moe_ffn_hidden_size=ffn,
                    moe_shared_expert_intermediate_size=shared or None,
-                   moe_first_k_dense=int(hf.get("first_k_dense_replace") or 0), moe_layer_freq=1,
+                   **dict(zip(("moe_first_k_dense", "moe_layer_freq"), moe_pattern(hf))),
                    moe_norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
                    moe_router_topk_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0))
     else:
@@ -246,9 +267,13 @@ def to_hf_config(m: dict) -> dict:
         shared = m.get("moe_shared_expert_intermediate_size")
         hf.update(num_experts_per_tok=int(m["moe_router_topk"]), moe_intermediate_size=int(m["moe_ffn_hidden_size"]),
                   norm_topk_prob=_effective(m, "moe_norm_topk_prob"))
-        if model_type == "qwen3_moe":
-            hf.update(num_experts=int(m["num_moe_experts"]), decoder_sparse_step=1, mlp_only_layers=[])
-        else:
+        if model_type == "qwen3_moe":  # its MoE layers: (i + 1) % decoder_sparse_step == 0, not in mlp_only_layers
+            dense = [i for i in range(int(m["num_layers"])) if not is_moe_layer(m, i)]
+            hf.update(num_experts=int(m["num_moe_experts"]), decoder_sparse_step=1, mlp_only_layers=dense)
+        else:  # DeepSeek-V2 (transformers): every layer from first_k_dense_replace on is MoE
+            if int(m.get("moe_layer_freq") or 1) != 1:
+                raise HFConfigError("trainer.model.moe_layer_freq", "transformers' DeepSeek-V2 has no MoE layer "
+                                    "frequency: every layer after the first moe_first_k_dense is MoE")
             hf.update(n_routed_experts=int(m["num_moe_experts"]), topk_method="greedy",
                       n_shared_experts=int(shared) // int(m["moe_ffn_hidden_size"]) if shared else 0,
                       first_k_dense_replace=int(m.get("moe_first_k_dense") or 0),
@@ -283,10 +308,17 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _moe_layers(m: dict) -> list[bool]:
+    return [is_moe_layer(m, i) for i in range(int(m.get("num_layers") or 0))]
+
+
 def mismatches(recipe_model: dict, fields: dict) -> list[tuple[str, object, object]]:
-    """(field, recipe value, config.json value) for each model field the two disagree on."""
+    """(field, recipe value, config.json value) for each model field the two disagree on (moe_first_k_dense and
+    moe_layer_freq agree when they make the same layers MoE)."""
+    same_layers = _moe_layers(recipe_model) == _moe_layers(fields)
     return [(k, _effective(recipe_model, k), _effective(fields, k)) for k in fields
-            if not _same(_effective(recipe_model, k), _effective(fields, k))]
+            if not _same(_effective(recipe_model, k), _effective(fields, k))
+            and not (same_layers and k in ("moe_first_k_dense", "moe_layer_freq"))]
 
 
 def check_pretrained(recipe_model: dict, path) -> dict:

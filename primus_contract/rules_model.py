@@ -39,6 +39,17 @@ def model_rules(m: dict, t: dict) -> None:
     if m["num_moe_experts"]:
         if not m["moe_router_topk"] or m["moe_router_topk"] > m["num_moe_experts"]:
             fail(f"`trainer.model.moe_router_topk` must be between 1 and num_moe_experts ({m['num_moe_experts']})")
+        if m["moe_first_k_dense"] >= m["num_layers"]:
+            fail(f"`trainer.model.moe_first_k_dense` ({m['moe_first_k_dense']}) leaves no MoE layer of "
+                 f"num_layers ({m['num_layers']})")
+        if m["family"] == "deepseek" and m["moe_layer_freq"] != 1:  # (hf_config.to_hf_config could not export it)
+            fail("`trainer.model.moe_layer_freq` must be 1 for family deepseek: DeepSeek-V2 in transformers makes "
+                 "every layer after the first moe_first_k_dense MoE")
+    else:
+        for key, default in (("moe_first_k_dense", 0), ("moe_layer_freq", 1)):
+            if m[key] != default:
+                fail(f"`trainer.model.{key}` is set but the model has no experts (num_moe_experts is null); "
+                     "remove it")
     if m["multi_latent_attention"]:
         for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
             if not m[key]:

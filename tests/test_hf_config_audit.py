@@ -129,8 +129,11 @@ FLIPS = {
     "drop_norm_topk_prob": (MOE, None, {"norm_topk_prob": DROP}, "equal"),  # transformers' default: false
     "norm_topk_prob_mla": (MLA, {"norm_topk_prob": True}, None, "refused norm_topk_prob"),
     "drop_norm_topk_prob_mla": (MLA, None, {"norm_topk_prob": DROP}, "inert"),
-    "decoder_sparse_step": (MOE, None, {"decoder_sparse_step": 2}, "refused decoder_sparse_step"),
-    "mlp_only_layers": (MOE, None, {"mlp_only_layers": [0]}, "refused mlp_only_layers"),
+    # dense layers among the MoE ones: the trainer builds first-k-dense / every-n-th layouts (flops.is_moe_layer)
+    "decoder_sparse_step": (MOE, {"decoder_sparse_step": 2}, None, "equal"),
+    "mlp_only_layers": (MOE, {"mlp_only_layers": [0]}, None, "equal"),
+    "mlp_only_layers_every_2nd": (MOE, {"num_hidden_layers": 3, "mlp_only_layers": [1]}, None, "equal"),
+    "mlp_only_layers_last": (MOE, {"num_hidden_layers": 3, "mlp_only_layers": [2]}, None, "refused mlp_only_layers"),
     "router_aux_loss": (MOE, None, {"router_aux_loss_coef": 0.5, "output_router_logits": True}, "inert"),
     "q_lora_rank": (MLA, {"q_lora_rank": 24}, None, "equal"),
     "drop_q_lora_rank": (MLA, None, {"q_lora_rank": DROP}, "refused q_lora_rank"),

@@ -24,14 +24,16 @@ _YARN_KEYS = {"factor": "rotary_scaling_factor", "original_max_position_embeddin
 
 
 def moe_layer_pattern(mcfg):
-    """megatron's moe_layer_freq: 1 (every layer), or a 0/1 list for first-k-dense / a list pattern."""
-    first_dense = int(mcfg.moe_first_k_dense or 0)
-    if first_dense:
-        if first_dense >= int(mcfg.num_layers):
-            raise ValueError(f"model.moe_first_k_dense {first_dense} leaves no MoE layer of {mcfg.num_layers}")
-        return [0] * first_dense + [1] * (int(mcfg.num_layers) - first_dense)
-    freq = mcfg.moe_layer_freq
-    return list(freq) if isinstance(freq, (list, tuple)) else int(freq or 1)
+    """megatron's moe_layer_freq: 1 (every layer), or the 0/1 list of primus_contract.flops.is_moe_layer (the
+    first moe_first_k_dense layers dense, then every moe_layer_freq-th layer MoE, as DeepSeek-V2's config.json
+    counts them): the layers the planner and the FLOPs count are the layers built."""
+    from primus_contract.flops import is_moe_layer
+
+    first_dense, layers = int(mcfg.moe_first_k_dense or 0), int(mcfg.num_layers)
+    if first_dense >= layers:
+        raise ValueError(f"model.moe_first_k_dense {first_dense} leaves no MoE layer of {layers}")
+    pattern = [int(is_moe_layer(mcfg, i)) for i in range(layers)]
+    return 1 if all(pattern) else pattern
 
 
 def moe_kwargs(mcfg, use_te: bool, on_gpu: bool, par=None) -> dict:
