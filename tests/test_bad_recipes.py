@@ -20,6 +20,13 @@ QS = str(recipes_dir() / "quickstart.yaml")
 # (recipe body appended to `extends: quickstart`, text the error must contain)
 BAD = [
     ("trainer: {paralellism: {tensor: 2}}", "did you mean `parallelism`"),
+    # a key that acts only with another (primus_contract/rules_dependent.py): refused, never accepted and ignored
+    ("trainer: {schedule: {target_eval_loss: 1.0, eval_interval: null}}",
+     "`trainer.schedule.target_eval_loss` is 1.0 but does nothing without `trainer.schedule.eval_interval`"),
+    ("trainer: {recompute: {method: block}}", "`trainer.recompute.method` is 'block' but does nothing without"),
+    ("trainer: {precision: {fp8_recipe: tensorwise}}", "`trainer.precision.fp8_recipe` is 'tensorwise'"),
+    ("trainer: {logging: {profile_trace: true}}", "`trainer.logging.profile_trace` is True"),
+    ("cluster: {currency: EUR}", "`cluster.currency` is 'EUR' but does nothing without `cluster.gpu_hour_price`"),
     ("trainer: {schedule: {lr: fast}}", "`trainer.schedule.lr`"),
     ("trainer: {schedule: {train_iters: 1.5}}", "`trainer.schedule.train_iters`"),
     ("trainer: {schedule: {train_iters: true}}", "`trainer.schedule.train_iters`"),

@@ -1,0 +1,73 @@
+"""Keys that only act together with another: set (a value other than the schema's default) without it, a key would be
+accepted and ignored, so it is refused, naming the key and what it needs. One table, read by `dependent_rules`.
+
+Each row: (dotted key, what it needs in words, the test on the resolved recipe that it is in effect).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from primus_contract.errors import fail
+from primus_contract.schema import field_at
+
+
+def _get(r: dict, dotted: str) -> Any:
+    node: Any = r
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _decays(r: dict) -> bool:
+    return r["trainer"]["schedule"]["lr_decay"] != "constant"
+
+
+def _has_validation(r: dict) -> bool:
+    v = r["trainer"]["data"]["validation"]
+    return bool(v["path"] or v["hf_name"])
+
+
+def _tokenized(r: dict) -> bool:
+    return r["trainer"]["data"]["format"] != "mlperf_npy"
+
+
+DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
+    ("trainer.schedule.target_eval_loss", "`trainer.schedule.eval_interval` (the early stop is judged at evaluations)",
+     lambda r: bool(r["trainer"]["schedule"]["eval_interval"])),
+    ("trainer.schedule.min_lr", "`trainer.schedule.lr_decay` cosine or linear", _decays),
+    ("trainer.schedule.lr_decay_iters", "`trainer.schedule.lr_decay` cosine or linear", _decays),
+    ("trainer.recompute.method", "`trainer.recompute.granularity: full`",
+     lambda r: r["trainer"]["recompute"]["granularity"] == "full"),
+    ("trainer.recompute.num_layers", "`trainer.recompute.granularity: full`",
+     lambda r: r["trainer"]["recompute"]["granularity"] == "full"),
+    ("trainer.recompute.adapter_inputs_scope", "`trainer.recompute.adapter_inputs: true`",
+     lambda r: r["trainer"]["recompute"]["adapter_inputs"]),
+    ("trainer.logging.profile_trace", "`trainer.logging.profile_start`",
+     lambda r: r["trainer"]["logging"]["profile_start"] is not None),
+    ("trainer.logging.profile_ranks", "`trainer.logging.profile_start`",
+     lambda r: r["trainer"]["logging"]["profile_start"] is not None),
+    ("trainer.precision.fp8_recipe", "`trainer.precision.fp8` hybrid or e4m3",
+     lambda r: bool(r["trainer"]["precision"]["fp8"])),
+    ("trainer.precision.fp4_recipe", "`trainer.precision.fp4: e2m1`", lambda r: bool(r["trainer"]["precision"]["fp4"])),
+    ("trainer.precision.num_layers_at_start_in_bf16", "`trainer.precision.first_last_layers_bf16: true`",
+     lambda r: r["trainer"]["precision"]["first_last_layers_bf16"]),
+    ("trainer.precision.num_layers_at_end_in_bf16", "`trainer.precision.first_last_layers_bf16: true`",
+     lambda r: r["trainer"]["precision"]["first_last_layers_bf16"]),
+    ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0", lambda r: bool(r["trainer"]["lora"]["dropout"])),
+    ("trainer.data.validation.split", "`trainer.data.validation.path` or `hf_name`", _has_validation),
+    ("trainer.data.validation.limit", "`trainer.data.validation.path` or `hf_name`", _has_validation),
+    ("trainer.data.overlong", "a tokenized format (mlperf_npy packs are already tokenized and sized)", _tokenized),
+    ("trainer.data.bad_records", "a tokenized format (mlperf_npy has no records to skip)", _tokenized),
+    ("trainer.data.cache_dir", "a tokenized format (mlperf_npy is read as is, never cached)", _tokenized),
+    ("cluster.currency", "`cluster.gpu_hour_price`", lambda r: r["cluster"]["gpu_hour_price"] is not None),
+    ("cluster.container.shm_size", "`cluster.container.runtime` docker or podman (apptainer and pyxis share the "
+     "host's /dev/shm)", lambda r: r["cluster"]["container"]["runtime"] in ("docker", "podman")),
+)
+
+
+def dependent_rules(r: dict) -> None:
+    for key, needs, in_effect in DEPENDENT:
+        value = _get(r, key)
+        if value != field_at(key).default and not in_effect(r):
+            shown = value if not isinstance(value, str) else repr(value)
+            fail(f"`{key}` is {shown} but does nothing without {needs}; remove it or set what it needs")
