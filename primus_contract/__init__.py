@@ -13,7 +13,7 @@ from primus_contract.rules_dependent import dependent_rules
 from primus_contract.rules_levers import lever_rules
 from primus_contract.rules_model import epilogue_rules, lora_rules, model_rules, parallel_rules
 from primus_contract.rules_pipeline import pipeline_rules
-from primus_contract.rules_precision import device_rules, recipe_precision_rules
+from primus_contract.rules_precision import device_rules, epilogue_owner_rules, recipe_precision_rules
 from primus_contract.rules_shapes import fp8_shape_rules
 from primus_contract.rules_tracking import tracking_rules
 from primus_contract.schema import apply_schema
@@ -32,6 +32,7 @@ def check(r: dict) -> None:
     device_rules(t, c["env_profile"])
     lora_rules(t["lora"], t["model"])
     epilogue_rules(t)
+    epilogue_owner_rules(t, c["env_profile"])
     lever_rules(t, c["env_profile"])
     data_and_schedule_rules(t)
     tracking_rules(t)

@@ -110,21 +110,67 @@ def fused_swiglu_on(t: Mapping, profile: str) -> bool:
     value = t["lora"]["fused_swiglu"]
     if value is not None:
         return bool(value)
+    return swiglu_blocker(t, profile) is None
+
+
+def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) -> str | None:
+    """Why no MLP of the recipe can fold fc1's adapter into the SwiGLU (None: some can). known_device_only: the
+    device check only where the recipe names the device (auto without a GPU profile is decided on the node)."""
     lora, rec, m = t["lora"], t["recompute"], t["model"]
-    if not lora["enabled"] or (lora["dropout"] and lora["dropout_position"] == "post"):
-        return False
+    if not lora["enabled"]:
+        return "`trainer.lora.enabled` is false"
+    if lora["dropout"] and lora["dropout_position"] == "post":
+        return "`trainer.lora.dropout_position` post masks the adapter's output, which the fold never writes"
     if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
-        return False
-    dense = not m["num_moe_experts"] or m["moe_first_k_dense"] > 0 or m["moe_layer_freq"] > 1
+        return (f"`trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} recomputes fc2's input from "
+                "fc1's full output, which the fold never writes")
+    if m["num_moe_experts"] and m["moe_first_k_dense"] == 0 and m["moe_layer_freq"] == 1:
+        return "every layer of the model is MoE (experts keep their grouped path)"
     # the dense MLP's fc1, as LoRA matches it (trainer/model/lora/layers.py: the full module name or its last part)
     fc1 = ["decoder.layers.0.mlp.linear_fc1", "mlp.linear_fc1"]
-    if not dense or not any(pattern_matches(p, fc1) for p in lora["target_modules"]) or any(
+    if not any(pattern_matches(p, fc1) for p in lora["target_modules"]) or any(
             pattern_matches(p, fc1) for p in lora["exclude_modules"]):
-        return False
+        return "no adapter on a dense MLP's linear_fc1 (`trainer.lora.target_modules` / `exclude_modules`)"
     device = run_device(t, profile)
+    gpu_profile = profile in ("h100", "h200", "b200", "mi300x", "mi355x")
+    if known_device_only and device == "auto" and not gpu_profile:
+        return None
     nvidia = profile in ("h100", "h200", "b200") if device == "auto" else (
         device == "cuda" and profile not in ("mi300x", "mi355x"))
-    return not (t["precision"]["fp8_swiglu_input"] and not nvidia)
+    if t["precision"]["fp8_swiglu_input"] and not nvidia:
+        return "`trainer.precision.fp8_swiglu_input` keeps the FP8 copy in the fold's kernels on NVIDIA GPUs only"
+    return None
+
+
+def epilogue_owner_rules(t: Mapping, profile: str) -> None:
+    """trainer.lora.epilogue where no wrapped linear could own its base GEMM: refused here, not at the trainer's start
+    (trainer/model/lora/layers.py uses_epilogue: not an expert, not a replicated MLA down-projection, not fc1 folded
+    into the SwiGLU, and on a GPU not a linear TE fuses with its norm)."""
+    from primus_contract.plan.shapes import NORM_FUSED, REPLICATED
+    from primus_contract.rules_model import model_linear_names
+
+    lora = t["lora"]
+    if not (lora["epilogue"] and lora["enabled"]):
+        return
+    device = run_device(t, profile)
+    te = device == "cuda" or (device == "auto" and profile in ("h100", "h200", "b200", "mi300x", "mi355x"))
+    folded = fused_swiglu_on(t, profile)
+    owners = []
+    for name in model_linear_names(t["model"]):
+        short = name.rsplit(".", 1)[-1]
+        if (not any(pattern_matches(p, [name]) for p in lora["target_modules"])
+                or any(pattern_matches(p, [name]) for p in lora["exclude_modules"])
+                or ".experts." in f".{name}" or short in REPLICATED):
+            continue
+        if name == "mlp.linear_fc1" and (folded or te):
+            continue
+        if te and short in NORM_FUSED:
+            continue
+        owners.append(name)
+    if not owners:
+        where = "on a GPU, where Transformer Engine fuses qkv and fc1 with their norms" if te else "here"
+        fail(f"`trainer.lora.epilogue` has no linear to own {where}: its targets are experts, replicated, norm-fed "
+             "or fc1 folded by fused_swiglu; target linear_proj / linear_fc2, or set epilogue: false")
 
 
 def recipe_precision_rules(t: Mapping, profile: str) -> None:
@@ -140,6 +186,11 @@ def recipe_precision_rules(t: Mapping, profile: str) -> None:
         fail(f"`trainer.lora.fused_swiglu` and `trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} "
              "(fc2's adapter recomputes its input from fc1's full output, which the fused SwiGLU never writes) "
              "exclude each other; set one of them to false (or adapter_inputs_scope: norm)")
+    if t["lora"]["fused_swiglu"] is True:
+        why = swiglu_blocker(t, profile, known_device_only=True)
+        if why:
+            fail(f"`trainer.lora.fused_swiglu` is true but no MLP can fold fc1's adapter into its SwiGLU: {why}; set "
+                 "fused_swiglu: null (wherever it applies) or false")
     if t["precision"]["fp8_swiglu_input"] and fc2_recompute:
         fail(f"`{P}.fp8_swiglu_input` and `trainer.recompute.adapter_inputs` (scope {rec['adapter_inputs_scope']}) "
              "exclude each other: the fc2 adapter's recompute needs the exact 16-bit SwiGLU input; set "
