@@ -11,7 +11,8 @@ from typing import Any
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-ALWAYS_SECRET = ("HF_TOKEN", "WANDB_API_KEY")  # protected whatever cluster.secrets lists
+# protected whatever cluster.secrets lists (HUGGING_FACE_HUB_TOKEN: the name huggingface_hub also reads the token from)
+ALWAYS_SECRET = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$", re.ASCII)
 MAX_STR = 4096
 WANDB_NAME_RE = re.compile(r"^[^/\\#?%:\s]{1,128}$")  # W&B refuses these characters in project and entity names

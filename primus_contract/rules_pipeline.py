@@ -7,6 +7,7 @@ succeeded) or afterany (whatever its end, e.g. an eval of a failed run's last ch
 from __future__ import annotations
 
 from primus_contract.errors import fail
+from primus_contract.text import check_text
 
 WHEN = ("afterok", "afterany")
 # step -> {option: (kind, default)}; kinds: bool, int, str, path (absolute)
@@ -26,8 +27,10 @@ def _value(where: str, kind: str, value):
     if not ok:
         what = {"bool": "true or false", "int": "an integer", "str": "a string", "path": "an absolute path"}[kind]
         fail(f"`{where}` is {value!r:.60}; expected {what}")
-    if isinstance(value, str) and (not value or "\n" in value or len(value) > 4096):
+    if isinstance(value, str) and not value:
         fail(f"`{where}` must be a non-empty single-line value")
+    if isinstance(value, str):
+        check_text(where, value)  # as every text field: single line, no control character, valid UTF-8
     if kind == "path" and not value.startswith("/"):
         fail(f"`{where}` is {value!r:.80}; expected an absolute path")
     if kind == "int" and not 1 <= value <= 1 << 20:

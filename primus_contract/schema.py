@@ -7,7 +7,8 @@ from typing import Any
 
 from primus_contract.errors import ContractError
 from primus_contract.rules_pipeline import coerce_steps
-from primus_contract.fields import ENV_NAME_RE, FLOAT_RE, MAX_STR, MODEL, REMOVED, SCHEMA, TIME_RE, Field
+from primus_contract.text import check_text
+from primus_contract.fields import ENV_NAME_RE, FLOAT_RE, MODEL, REMOVED, SCHEMA, TIME_RE, Field
 
 
 def nearest(name: str, options) -> str:
@@ -18,15 +19,6 @@ def nearest(name: str, options) -> str:
         return f"; did you mean `{match[0]}`?"
     hint = " (a model preset file belongs in `trainer.model.preset`, not `extends`)" if name in MODEL else ""
     return f"; allowed: {', '.join(sorted(options))}{hint}"
-
-
-def _check_text(path: str, value: str) -> None:
-    if len(value) > MAX_STR:
-        raise ContractError(f"`{path}` is {len(value)} characters long; at most {MAX_STR} are allowed")
-    if any(ord(c) < 32 and c != "\t" for c in value) or "\x7f" in value:
-        raise ContractError(f"`{path}` contains a newline or control character; use a single-line value")
-    if any("\ud800" <= c <= "\udfff" for c in value):  # how Python decodes non-UTF-8 argv/environment bytes
-        raise ContractError(f"`{path}` contains bytes that are not valid UTF-8")
 
 
 def _coerce(path: str, f: Field, value: Any) -> Any:
@@ -58,7 +50,7 @@ def _coerce(path: str, f: Field, value: Any) -> Any:
         if (f.min is not None and value < f.min) or (f.max is not None and value > f.max):
             raise ContractError(f"`{path}` is {value}; expected {f.allowed()}")
     if f.kind == "str":
-        _check_text(path, value)
+        check_text(path, value)
         if f.pattern and not f.pattern.match(value):
             raise ContractError(f"`{path}` is {value!r:.80}; expected {f.help or 'a value matching ' + f.pattern.pattern}")
     if f.choices and value not in f.choices:
@@ -73,7 +65,7 @@ def _coerce(path: str, f: Field, value: Any) -> Any:
                 continue
             if not isinstance(item, str):
                 raise ContractError(f"`{path}[{i}]` is {type(item).__name__}; expected a string")
-            _check_text(f"{path}[{i}]", item)
+            check_text(f"{path}[{i}]", item)
         value = list(value)
     if f.kind == "dict":
         value = _coerce_dict(path, f, value)
@@ -89,7 +81,7 @@ def _coerce_dict(path: str, f: Field, value: dict) -> dict:
             if isinstance(v, bool) or not isinstance(v, (int, float, str)):
                 raise ContractError(f"`{path}.{k}` must be a number or string")
             if isinstance(v, str):
-                _check_text(f"{path}.{k}", v)
+                check_text(f"{path}.{k}", v)
         else:
             if isinstance(v, bool):
                 v = "1" if v else "0"
@@ -97,7 +89,7 @@ def _coerce_dict(path: str, f: Field, value: dict) -> dict:
                 v = str(v)
             if not isinstance(v, str):
                 raise ContractError(f"`{path}.{k}` is {type(v).__name__}; expected a string")
-            _check_text(f"{path}.{k}", v)
+            check_text(f"{path}.{k}", v)
         out[k] = v
     return out
 

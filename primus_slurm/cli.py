@@ -17,6 +17,7 @@ from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.cli_options import set_option
 from primus_slurm.errors import UserError
 from primus_slurm.experiments import cli as experiments_cli
+from primus_slurm.experiments import pipeline
 from primus_slurm.nodes import cli as nodes_cli
 from primus_slurm.jobs.executors import concrete_executor, sbatch_absent_note
 from primus_slurm.config.recipe import find_recipe, load_recipe
@@ -43,6 +44,7 @@ def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bo
     prepared = submit_mod.prepare(recipe, overrides, executor, dry_run=True)
     planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's verdict, in its order
     unchecked = submit_mod.check(prepared)
+    pipeline.check_paths(prepared.recipe.resolved["after"])  # the `after:` steps' files, as submit checks them
     r = prepared.recipe
     if as_json:
         click.echo(json.dumps(r.resolved, indent=2))

@@ -27,6 +27,11 @@ BAD = [
     ("trainer: {precision: {fp8_recipe: tensorwise}}", "`trainer.precision.fp8_recipe` is 'tensorwise'"),
     ("trainer: {logging: {profile_trace: true}}", "`trainer.logging.profile_trace` is True"),
     ("cluster: {currency: EUR}", "`cluster.currency` is 'EUR' but does nothing without `cluster.gpu_hour_price`"),
+    # validate checks the `after:` steps' files as submit does; their text as every text field's
+    ("after: [{step: eval, data: /nonexistent/eval.jsonl}]", "`after[0].data` is '/nonexistent/eval.jsonl', which"),
+    ('after: [{step: generate, prompt: "a\\rb"}]', "`after[0].prompt` contains a newline or control character"),
+    ("cluster: {env: {HUGGING_FACE_HUB_TOKEN: hf_x}}", "would write the secret HUGGING_FACE_HUB_TOKEN"),
+    ("cluster: {env: {PATH: /opt/bin}}", "`cluster.env.PATH` is a variable the job script sets or relies on"),
     ("trainer: {schedule: {lr: fast}}", "`trainer.schedule.lr`"),
     ("trainer: {schedule: {train_iters: 1.5}}", "`trainer.schedule.train_iters`"),
     ("trainer: {schedule: {train_iters: true}}", "`trainer.schedule.train_iters`"),

@@ -99,7 +99,10 @@ def check_paths(after: list[dict]) -> None:
             if step.get(key) and not os.path.exists(step[key]):
                 raise UserError(f"`after[{i}].{key}` is {step[key]!r:.200}, which does not exist")
         if step.get("prompts"):  # as `generate --prompts` reads it: JSON object lines
-            post_cli.read_prompts(step["prompts"])
+            try:
+                post_cli.read_prompts(step["prompts"])
+            except UserError as exc:
+                raise UserError(f"`after[{i}].prompts`: {str(exc).removeprefix('--prompts ')}") from None
 
 
 def step_job(step: dict, run_id: str, run_dir: Path, resolved: dict, executor: str) -> post.PostJob:
