@@ -65,8 +65,8 @@ def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bo
 
 def pretrained_line(path: str) -> str:
     """What the job will import: family, layers, experts, shards, size (its config.json already checked)."""
-    if not Path(path).is_dir():
-        return f"{path} (not readable here: its config.json is checked against the recipe when the job starts)"
+    if not Path(path).is_dir():  # (an existing file is refused by paths.check_paths)
+        return f"{path} (not visible here: its config.json is checked against the recipe when the job starts)"
     return f"{path} — {describe(path)}"
 
 

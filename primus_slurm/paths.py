@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import PurePosixPath
 
+from primus_contract import data_paths
 from primus_contract.rules_data import HUB_PREFIX
 
 from primus_slurm.errors import UserError
@@ -23,6 +24,7 @@ from primus_slurm.jobs.executors import executor_for
 FIELDS = ("trainer.data.train.path", "trainer.data.validation.path", "trainer.tokenizer.path",
           "trainer.checkpoint.pretrained")
 TOKENIZER_FIELD = "trainer.tokenizer.path"
+PRETRAINED_FIELD = "trainer.checkpoint.pretrained"
 MOUNTING = ("docker", "podman")  # runtimes that see only what the job mounts
 
 
@@ -54,6 +56,27 @@ def _host_path(path: str, mounts: list[tuple[str, str]]) -> str | None:
         if rel == "." or not rel.startswith(".."):
             return os.path.normpath(os.path.join(src, rel))
     return None
+
+
+def _check_kind(resolved: dict, field: str, value: str, host: str) -> None:
+    """A path that exists here holds what its field needs (as the job will read it), or one error naming the field."""
+    if field == TOKENIZER_FIELD and not (os.path.isdir(host) and _has_tokenizer(host)):
+        what = ("a directory without a tokenizer (no tokenizer.json, tokenizer_config.json or vocabulary file in it)"
+                if os.path.isdir(host) else f"a file; expected a tokenizer directory or {HUB_PREFIX}org/name")
+        raise UserError(f"`{field}` is {value!r:.200}, {what}")
+    if field == PRETRAINED_FIELD and not os.path.isdir(host):
+        raise UserError(f"`{field}` is {value!r:.200}, a file; expected the directory of a Hugging Face checkpoint "
+                        "(config.json and its .safetensors)")
+    if field.startswith("trainer.data."):
+        data = resolved["trainer"]["data"]
+        split = data[field.split(".")[2]]["split"]
+        try:
+            if data["format"] == "mlperf_npy":
+                data_paths.mlperf_file(host, split)
+            else:
+                data_paths.local_source(host, split)
+        except ValueError as exc:
+            raise UserError(f"`{field}` is {value!r:.200}: {exc}") from None
 
 
 def _relative(field: str, value: str, in_container: bool) -> UserError:
@@ -100,9 +123,7 @@ def check_paths(resolved: dict, executor: str, run_dir: str | None = None) -> li
                 continue
         where = "" if host == path else f" (on this machine: {host})"
         if os.path.exists(host):
-            if field == TOKENIZER_FIELD and os.path.isdir(host) and not _has_tokenizer(host):
-                raise UserError(f"`{field}` is {value!r:.200}, a directory without a tokenizer (no tokenizer.json, "
-                                "tokenizer_config.json or vocabulary file in it)")
+            _check_kind(resolved, field, value, host)
             continue
         parts = PurePosixPath(host).parts
         top = os.path.join(*parts[:2]) if len(parts) > 2 else "/"  # (a file right under / is judged here)

@@ -16,6 +16,7 @@ from primus_slurm.config.render import render_script
 from primus_slurm.resources import recipes_dir
 
 QS = str(recipes_dir() / "quickstart.yaml")
+A_FILE, A_FOLDER = str(recipes_dir() / "quickstart.yaml"), str(recipes_dir().parent / "docs")  # exist, wrong kind
 
 # (recipe body appended to `extends: quickstart`, text the error must contain)
 BAD = [
@@ -32,6 +33,10 @@ BAD = [
     ('after: [{step: generate, prompt: "a\\rb"}]', "`after[0].prompt` contains a newline or control character"),
     ("cluster: {env: {HUGGING_FACE_HUB_TOKEN: hf_x}}", "would write the secret HUGGING_FACE_HUB_TOKEN"),
     ("cluster: {env: {PATH: /opt/bin}}", "`cluster.env.PATH` is a variable the job script sets or relies on"),
+    # a path that exists here but is not what its field needs is refused here, as the job would refuse it
+    (f"trainer: {{checkpoint: {{pretrained: {A_FILE}}}}}", "a file; expected the directory of a Hugging Face"),
+    (f"trainer: {{tokenizer: {{path: {A_FILE}}}}}", "a file; expected a tokenizer directory"),
+    (f"trainer: {{data: {{train: {{path: {A_FOLDER}}}}}}}", "is neither a datasets save_to_disk directory nor holds"),
     ("trainer: {schedule: {lr: fast}}", "`trainer.schedule.lr`"),
     ("trainer: {schedule: {train_iters: 1.5}}", "`trainer.schedule.train_iters`"),
     ("trainer: {schedule: {train_iters: true}}", "`trainer.schedule.train_iters`"),

@@ -298,3 +298,17 @@ def test_a_refusal_before_distributed_init_reaches_the_rank0_log(tmp_path):
     assert "] config error | `trainer.precision.fp8`" in log, log
     progress = read_progress(run_dir)
     assert progress.error.startswith("config error | `trainer.precision.fp8`") and progress.final_state == "FAILED"
+
+
+def test_a_pretrained_path_that_is_a_file_is_one_config_error_line(tmp_path):
+    """validate refuses it (tests/test_bad_recipes.py); a resolved recipe that names one anyway (edited, or the file
+    appeared later) ends the trainer with one `config error` line and exit 2, not a traceback (was exit 1, with
+    HFConfigError's traceback: `.../config.json cannot be read as JSON: [Errno 20] Not a directory`)."""
+    from test_train_support import run_trainer, write_recipe
+
+    afile = tmp_path / "afile"
+    afile.write_text("not a checkpoint\n")
+    res = run_trainer(write_recipe(tmp_path, raw={"trainer.checkpoint.pretrained": str(afile)}), tmp_path / "run")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    log = (tmp_path / "run" / "logs" / "rank-0" / "debug.log").read_text()
+    assert "] config error | " in log and "afile" in log, log

@@ -13,6 +13,7 @@ import sys
 import traceback
 
 from primus_contract import run_files
+from primus_contract.hf_config import HFConfigError
 from trainer.checkpointing import checkpoint as ckpt
 from trainer import precision
 from trainer.observability import quiet
@@ -130,8 +131,9 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
             logger.line(schedule_note)
         trainer = _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path)
         return trainer.run()
-    except (SetupError, DataError, ConfigError, TrackerError, ckpt.CheckpointError) as err:  # (the last: a
-        # checkpoint this run cannot resume from, e.g. a random base at another TP size on a GPU)
+    except (SetupError, DataError, ConfigError, TrackerError, ckpt.CheckpointError, HFConfigError) as err:
+        # (CheckpointError: a checkpoint this run cannot resume from, e.g. a random base at another TP size on a GPU;
+        # HFConfigError: trainer.checkpoint.pretrained is not the checkpoint the recipe describes, or not one at all)
         _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
         return EXIT_CONFIG
     except Exception as err:  # noqa: BLE001

@@ -14,25 +14,21 @@ import os
 
 import numpy as np
 
+from primus_contract import data_paths
+
 from .dataset import PackedDataset
 from .errors import DataError
 from .options import DataOptions, SourceSpec
 from .packing import pack_lengths
 from .stats import summarize
 
-SPLIT_FILES = {"train": "train.npy", "validation": "validation.npy", "val": "validation.npy",
-               "test": "validation.npy"}
-
-
 def split_file(spec: SourceSpec, key: str) -> str:
     if not spec.path:
         raise DataError(f"{key}.path: format mlperf_npy needs a local directory or .npy file")
-    path = os.path.abspath(os.path.expanduser(spec.path))
-    if os.path.isdir(path):
-        path = os.path.join(path, SPLIT_FILES.get(spec.split, f"{spec.split}.npy"))
-    if not os.path.isfile(path):
-        raise DataError(f"{key}.path: no such MLPerf packed file: {path}")
-    return path
+    try:
+        return data_paths.mlperf_file(os.path.abspath(os.path.expanduser(spec.path)), spec.split)
+    except ValueError as exc:
+        raise DataError(f"{key}.path: {exc}") from None
 
 
 def load_packs(path: str, sample_length: int, limit: int | None = None) -> tuple[np.ndarray, ...]:

@@ -11,32 +11,20 @@ import json
 import os
 from typing import Any, Iterator
 
+from primus_contract import data_paths
+
 from .errors import DataError
 from .options import SourceSpec
-
-FILE_EXTS = (".jsonl", ".ndjson", ".json", ".parquet")
-HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
 def resolve(spec: SourceSpec, key: str) -> tuple[str, str]:
     """(kind, target): kind in file|hf_disk|hub; raises DataError naming `<key>.path` if nothing is there."""
     if not spec.path:
         return "hub", str(spec.hf_name)
-    path = os.path.abspath(os.path.expanduser(spec.path))
-    if os.path.isfile(path):
-        if not path.endswith(FILE_EXTS):
-            raise DataError(f"{key}.path: unsupported file type {path} (expected .jsonl, .json or .parquet)")
-        return "file", path
-    if os.path.isdir(path):
-        if any(os.path.exists(os.path.join(path, m)) for m in HF_DISK_MARKERS):
-            return "hf_disk", path
-        for ext in FILE_EXTS:
-            cand = os.path.join(path, spec.split + ext)
-            if os.path.isfile(cand):
-                return "file", cand
-        raise DataError(f"{key}.path: {path} is neither a datasets save_to_disk directory nor holds "
-                        f"{spec.split}.jsonl/.json/.parquet")
-    raise DataError(f"{key}.path: no such file or directory: {path}")
+    try:
+        return data_paths.local_source(os.path.abspath(os.path.expanduser(spec.path)), spec.split)
+    except ValueError as exc:
+        raise DataError(f"{key}.path: {exc}") from None
 
 
 def fingerprint(spec: SourceSpec, key: str) -> dict:
