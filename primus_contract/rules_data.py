@@ -37,6 +37,10 @@ def data_and_schedule_rules(t: dict) -> None:
     d, s = t["data"], t["schedule"]
     if not d["train"]["path"] and not d["train"]["hf_name"]:
         fail("`trainer.data.train.path` or `trainer.data.train.hf_name` is required")
+    for split in ("train", "validation"):  # the path wins in the loader: an hf_name beside it would be ignored
+        if d[split]["path"] and d[split]["hf_name"]:
+            fail(f"`trainer.data.{split}.hf_name` is set beside `trainer.data.{split}.path`; a source is one of them: "
+                 "remove one")
     if d["format"] == "mlperf_npy" and not d["train"]["path"]:
         fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
     if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:

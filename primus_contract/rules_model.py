@@ -54,6 +54,13 @@ def model_rules(m: dict, t: dict) -> None:
         for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
             if not m[key]:
                 fail(f"`trainer.model.{key}` is required with `trainer.model.multi_latent_attention: true`")
+        # MLA's own shapes replace these (trainer/model/arch.py mla_kwargs): a value other than MLA's is ignored
+        if m["num_query_groups"] not in (None, m["num_attention_heads"]):
+            fail(f"`trainer.model.num_query_groups` is {m['num_query_groups']}, but multi-latent attention has no "
+                 f"key/value groups; remove it (or set it to num_attention_heads, {m['num_attention_heads']})")
+        if m["kv_channels"] is not None:
+            fail("`trainer.model.kv_channels` is set, but multi-latent attention takes its head sizes from "
+                 "qk_head_dim, qk_pos_emb_head_dim and v_head_dim; remove it")
 
 
 def parallel_rules(t: dict, c: dict) -> None:
