@@ -89,3 +89,16 @@ def test_a_real_submit_still_needs_sbatch(envs, tmp_path):
     assert out.stderr == "error: cluster.executor is 'slurm' but `sbatch` is not on PATH; use --executor local\n"
     assert out.stdout == ""
     assert not (tmp_path / "ws").exists() and not (tmp_path / "state").exists()  # no run directory, no registry
+
+
+def test_a_local_job_says_which_slurm_options_it_does_not_apply(envs):
+    """Slurm-only cluster keys the recipe sets (not their defaults) have nothing to act on in a local job: the submit
+    says so in one note line (the dry run here; a real submit prints the same line after submitting)."""
+    _, ordinary = envs
+    out = cli(ordinary, "submit", QUICKSTART, "--executor", "local", "--dry-run", "--set", "cluster.time=00:10:00",
+              "--set", "cluster.partition=gpu")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ("note: the local executor applies no Slurm option: cluster.time, cluster.partition take "
+                          "effect under --executor slurm only\n")
+    plain = cli(ordinary, "submit", QUICKSTART, "--executor", "local", "--dry-run")
+    assert plain.returncode == 0 and "Slurm option" not in plain.stderr, plain.stderr

@@ -39,6 +39,25 @@ def resolve_executor(name: str, dry_run: bool = False) -> str:
     return executor.name
 
 
+SLURM_ONLY = ("time", "mem", "cpus_per_task", "partition", "account", "qos", "reservation", "constraint", "exclusive",
+              "requeue", "signal", "signal_grace_s", "extra_sbatch")  # cluster keys only sbatch applies
+
+
+def local_ignores_note(resolved: dict, concrete: str) -> str | None:
+    """The note a local job's submit prints when the recipe sets Slurm-only cluster keys (not its defaults): the
+    local executor has no allocation, time limit or signal to apply them to."""
+    from primus_contract.schema import field_at
+
+    if concrete != "local":
+        return None
+    c = resolved["cluster"]
+    set_keys = [k for k in SLURM_ONLY if c[k] != field_at(f"cluster.{k}").default]
+    if not set_keys:
+        return None
+    return (f"note: the local executor applies no Slurm option: cluster.{', cluster.'.join(set_keys)} take effect "
+            "under --executor slurm only")
+
+
 def sbatch_absent_note(requested: str | None, concrete: str) -> str | None:
     """The one note line a dry run or `render` prints on a machine without sbatch (None where sbatch is here, or
     the recipe asks for the local executor)."""

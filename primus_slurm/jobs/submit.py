@@ -28,7 +28,7 @@ class Prepared:
     run_id: str
     run_dir: Path
     script: str
-    note: str | None = None  # the dry run's one line when sbatch is absent here (executors.sbatch_absent_note)
+    note: str | None = None  # lines: sbatch absent here (dry run), Slurm-only keys a local job does not apply
 
 
 def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id: str | None = None,
@@ -50,7 +50,9 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id:
     run_id = run_id or runs.new_run_id()
     run_dir = runs.run_dir_for(recipe.resolved, run_id)
     script = render_script(recipe.resolved, str(run_dir), run_id, executor=concrete)
-    return Prepared(recipe, concrete, run_id, run_dir, script, executors.sbatch_absent_note(requested, concrete))
+    notes = [n for n in (executors.sbatch_absent_note(requested, concrete),
+                         executors.local_ignores_note(recipe.resolved, concrete)) if n]
+    return Prepared(recipe, concrete, run_id, run_dir, script, "\n".join(notes) or None)
 
 
 def dry_run_text(p: Prepared) -> str:
