@@ -37,6 +37,7 @@ BAD = [
     (f"trainer: {{checkpoint: {{pretrained: {A_FILE}}}}}", "a file; expected the directory of a Hugging Face"),
     (f"trainer: {{tokenizer: {{path: {A_FILE}}}}}", "a file; expected a tokenizer directory"),
     (f"trainer: {{data: {{train: {{path: {A_FOLDER}}}}}}}", "is neither a datasets save_to_disk directory nor holds"),
+    (f"experiment: {{workspace: {A_FILE}}}", "(`experiment.workspace`): " + A_FILE + " is not a directory"),
     ("trainer: {schedule: {lr: fast}}", "`trainer.schedule.lr`"),
     ("trainer: {schedule: {train_iters: 1.5}}", "`trainer.schedule.train_iters`"),
     ("trainer: {schedule: {train_iters: true}}", "`trainer.schedule.train_iters`"),

@@ -138,7 +138,8 @@ def test_jobs_run_offline_unless_the_recipe_names_the_hub(capsys, tmp_path, monk
     monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
     assert "export HF_HUB_OFFLINE=1\n" in _script(capsys)
     assert "HF_HUB_OFFLINE" not in _script(capsys, "trainer.tokenizer.path=hf://org/tok")
-    assert "HF_HUB_OFFLINE" not in _script(capsys, "trainer.data.validation.hf_name=org/set")
+    hub_set = ("trainer.data.validation.path=null", "trainer.data.validation.hf_name=org/set")
+    assert "HF_HUB_OFFLINE" not in _script(capsys, *hub_set)
     assert "export HF_HUB_OFFLINE=0\n" in _script(capsys, "cluster.env.HF_HUB_OFFLINE=0")  # the recipe's word
     inside = _script(capsys, *PODMAN, f"cluster.container.mounts=['{DATA}:{DATA}:ro']")
     assert "export HF_HUB_OFFLINE=1\n" in inside and "  -e HF_HUB_OFFLINE\n" in inside  # reaches the container

@@ -61,7 +61,9 @@ def _argv(field: str, text: str) -> list[str]:
     value = json.dumps(text if kind == "str" else [text] if kind == "list" else {"A": text})
     executor = [] if field == "cluster.executor" else ["--executor", "slurm"]  # --executor would override it
     container = CONTAINER if field.startswith("cluster.container.") and field != "cluster.container.image" else []
-    return [QS, *executor, *container, "--set", f"{field}={value}"]
+    # a Hub dataset name replaces the source's path (both set are refused: the path would win)
+    source = ["--set", field.replace(".hf_name", ".path=null")] if field.endswith(".hf_name") else []
+    return [QS, *executor, *container, *source, "--set", f"{field}={value}"]
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,22 @@ def check(p: Prepared) -> list[str]:
     nodes_ledger.check_placement(p.recipe.resolved)  # the node ledger's excluded nodes leave enough to place it
     if p.run_dir.exists():
         raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
+    _check_creatable(p.run_dir)
     return unchecked
+
+
+def _check_creatable(run_dir: Path) -> None:
+    """The run directory can be made here (submit makes it on this machine): its nearest existing ancestor is a
+    writable directory. A dry run and `validate` judge it as the submit would, without writing."""
+    ancestor = run_dir
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"cannot create the run directory {run_dir} (`experiment.workspace`): {ancestor} is not a "
+                        "directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"cannot create the run directory {run_dir} (`experiment.workspace`): {ancestor} is not "
+                        "writable")
 
 
 def create(p: Prepared, **fields) -> dict:
