@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from primus_contract.errors import ContractError
 from primus_contract.rules_data import checkpoint_rules, data_and_schedule_rules
-from primus_contract.rules_dependent import dependent_rules
 from primus_contract.rules_levers import lever_rules
 from primus_contract.rules_model import epilogue_rules, lora_rules, model_rules, parallel_rules
 from primus_contract.rules_pipeline import pipeline_rules
@@ -37,7 +36,6 @@ def check(r: dict) -> None:
     data_and_schedule_rules(t)
     tracking_rules(t)
     pipeline_rules(r.get("after") or [], t)
-    dependent_rules(r)
 
 
 def resolve(raw: dict) -> dict:

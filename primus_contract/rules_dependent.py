@@ -1,5 +1,8 @@
-"""Keys that only act together with another: set (a value other than the schema's default) without it, a key would be
-accepted and ignored, so it is refused, naming the key and what it needs. One table, read by `dependent_rules`.
+"""Keys that only act together with another: set (a value other than the schema's default) without it, a key does
+nothing. Never silently: `validate` and `submit` print one `note:` line for each (primus_slurm/jobs/submit.py), and
+the trainer logs it at start. Not refused: turning a feature off with one override (`--set
+trainer.recompute.granularity=null` on a block-recompute recipe, a sweep grid `trainer.precision.fp8=null,hybrid`
+over a recipe with fp8_recipe tensorwise) leaves its settings behind, and that must still run.
 
 Each row: (dotted key, what it needs in words, the test on the resolved recipe that it is in effect).
 """
@@ -7,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from primus_contract.errors import fail
 from primus_contract.schema import field_at
 
 
@@ -53,6 +55,8 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      lambda r: r["trainer"]["precision"]["first_last_layers_bf16"]),
     ("trainer.precision.num_layers_at_end_in_bf16", "`trainer.precision.first_last_layers_bf16: true`",
      lambda r: r["trainer"]["precision"]["first_last_layers_bf16"]),
+    ("trainer.precision.fp8_weight_cache", "`trainer.precision.fp8` or `fp4` (a BF16 run keeps no quantized weight "
+     "copies)", lambda r: bool(r["trainer"]["precision"]["fp8"] or r["trainer"]["precision"]["fp4"])),
     ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0", lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.data.validation.split", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.validation.limit", "`trainer.data.validation.path` or `hf_name`", _has_validation),
@@ -65,9 +69,12 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
 )
 
 
-def dependent_rules(r: dict) -> None:
+def inert_keys(r: dict) -> list[str]:
+    """One line per key of the resolved recipe `r` that is set but does nothing here, saying what it needs."""
+    out = []
     for key, needs, in_effect in DEPENDENT:
         value = _get(r, key)
         if value != field_at(key).default and not in_effect(r):
             shown = value if not isinstance(value, str) else repr(value)
-            fail(f"`{key}` is {shown} but does nothing without {needs}; remove it or set what it needs")
+            out.append(f"`{key}` is {shown} but does nothing without {needs}")
+    return out

@@ -61,6 +61,8 @@ def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bo
         click.echo(f"not checked here (the job's nodes see it): {what}")
     if t["checkpoint"]["pretrained"]:
         click.echo(f"pretrained: {pretrained_line(t['checkpoint']['pretrained'])}")
+    for note in submit_mod.recipe_notes(r.resolved, prepared.executor):
+        click.echo(note)
 
 
 def pretrained_line(path: str) -> str:

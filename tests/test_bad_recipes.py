@@ -21,13 +21,6 @@ A_FILE, A_FOLDER = str(recipes_dir() / "quickstart.yaml"), str(recipes_dir().par
 # (recipe body appended to `extends: quickstart`, text the error must contain)
 BAD = [
     ("trainer: {paralellism: {tensor: 2}}", "did you mean `parallelism`"),
-    # a key that acts only with another (primus_contract/rules_dependent.py): refused, never accepted and ignored
-    ("trainer: {schedule: {target_eval_loss: 1.0, eval_interval: null}}",
-     "`trainer.schedule.target_eval_loss` is 1.0 but does nothing without `trainer.schedule.eval_interval`"),
-    ("trainer: {recompute: {method: block}}", "`trainer.recompute.method` is 'block' but does nothing without"),
-    ("trainer: {precision: {fp8_recipe: tensorwise}}", "`trainer.precision.fp8_recipe` is 'tensorwise'"),
-    ("trainer: {logging: {profile_trace: true}}", "`trainer.logging.profile_trace` is True"),
-    ("cluster: {currency: EUR}", "`cluster.currency` is 'EUR' but does nothing without `cluster.gpu_hour_price`"),
     # validate checks the `after:` steps' files as submit does; their text as every text field's
     ("after: [{step: eval, data: /nonexistent/eval.jsonl}]", "`after[0].data` is '/nonexistent/eval.jsonl', which"),
     ('after: [{step: generate, prompt: "a\\rb"}]', "`after[0].prompt` contains a newline or control character"),
@@ -300,3 +293,22 @@ def test_run_dir_behind_a_symlink_is_checked_after_resolving(tmp_path, capsys):
     line = _check_error(capsys, ["submit", QS, "--executor", "slurm", "--dry-run", "--set",
                                  f"experiment.workspace={tmp_path}/ws"], "the run directory")
     assert "symlinks" in line
+
+
+@pytest.mark.parametrize("sets,note", [
+    (["trainer.schedule.eval_interval=null", "trainer.schedule.target_eval_loss=1.0"],
+     "note: `trainer.schedule.target_eval_loss` is 1.0 but does nothing without `trainer.schedule.eval_interval`"),
+    (["trainer.recompute.method=block"], "note: `trainer.recompute.method` is 'block' but does nothing without "
+                                         "`trainer.recompute.granularity: full`"),
+    (["trainer.precision.fp8_recipe=tensorwise"], "note: `trainer.precision.fp8_recipe` is 'tensorwise'"),
+    (["trainer.logging.profile_trace=true"], "note: `trainer.logging.profile_trace` is True"),
+    (["cluster.currency=EUR"], "note: `cluster.currency` is 'EUR' but does nothing without `cluster.gpu_hour_price`"),
+])
+def test_a_key_whose_feature_is_off_is_a_note_never_silent(sets, note, capsys):
+    """primus_contract/rules_dependent.py: accepted (turning a feature off with one override leaves its settings
+    behind, and that must run), but validate and the dry run each say, in one note line, that it does nothing."""
+    argv = [a for s in sets for a in ("--set", s)]
+    assert run(["validate", QS, *argv]) == 0
+    assert note in capsys.readouterr().out
+    assert run(["submit", QS, "--executor", "local", "--dry-run", *argv]) == 0
+    assert note in capsys.readouterr().err

@@ -103,3 +103,17 @@ def test_mxfp4_payload_is_the_qdq():
     x = torch.randn(16, 64) * 100
     assert torch.equal(fp4_payload.mxfp4_payload(x), mxfp4.qdq_ref(x).bfloat16())
     assert torch.equal(fp4_payload.mxfp4_payload(x.t()), mxfp4.qdq_ref(x.t().contiguous()).bfloat16())
+
+
+def test_the_recipes_fp8_weight_cache_false_turns_the_fp4_copies_off():
+    """trainer.precision.fp8_weight_cache: false (weight_cache.configure at the build) keeps no FP4 payload copy, as
+    it keeps no TE copy; it was read only by TE, so the FP4 emulation cached whatever the recipe said."""
+    w = torch.randn(16, 16)
+    try:
+        weight_cache.configure(False)
+        weight_cache.cached(w, "k", lambda: w + 1)
+        assert weight_cache.size() == 0
+    finally:
+        weight_cache.configure(True)
+    weight_cache.cached(w, "k", lambda: w + 1)
+    assert weight_cache.size() == 1

@@ -14,6 +14,7 @@ import traceback
 
 from primus_contract import run_files
 from primus_contract.hf_config import HFConfigError
+from primus_contract.rules_dependent import inert_keys
 from trainer.checkpointing import checkpoint as ckpt
 from trainer import precision
 from trainer.observability import quiet
@@ -126,6 +127,8 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
         logger.start(attempt, info.world_size, info.device,
                      os.path.relpath(resume_path, run_dir) if resume_path else None)
         logger.args(cfg)
+        for line in inert_keys(cfg.to_dict()):  # (validate and submit printed them as notes)
+            logger.line(f"note | {line}")
         logger.open_trackers(cfg, run_dir, attempt)
         if schedule_note:
             logger.line(schedule_note)

@@ -17,7 +17,7 @@ from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.planning import plan_cli, plan_runs
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executor_base import NothingToCancel
-from primus_slurm.jobs.executors import executor_for, local_ignores_note
+from primus_slurm.jobs.executors import executor_for
 from primus_slurm.experiments import chain_state, cost, leaderboard, pipeline
 from primus_slurm.experiments import cli as experiments_cli
 from primus_slurm.nodes import run_nodes
@@ -64,9 +64,8 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
             sys.stdout.write(submit_mod.dry_run_text(prepared) + (pipeline.dry_run_text(prepared) if steps else ""))
         return
     entry = pipeline.submit(prepared) if steps else submit_mod.submit(prepared)
-    local_note = local_ignores_note(prepared.recipe.resolved, prepared.executor)
-    if local_note:  # (the sbatch-absent line is the dry run's only: a real submit ran the executor it names)
-        click.echo(local_note, err=True)
+    for note in submit_mod.recipe_notes(prepared.recipe.resolved, prepared.executor):  # (the sbatch-absent line
+        click.echo(note, err=True)  # is the dry run's only: a real submit ran the executor it names)
     if executor_for(prepared.executor).container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"]):
         click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)

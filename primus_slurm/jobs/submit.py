@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primus_contract.fields import SCHEMA
+from primus_contract.rules_dependent import inert_keys
 
 from primus_slurm import paths
 from primus_slurm.jobs import executors, registry, runs
@@ -50,9 +51,16 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id:
     run_id = run_id or runs.new_run_id()
     run_dir = runs.run_dir_for(recipe.resolved, run_id)
     script = render_script(recipe.resolved, str(run_dir), run_id, executor=concrete)
-    notes = [n for n in (executors.sbatch_absent_note(requested, concrete),
-                         executors.local_ignores_note(recipe.resolved, concrete)) if n]
+    notes = [n for n in (executors.sbatch_absent_note(requested, concrete), *recipe_notes(recipe.resolved, concrete))
+             if n]
     return Prepared(recipe, concrete, run_id, run_dir, script, "\n".join(notes) or None)
+
+
+def recipe_notes(resolved: dict, executor: str) -> list[str]:
+    """The recipe's keys that do nothing in this job, one `note:` line each (validate, the dry run and the submit
+    print them): Slurm-only options of a local job, and keys whose feature is off (primus_contract.rules_dependent)."""
+    local = executors.local_ignores_note(resolved, executor)
+    return ([local] if local else []) + [f"note: {line}" for line in inert_keys(resolved)]
 
 
 def dry_run_text(p: Prepared) -> str:

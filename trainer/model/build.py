@@ -21,7 +21,7 @@ from trainer import precision
 from trainer.config import ConfigError
 from trainer.model import arch, levers, specs, tp_overlap
 from trainer.model.transforms import BuildContext, apply_transforms
-from trainer.precision import Precision, fp8_params
+from trainer.precision import Precision, fp8_params, weight_cache
 
 
 def _recompute_kwargs(rcfg) -> dict:
@@ -130,6 +130,7 @@ def build(cfg, device: torch.device, prec: Optional[Precision] = None) -> BuiltM
 
         cpu_compat.install()
     config = make_transformer_config(cfg, device, use_te, prec)
+    weight_cache.configure(cfg.trainer.precision.fp8_weight_cache)  # the FP4 payload copies follow TE's (above)
     ub_tokens = tp_overlap.initialize(cfg, config, device, use_te)  # before TE's linears are built
     with fp8_params.init_context(config):
         model = _gpt_model(config, cfg.trainer.model, device, int(cfg.experiment.seed))

@@ -6,7 +6,8 @@ weight object, key and weight state, where the state is (weight._version, data_p
 an in-place update through autograd-visible ops (optimizer steps, copy_, load_state_dict) or a new storage
 invalidates it. Writes through `weight.data` bypass `_version`; nothing in the trainer does that after the
 first forward (megatron's TE workspace cache, `is_first_microbatch`, makes the same assumption).
-Weights that require grad are never cached. PRIMUS_FP4_WEIGHT_CACHE=0 turns caching off.
+Weights that require grad are never cached. The recipe's trainer.precision.fp8_weight_cache: false turns caching off
+(configure(), at the model's build: TE's own copies follow the same key), as does PRIMUS_FP4_WEIGHT_CACHE=0.
 Entries live as long as the weight (weak keys); the cost is one payload-sized tensor per cached key.
 """
 from __future__ import annotations
@@ -20,8 +21,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 _CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+_RECIPE = {"enabled": True}
+
+
+def configure(enabled_by_recipe: bool) -> None:
+    """trainer.precision.fp8_weight_cache for this process (trainer/model/build.py sets it at the build)."""
+    _RECIPE["enabled"] = bool(enabled_by_recipe)
+
+
 def enabled() -> bool:
-    return os.environ.get("PRIMUS_FP4_WEIGHT_CACHE", "1") != "0"
+    return _RECIPE["enabled"] and os.environ.get("PRIMUS_FP4_WEIGHT_CACHE", "1") != "0"
 
 
 def _state(weight: torch.Tensor) -> tuple:
