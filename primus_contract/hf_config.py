@@ -181,26 +181,30 @@ def _rope_fields(hf: dict, mla: bool) -> dict:
 
 def moe_pattern(hf: dict) -> tuple[int, int]:
     """(moe_first_k_dense, moe_layer_freq) that build the MoE layers of this config.json as transformers does:
-    DeepSeek-V2 i >= first_k_dense_replace and i % moe_layer_freq == 0; Qwen3-MoE (i + 1) % decoder_sparse_step == 0
-    and i not in mlp_only_layers. The trainer builds every layout of flops.is_moe_layer; others are refused."""
+    DeepSeek-V2 every layer from first_k_dense_replace on; Qwen3-MoE (i + 1) % decoder_sparse_step == 0 and i not in
+    mlp_only_layers. The trainer builds the layouts of flops.is_moe_layer (the first k dense, then every n-th layer
+    from the first MoE one); others, and a model with no MoE layer, are refused."""
     layers, mt = int(_need(hf, "num_hidden_layers")), hf.get("model_type")
-    if mt == "deepseek_v2":  # transformers builds every layer from first_k_dense_replace on as MoE
+    if mt == "deepseek_v2":
         if int(hf.get("moe_layer_freq") or 1) != 1:
-            _refuse(hf, "moe_layer_freq", "transformers' DeepSeek-V2 ignores it (every layer from first_k_dense_replace "
-                                          "on is MoE), so its weights could follow either reading")
+            _refuse(hf, "moe_layer_freq", "transformers' DeepSeek-V2 ignores it (every layer from "
+                                          "first_k_dense_replace on is MoE), so its weights could follow either reading")
         first = int(hf.get("first_k_dense_replace") or 0)
-        want, field = [i >= first for i in range(layers)], "first_k_dense_replace"
-    else:
-        step, dense = int(hf.get("decoder_sparse_step") or 1), set(hf.get("mlp_only_layers") or ())
-        want = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
-        field = "mlp_only_layers" if dense else "decoder_sparse_step"
-    for first in range(layers):
-        for freq in range(1, layers + 1):
-            m = {"num_moe_experts": 1, "moe_first_k_dense": first, "moe_layer_freq": freq}
-            if [is_moe_layer(m, i) for i in range(layers)] == want:
-                return first, freq
+        if first >= layers:
+            _refuse(hf, "first_k_dense_replace", f"it leaves no MoE layer of {layers}")
+        return first, 1
+    step, dense = int(hf.get("decoder_sparse_step") or 1), set(hf.get("mlp_only_layers") or ())
+    field = "mlp_only_layers" if dense else "decoder_sparse_step"
+    moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+    if not moe:
+        _refuse(hf, field, "it leaves no MoE layer")
+    first = moe[0]
+    for freq in ([moe[1] - first] if len(moe) > 1 else range(1, layers + 1)):  # (one MoE layer: any freq that fits)
+        m = {"num_moe_experts": 1, "moe_first_k_dense": first, "moe_layer_freq": freq}
+        if [i for i in range(layers) if is_moe_layer(m, i)] == moe:
+            return first, freq
     _refuse(hf, field, "the trainer builds the first moe_first_k_dense layers dense, then every moe_layer_freq-th "
-                       f"layer MoE; config.json makes layers {[i for i, x in enumerate(want) if x]} MoE")
+                       f"layer MoE; config.json makes layers {moe} MoE")
 
 
 def model_fields(hf: dict) -> dict:

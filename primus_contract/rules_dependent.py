@@ -1,13 +1,15 @@
 """Keys that only act together with another: set (a value other than the schema's default) without it, a key does
-nothing. Never silently: `validate` and `submit` print one `note:` line for each (primus_slurm/jobs/submit.py), and
-the trainer logs it at start. Not refused: turning a feature off with one override (`--set
-trainer.recompute.granularity=null` on a block-recompute recipe, a sweep grid `trainer.precision.fp8=null,hybrid`
-over a recipe with fp8_recipe tensorwise) leaves its settings behind, and that must still run.
+nothing. Never silently: `validate`, the dry run and `submit` print one `note:` line for each
+(primus_slurm/jobs/submit.py), and the trainer logs it at start (a sweep's trials: in their logs). Not refused:
+turning a feature off with one override (`--set trainer.recompute.granularity=null` on a block-recompute recipe, a
+sweep grid `trainer.precision.fp8=null,hybrid` over a recipe with fp8_recipe tensorwise) leaves its settings behind,
+and that must still run.
 
 Each row: (dotted key, what it needs in words, the test on the resolved recipe that it is in effect).
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from primus_contract.schema import field_at
@@ -57,7 +59,8 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      lambda r: r["trainer"]["precision"]["first_last_layers_bf16"]),
     ("trainer.precision.fp8_weight_cache", "`trainer.precision.fp8` or `fp4` (a BF16 run keeps no quantized weight "
      "copies)", lambda r: bool(r["trainer"]["precision"]["fp8"] or r["trainer"]["precision"]["fp4"])),
-    ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0", lambda r: bool(r["trainer"]["lora"]["dropout"])),
+    ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0",
+     lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.data.validation.split", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.validation.limit", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.overlong", "a tokenized format (mlperf_npy packs are already tokenized and sized)", _tokenized),
@@ -75,6 +78,6 @@ def inert_keys(r: dict) -> list[str]:
     for key, needs, in_effect in DEPENDENT:
         value = _get(r, key)
         if value != field_at(key).default and not in_effect(r):
-            shown = value if not isinstance(value, str) else repr(value)
+            shown = json.dumps(value)  # (as the recipe writes it: true, "block", 1.0)
             out.append(f"`{key}` is {shown} but does nothing without {needs}")
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 
 from primus_contract.errors import fail
+from primus_contract.flops import is_moe_layer
 from primus_contract.rules_shapes import linear_dims
 
 
@@ -39,9 +40,9 @@ def model_rules(m: dict, t: dict) -> None:
     if m["num_moe_experts"]:
         if not m["moe_router_topk"] or m["moe_router_topk"] > m["num_moe_experts"]:
             fail(f"`trainer.model.moe_router_topk` must be between 1 and num_moe_experts ({m['num_moe_experts']})")
-        if m["moe_first_k_dense"] >= m["num_layers"]:
-            fail(f"`trainer.model.moe_first_k_dense` ({m['moe_first_k_dense']}) leaves no MoE layer of "
-                 f"num_layers ({m['num_layers']})")
+        if not any(is_moe_layer(m, i) for i in range(m["num_layers"])):
+            fail(f"`trainer.model.moe_first_k_dense` ({m['moe_first_k_dense']}) with moe_layer_freq "
+                 f"({m['moe_layer_freq']}) leaves no MoE layer of num_layers ({m['num_layers']})")
         if m["family"] == "deepseek" and m["moe_layer_freq"] != 1:  # (hf_config.to_hf_config could not export it)
             fail("`trainer.model.moe_layer_freq` must be 1 for family deepseek: DeepSeek-V2 in transformers makes "
                  "every layer after the first moe_first_k_dense MoE")

@@ -101,6 +101,10 @@ def run_device(t: Mapping, profile: str) -> str:
     return "cpu" if profile == "cpu" and device == "auto" else device
 
 
+# the largest LoRA rank the adapters' Triton kernels take (trainer/model/lora/kernels.py: one tile holds the rank)
+LORA_KERNEL_MAX_RANK = 128
+
+
 def fused_swiglu_on(t: Mapping, profile: str) -> bool:
     """trainer.lora.fused_swiglu as it runs: true / false as written; null (auto) on wherever it applies: an adapter
     on linear_fc1 without post-dropout, no recompute.adapter_inputs scope all|fc2 (fc2's adapter recomputes from
@@ -139,6 +143,9 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
         device == "cuda" and profile not in ("mi300x", "mi355x"))
     if t["precision"]["fp8_swiglu_input"] and not nvidia:
         return "`trainer.precision.fp8_swiglu_input` keeps the FP8 copy in the fold's kernels on NVIDIA GPUs only"
+    if t["precision"]["fp8_swiglu_input"] and lora["dim"] > LORA_KERNEL_MAX_RANK:
+        return (f"`trainer.precision.fp8_swiglu_input` keeps the FP8 copy in the fold's kernels, which take LoRA "
+                f"ranks up to {LORA_KERNEL_MAX_RANK} (`trainer.lora.dim` is {lora['dim']})")
     return None
 
 
@@ -146,7 +153,7 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     """trainer.lora.epilogue where no wrapped linear could own its base GEMM: refused here, not at the trainer's start
     (trainer/model/lora/layers.py uses_epilogue: not an expert, not a replicated MLA down-projection, not fc1 folded
     into the SwiGLU, and on a GPU not a linear TE fuses with its norm)."""
-    from primus_contract.plan.shapes import NORM_FUSED, REPLICATED
+    from primus_contract.plan.shapes import REPLICATED
     from primus_contract.rules_model import model_linear_names
 
     lora = t["lora"]
@@ -155,6 +162,9 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     device = run_device(t, profile)
     te = device == "cuda" or (device == "auto" and profile in ("h100", "h200", "b200", "mi300x", "mi355x"))
     folded = fused_swiglu_on(t, profile)
+    # TE's LayerNormLinear (megatron's TE layer spec): qkv; MLA's up-projections with their latent norms (on for MLA)
+    te_norm = ("linear_qkv",) + (("linear_q_up_proj", "linear_kv_up_proj") if t["model"]["multi_latent_attention"]
+                                 else ())
     owners = []
     for name in model_linear_names(t["model"]):
         short = name.rsplit(".", 1)[-1]
@@ -164,7 +174,7 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
             continue
         if name == "mlp.linear_fc1" and (folded or te):
             continue
-        if te and short in NORM_FUSED:
+        if te and short in te_norm:
             continue
         owners.append(name)
     if not owners:

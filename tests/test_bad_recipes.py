@@ -298,11 +298,11 @@ def test_run_dir_behind_a_symlink_is_checked_after_resolving(tmp_path, capsys):
 @pytest.mark.parametrize("sets,note", [
     (["trainer.schedule.eval_interval=null", "trainer.schedule.target_eval_loss=1.0"],
      "note: `trainer.schedule.target_eval_loss` is 1.0 but does nothing without `trainer.schedule.eval_interval`"),
-    (["trainer.recompute.method=block"], "note: `trainer.recompute.method` is 'block' but does nothing without "
+    (["trainer.recompute.method=block"], 'note: `trainer.recompute.method` is "block" but does nothing without '
                                          "`trainer.recompute.granularity: full`"),
-    (["trainer.precision.fp8_recipe=tensorwise"], "note: `trainer.precision.fp8_recipe` is 'tensorwise'"),
-    (["trainer.logging.profile_trace=true"], "note: `trainer.logging.profile_trace` is True"),
-    (["cluster.currency=EUR"], "note: `cluster.currency` is 'EUR' but does nothing without `cluster.gpu_hour_price`"),
+    (["trainer.precision.fp8_recipe=tensorwise"], 'note: `trainer.precision.fp8_recipe` is "tensorwise"'),
+    (["trainer.logging.profile_trace=true"], "note: `trainer.logging.profile_trace` is true"),
+    (["cluster.currency=EUR"], 'note: `cluster.currency` is "EUR" but does nothing without `cluster.gpu_hour_price`'),
 ])
 def test_a_key_whose_feature_is_off_is_a_note_never_silent(sets, note, capsys):
     """primus_contract/rules_dependent.py: accepted (turning a feature off with one override leaves its settings

@@ -136,18 +136,21 @@ KERNELS = textwrap.dedent("""
             grads.append((y.detach(), x.grad, a1.grad, b1.grad))
         for ref, got in zip(*grads):
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-        grads = []  # the fused path (trainer.lora.fused, the default) with pre-dropout: the masked dh A added into dx
-        for kernels in (False, True):
-            x = torch.randn(t, 48, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
-            a1 = torch.randn(r, 48, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
-            b1 = torch.randn(n, r, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
-            torch.manual_seed(5)
-            y, _ = fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, drop=lambda z: draw(z, 0.1), p=0.1,
-                                 kernels=kernels)
-            (y * torch.ones_like(y)).sum().backward()
-            grads.append((y.detach(), x.grad, a1.grad, b1.grad))
-        for ref, got in zip(*grads):
-            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        # the fused path (trainer.lora.fused, the default) with pre-dropout: the masked dh A added into dx; with the
+        # CPU's noise mask, and with a bool mask as native_dropout keeps on a GPU (its 1/(1-p) applied in the kernel)
+        bool_drop = lambda z: (lambda k: (z * k / 0.9, k))(torch.rand_like(z) > 0.1)  # noqa: E731
+        for drop in (lambda z: draw(z, 0.1), bool_drop):
+            grads = []
+            for kernels in (False, True):
+                x = torch.randn(t, 48, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+                a1 = torch.randn(r, 48, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+                b1 = torch.randn(n, r, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+                torch.manual_seed(5)
+                y, _ = fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, drop=drop, p=0.1, kernels=kernels)
+                (y * torch.ones_like(y)).sum().backward()
+                grads.append((y.detach(), x.grad, a1.grad, b1.grad))
+            for ref, got in zip(*grads):
+                torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     print("kernels ok")
 """)
 
@@ -253,3 +256,17 @@ def test_the_device_calls_kernel_check_runs_on_cpu():
                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and len(rows) == 7 and all('"ok": true' in r for r in rows), done.stdout + done.stderr[-2000:]
+
+
+def test_kernels_take_ranks_up_to_their_tile_and_never_run_on_rocm(monkeypatch):
+    """One tile holds the whole rank: past LORA_KERNEL_MAX_RANK the torch ops serve (the kernels' shared memory would
+    outgrow a block on sm_90 from rank 513); ROCm never ran them."""
+    pytest.importorskip("triton")
+    from trainer.model.lora.kernels import MAX_RANK, kernels_usable
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels_usable(torch.device("cpu"), 16) and kernels_usable(torch.device("cpu"), MAX_RANK)
+    assert not kernels_usable(torch.device("cpu"), MAX_RANK + 1)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert not kernels_usable(torch.device("cuda"), 16)

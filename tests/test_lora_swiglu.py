@@ -131,7 +131,8 @@ def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired(monkeypatch):
                 wire_fused_swiglu(model)
         import trainer.model.lora.swiglu as swiglu
 
-        monkeypatch.setattr(swiglu, "kernels_usable", lambda device: True)  # as on a GPU: the ROCm refusal next
+        # as on a GPU: the ROCm refusal next
+        monkeypatch.setattr(swiglu, "kernels_usable", lambda device, rank=16: True)
         monkeypatch.setattr(torch.version, "hip", "6.4")
         with pytest.raises(ConfigError, match="NVIDIA's FP8"):
             wire_fused_swiglu(model)
@@ -158,7 +159,7 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
         assert not any(hasattr(m, "_primus_megatron_forward") for m in built.model.modules())
         assert "no MLP here can fold" in dict(built.lines)["fused swiglu"]
     lora = {"enabled": True, "fused_swiglu": None, "target_modules": ["linear_fc1"], "exclude_modules": [],
-            "dropout": 0.0, "dropout_position": "pre"}
+            "dropout": 0.0, "dropout_position": "pre", "dim": 16}
     t = {"lora": lora, "recompute": {"adapter_inputs": False, "adapter_inputs_scope": "all"},
          "model": {"num_moe_experts": None, "moe_first_k_dense": 0, "moe_layer_freq": 1},
          "precision": {"fp8_swiglu_input": False}, "distributed": {"device": "cuda"}}
@@ -173,6 +174,7 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
     assert fused_swiglu_on({**moe, "model": {**moe["model"], "moe_first_k_dense": 1}}, "h200")
     store = {**t, "precision": {"fp8_swiglu_input": True}}
     assert fused_swiglu_on(store, "h200") and not fused_swiglu_on(store, "mi300x")
+    assert not fused_swiglu_on({**store, "lora": {**lora, "dim": 256}}, "h200")  # a rank above the kernels' tile
     assert fused_swiglu_on({**store, "distributed": {"device": "auto"}}, "h200")  # the recipes' default device
     assert not fused_swiglu_on({**store, "distributed": {"device": "auto"}}, "mi355x")
     assert not fused_swiglu_on({**store, "distributed": {"device": "cpu"}}, "cpu")

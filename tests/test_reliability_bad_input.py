@@ -320,8 +320,8 @@ def test_the_trainer_logs_a_key_that_does_nothing(tmp_path):
     """The notes validate and submit print (primus_contract.rules_dependent) are in the run's log too."""
     from test_train_support import run_trainer, write_recipe
 
-    res = run_trainer(write_recipe(tmp_path, "trainer.schedule.train_iters=2", "trainer.precision.fp8_recipe=tensorwise"),
-                      tmp_path / "run")
+    recipe = write_recipe(tmp_path, "trainer.schedule.train_iters=2", "trainer.precision.fp8_recipe=tensorwise")
+    res = run_trainer(recipe, tmp_path / "run")
     assert res.returncode == 0, res.stderr[-2000:]
     log = (tmp_path / "run" / "logs" / "rank-0" / "debug.log").read_text()
-    assert "] note | `trainer.precision.fp8_recipe` is 'tensorwise' but does nothing without" in log, log[-3000:]
+    assert '] note | `trainer.precision.fp8_recipe` is "tensorwise" but does nothing without' in log, log[-3000:]

@@ -48,3 +48,15 @@ def test_a_script_killed_after_killwait_is_cancelled_with_the_signal():
     out = f"966|966|CANCELLED by 0|0:0|node1|{_end(40)}\n966.batch|966.batch|CANCELLED|0:9|node1|{_end(5)}\n"
     row = slurm_states(["966"], _runner(out))["966"]
     assert row["state"] == "CANCELLED" and row["exit_code"] == 137, row
+
+
+def test_a_script_still_stopping_long_after_the_cancel_stays_stopping():
+    """A script whose stop outlasts SETTLE_S (a long checkpoint, a large KillWait) has no End in accounting yet: the
+    window counts from the script's end, so the job is STOPPING, not CANCELLED without a code."""
+    out = (f"1300|1300|CANCELLED by 0|0:0|node1|{_end(SETTLE_S + 200)}\n"
+           "1300.batch|1300.batch|CANCELLED|0:0|node1|Unknown\n")
+    row = slurm_states(["1300"], _runner(out, "1300|CANCELLED|node1|None|2026-12-05T06:59:18\n"))["1300"]
+    assert row["state"] == "STOPPING" and row["exit_code"] is None, row
+    ended = (f"1300|1300|CANCELLED by 0|0:0|node1|{_end(SETTLE_S + 200)}\n"
+             f"1300.batch|1300.batch|CANCELLED|0:0|node1|{_end(SETTLE_S + 100)}\n")  # ended long ago, never recorded
+    assert slurm_states(["1300"], _runner(ended))["1300"]["state"] == "CANCELLED"

@@ -39,8 +39,9 @@ def resolve_executor(name: str, dry_run: bool = False) -> str:
     return executor.name
 
 
+# cluster keys only sbatch applies (cluster.signal is not one: the local job script traps it too)
 SLURM_ONLY = ("time", "mem", "cpus_per_task", "partition", "account", "qos", "reservation", "constraint", "exclusive",
-              "requeue", "signal", "signal_grace_s", "extra_sbatch")  # cluster keys only sbatch applies
+              "requeue", "signal_grace_s", "extra_sbatch")
 
 
 def local_ignores_note(resolved: dict, concrete: str) -> str | None:

@@ -70,16 +70,25 @@ def _exit_code(text: str) -> int | None:
     return 128 + sig if sig and not code else code
 
 
-SETTLE_S = 120  # how long after a cancelled job's end sacct may still lack its batch script's exit code
+SETTLE_S = 120  # how long after a cancelled job's script ended sacct may still lack its exit code
+STOP_CAP_S = 900  # a batch step accounting still shows running: how long after the cancel it may take to stop
 
 
-def _within_settle(end: str, now: float | None = None) -> bool:
-    """sacct's End (local time, `2026-12-05T05:50:58`) lies less than SETTLE_S ago; False when it is not a time."""
+def _within(end: str, window: float, now: float | None = None) -> bool:
+    """sacct's End (local time, `2026-12-05T05:50:58`) lies less than `window` seconds ago; False when not a time."""
     try:
         t = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return False
-    return (time.time() if now is None else now) - t < SETTLE_S
+    return (time.time() if now is None else now) - t < window
+
+
+def _unsettled(alloc_end: str, batch_end: str) -> bool:
+    """A cancelled job whose batch step is still sacct's placeholder: within SETTLE_S of the script's end (the later
+    End), or, while accounting gives the step no End, within STOP_CAP_S of the cancel (the allocation's End)."""
+    if _within(batch_end, 0, 0) or batch_end[:1].isdigit():  # the step has an End: count from the later one
+        return _within(max(alloc_end, batch_end), SETTLE_S)
+    return _within(alloc_end, STOP_CAP_S)
 
 
 def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
@@ -91,9 +100,9 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
     (COMPLETING: its processes run, the trainer checkpoints) is STOPPING, and its exit code, once it has ended, is
     its batch script's (sacct's allocation line says 0:0). A cancelled job whose batch step sacct still holds as
     `CANCELLED 0:0` (what the controller records at the cancel, before the script ends) is STOPPING too, for up to
-    SETTLE_S after the allocation's end: slurmdbd lags the controller, so the controller can have forgotten the job
-    before sacct has the script's exit code (seen in the CI simulation of 2026-12-05: CANCELLED with no exit code,
-    then 75). Returns {job_id: {'state', 'exit_code', 'nodes', 'source'}}; jobs neither tool knows are absent.
+    SETTLE_S after the script's end (_unsettled): slurmdbd lags the controller, so the controller can have forgotten
+    the job before sacct has the script's exit code (seen in the CI simulation of 2026-12-05: CANCELLED with no exit
+    code, then 75). Returns {job_id: {'state', 'exit_code', 'nodes', 'source'}}; jobs neither tool knows are absent.
     """
     wanted = sorted(set(map(str, job_ids)))
     if not wanted:
@@ -121,6 +130,7 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
             state, code = parts[1].split()[0] if parts[1] else "UNKNOWN", _exit_code(parts[2])
             if parts[0].endswith(".batch") and parts[0][:-len(".batch")] in wanted:
                 batch[parts[0][:-len(".batch")]] = (state, code)
+                ended[parts[0]] = end
             elif parts[0] in wanted:
                 states[parts[0]] = {"state": state, "exit_code": code, "nodes": parts[3], "source": "sacct"}
                 ended[parts[0]] = end
@@ -128,7 +138,7 @@ def slurm_states(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
         if row["state"] == "CANCELLED":  # the batch script's own exit code (the trainer's, trainer/runtime/launch.py)
             state, code = batch.get(job, ("CANCELLED", None))
             row["exit_code"] = None if state == "CANCELLED" and not code else code  # 0:0: not ended, or none
-            if batch.get(job) == ("CANCELLED", 0) and _within_settle(ended.get(job, "")):
+            if batch.get(job) == ("CANCELLED", 0) and _unsettled(ended.get(job, ""), ended.get(f"{job}.batch", "")):
                 row.update(state=STOPPING, exit_code=None)  # the script's end is not in accounting yet
     missing = {j for j in wanted if states.get(j, {}).get("state") in (None, "CANCELLED", *ACTIVE)}
     if not missing:

@@ -11,7 +11,7 @@ masked_product: the K=r product dh A formed tile by tile in registers, multiplie
 1/(1-p), or CPU noise) and written once, or added in place into `out` (one read and one write of out); the torch path
 writes dh A, masks it (undrop) and adds it in further passes.
 
-Kernels run where `kernels_usable(device)` (a CUDA device with Triton, or Triton's CPU interpreter,
+Kernels run where `kernels_usable(device, rank)` (an NVIDIA GPU with Triton, or Triton's CPU interpreter,
 TRITON_INTERPRET=1); tests/test_lora_epilogue.py runs them in the interpreter against the torch ops.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK
 from trainer.model.lora.drop import keep_scale, undrop
 
 try:
@@ -29,9 +30,17 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 
-def kernels_usable(device: torch.device) -> bool:
-    """The Triton kernels run on `device`: a CUDA device with Triton, or anywhere in Triton's CPU interpreter."""
-    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+# The kernels hold a whole rank in one tile (no loop over R): past LORA_KERNEL_MAX_RANK their shared memory outgrows
+# a block (131 KB at rank 512 on sm_90, ahead-of-time compiled); larger ranks take the torch ops
+MAX_RANK = LORA_KERNEL_MAX_RANK
+
+
+def kernels_usable(device: torch.device, rank: int = 16) -> bool:
+    """The Triton kernels run on `device` for LoRA rank `rank`: an NVIDIA GPU with Triton (never run on ROCm), or
+    anywhere in Triton's CPU interpreter; rank at most MAX_RANK."""
+    if triton is None or rank > MAX_RANK:
+        return False
+    return (device.type == "cuda" and torch.version.hip is None) or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def rank_block(r: int) -> int:

@@ -241,7 +241,8 @@ class LoRALinear(nn.Module):
         if self.uses_epilogue() and not args and not kwargs:
             u = self._take_act_input(x)
             y = epilogue_adapter(self.base.weight, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
-                                 act=self.input_act if u is not None else None, kernels=kernels_usable(x.device))
+                                 act=self.input_act if u is not None else None,
+                                 kernels=kernels_usable(x.device, self.lora_a.shape[0]))
             return y, None
         if self.uses_fused_path():
             u, p = self._take_act_input(x), self._p()
@@ -250,8 +251,9 @@ class LoRALinear(nn.Module):
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
                                  collective=self._collective if self.tp_size > 1 else None, drop=drop, p=p,
-                                 kernels=kernels_usable(x.device))  # the masked dh A in one pass (its Triton
-        # kernel matched the torch ops on an H200 at the 8B's widths: bench/kernel_check.py, 2026-12-05)
+                                 kernels=kernels_usable(x.device, self.lora_a.shape[0]))
+        # (the masked dh A in one pass: its Triton kernel matched the torch ops on an H200 at the 8B's widths,
+        # bench/kernel_check.py, 2026-12-05)
         out, bias, h = self._base_and_h(x, args, kwargs)
         b = self.lora_b.to(out.dtype)
         if self.dropout is not None and self.dropout_position == "post":
