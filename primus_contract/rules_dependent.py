@@ -1,6 +1,6 @@
 """Keys that only act together with another: set (a value other than the schema's default) without it, a key does
-nothing. Never silently: `validate`, the dry run and `submit` print one `note:` line for each
-(primus_slurm/jobs/submit.py), and the trainer logs it at start (a sweep's trials: in their logs). Not refused:
+nothing. Never silently: `validate`, the dry run, `submit` and `sweep` print one `note:` line for each
+(primus_slurm/jobs/submit.py recipe_notes), and the trainer logs it at start. Not refused:
 turning a feature off with one override (`--set trainer.recompute.granularity=null` on a block-recompute recipe, a
 sweep grid `trainer.precision.fp8=null,hybrid` over a recipe with fp8_recipe tensorwise) leaves its settings behind,
 and that must still run.

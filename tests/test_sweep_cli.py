@@ -139,3 +139,13 @@ def test_dry_run_says_how_long_and_how_many_gpu_hours(env):
     assert abs(h * 3600 + m * 60 + s - hours[0] * 3600) <= 1 and lines[1].split()[3] == f"{hours[0] * 16:,.1f}"
     total = sum(hours) * 16
     assert lines[3].startswith(f"planned: 2 trials, {total:,.1f} GPU-hours in all; about ") and "with 1 at once" in lines[3]
+
+
+def test_a_key_that_does_nothing_in_some_trials_is_noted_once_with_them(env):
+    """submit's notes (primus_contract.rules_dependent) for a sweep: each once on stderr, naming the trials it
+    concerns when not all."""
+    out = cli(env, "sweep", QUICKSTART, "--executor", "local", "--dry-run", "--grid",
+              "trainer.precision.fp8_recipe=delayed,tensorwise", "--grid", "trainer.schedule.lr=1e-3,2e-3")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ('note: `trainer.precision.fp8_recipe` is "tensorwise" but does nothing without '
+                          "`trainer.precision.fp8` hybrid or e4m3 (trials 2, 3)\n"), out.stderr

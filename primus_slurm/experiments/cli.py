@@ -14,6 +14,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.experiments import board_table, leaderboard, pipeline
 from primus_slurm.jobs.status import ENDED
 from primus_slurm.experiments import sweep as sweep_mod
+from primus_slurm.jobs import submit as submit_mod
 
 
 def _hours(h: float | None) -> str:
@@ -74,6 +75,7 @@ def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, exe
     overrides = (*overrides, *pipeline.override(ctx.meta.get("then") or []))
     sweep = sweep_mod.plan(recipe, grids, zips, overrides, executor, max_parallel, max_trials,
                            skip_memory_check, dry_run)
+    _print_notes(sweep)
     if dry_run:
         if as_json:
             click.echo(json.dumps({"sweep_id": sweep.sweep_id, "executor": sweep.executor,
@@ -99,6 +101,17 @@ def sweep_cmd(ctx, recipe, grids, zips, overrides, max_parallel, max_trials, exe
              f"the local queue, {sweep.max_parallel or 1} at a time")
     click.echo(f"submitted sweep {sweep.sweep_id}: {len(entries)} of {len(sweep.trials)} trials ({where})")
     click.echo(f"sweep dir: {sweep.sweep_dir}")
+
+
+def _print_notes(sweep) -> None:
+    """submit's notes (keys that do nothing in the job), each once, with the trials it concerns unless all."""
+    seen: dict[str, list[int]] = {}
+    for trial in sweep.accepted:
+        for note in submit_mod.recipe_notes(trial.prepared.recipe.resolved, trial.prepared.executor):
+            seen.setdefault(note, []).append(trial.index)
+    for note, trials in seen.items():
+        which = f" (trial{'s' if len(trials) > 1 else ''} {', '.join(map(str, trials))})"
+        click.echo(note + (which if len(trials) < len(sweep.accepted) else ""), err=True)
 
 
 def show_sweep(ref: str, as_json: bool, plot_path: str | None = None, wide: bool = False) -> bool:
