@@ -122,8 +122,9 @@ def tp_comm_overlap_rules(par: dict, prec: dict, dist: dict) -> None:
 
 
 def lora_rules(lora: dict, model: dict) -> None:
-    if not lora["enabled"]:
-        return
+    if not lora["enabled"]:  # (the base is frozen: the trainer stopped at its optimizer, in the queue, a traceback)
+        fail("`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA adapters on a frozen base: nothing "
+             "would train; set it to true (`primus-slurm generate RUN --base-only` answers from a run's base alone)")
     names = model_linear_names(model)
     for field in ("target_modules", "exclude_modules"):
         for i, pattern in enumerate(lora[field]):
@@ -140,8 +141,6 @@ def epilogue_rules(t: dict) -> None:
     lora, prec = t["lora"], t["precision"]
     if not lora["epilogue"]:
         return
-    if not lora["enabled"]:
-        fail("`trainer.lora.epilogue` needs LoRA: `trainer.lora.enabled` is false; set epilogue: false")
     quantized = [k for k in ("fp8", "fp4") if prec[k]]
     if quantized:
         fail(f"`trainer.lora.epilogue` owns each base GEMM in 16/32-bit, and `trainer.precision.{quantized[0]}` runs "

@@ -121,8 +121,6 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
     """Why no MLP of the recipe can fold fc1's adapter into the SwiGLU (None: some can). known_device_only: the
     device check only where the recipe names the device (auto without a GPU profile is decided on the node)."""
     lora, rec, m = t["lora"], t["recompute"], t["model"]
-    if not lora["enabled"]:
-        return "`trainer.lora.enabled` is false"
     if lora["dropout"] and lora["dropout_position"] == "post":
         return "`trainer.lora.dropout_position` post masks the adapter's output, which the fold never writes"
     if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
@@ -157,7 +155,7 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     from primus_contract.rules_model import model_linear_names
 
     lora = t["lora"]
-    if not (lora["epilogue"] and lora["enabled"]):
+    if not lora["epilogue"]:
         return
     device = run_device(t, profile)
     te = device == "cuda" or (device == "auto" and profile in ("h100", "h200", "b200", "mi300x", "mi355x"))
