@@ -178,6 +178,19 @@ def test_bad_input_is_one_error_line(run, tmp_path):
     assert "pretrained" in _one_error(cli(env, "export", str(copy), "--merged"))
     assert "pretrained" in _one_error(cli(env, "generate", str(copy), "--prompt", "hi"))
     assert not (copy / "exports").exists() and not (copy / "generations").exists()
+    # refused here, not in the job after it started (the merge refused one directory for both; eval read the file)
+    before = sorted(run_dir.rglob("*"))
+    same = str(tmp_path / "both")
+    assert "the same directory as --adapter" in _one_error(cli(env, "export", run_id, "--adapter", same, "--merged",
+                                                               same + "/"))
+    assert "bad.jsonl:2: each line must be a JSON object" in _one_error(cli(env, "eval", run_id, "--data", str(bad)))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert "empty.jsonl: no records" in _one_error(cli(env, "eval", run_id, "--data", str(tmp_path / "empty.jsonl")))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert f"its parent directory {afile} is a file" in _one_error(cli(env, "export", run_id, "--adapter",
+                                                                       str(afile / "sub")))
+    assert sorted(run_dir.rglob("*")) == before and not (tmp_path / "both").exists()
 
 
 @pytest.mark.slurm

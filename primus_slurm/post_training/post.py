@@ -120,7 +120,8 @@ def output_dir(job: PostJob, value: str | None, default_name: str, option: str) 
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UserError(f"{option} {value}: exists and is not an empty directory")
     if not path.parent.is_dir():
-        raise UserError(f"{option} {value}: its parent directory {path.parent} does not exist")
+        what = "is a file" if path.parent.exists() else "does not exist"
+        raise UserError(f"{option} {value}: its parent directory {path.parent} {what}")
     return str(path)
 
 

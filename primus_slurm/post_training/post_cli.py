@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from primus_contract import data_paths
 from primus_slurm.post_training import post
 from primus_slurm.errors import UserError
 
@@ -52,18 +53,23 @@ def export_cmd(run, iteration, executor, adapter, merged):
         raise UserError("--merged: run has no pretrained base (trainer.checkpoint.pretrained is unset); only "
                         "--adapter can be exported")
     _checkpoint_args(job, iteration)
+    outs = {}
     for option, value, name in (("--adapter", adapter, "adapter"), ("--merged", merged, "merged")):
         out = post.output_dir(job, value, name, option)
         if out:
+            if out in outs.values():  # (the merge would refuse it in the job, after the adapter was written)
+                raise UserError(f"--merged {value}: the same directory as --adapter; give each its own")
+            outs[option] = out
             job.args += [option, out]
     _finish(job)
 
 
-def read_prompts(path: str) -> None:
+def read_prompts(path: str, option: str = "--prompts") -> None:
+    """A JSON-lines file of records, read as the job will (JSON objects, at least one), or one error naming `option`."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--prompts {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+        raise UserError(f"{option} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     n = 0
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -71,12 +77,12 @@ def read_prompts(path: str) -> None:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"--prompts {path}:{i}: not JSON ({exc.msg})") from None
+            raise UserError(f"{option} {path}:{i}: not JSON ({exc.msg})") from None
         if not isinstance(record, dict):
-            raise UserError(f"--prompts {path}:{i}: each line must be a JSON object (a record of the run's format)")
+            raise UserError(f"{option} {path}:{i}: each line must be a JSON object (a record of the run's format)")
         n += 1
     if not n:
-        raise UserError(f"--prompts {path}: no records")
+        raise UserError(f"{option} {path}: no records")
 
 
 @click.command("generate")
@@ -146,6 +152,17 @@ def eval_cmd(run, iteration, executor, data):
         path = Path(data).expanduser().resolve()
         if not path.exists():
             raise UserError(f"--data {data}: no such file or directory")
+        d = job.resolved["trainer"]["data"]
+        split = (d.get("validation") or {}).get("split") or "validation"
+        try:  # what the job will read there (primus_contract.data_paths: the trainer's own rule)
+            if d["format"] == "mlperf_npy":
+                kind, target = "npy", data_paths.mlperf_file(str(path), split)
+            else:
+                kind, target = data_paths.local_source(str(path), split)
+        except ValueError as exc:
+            raise UserError(f"--data {data}: {exc}") from None
+        if kind == "file" and target.endswith((".jsonl", ".ndjson")):
+            read_prompts(target, "--data")
         job.args += ["--data", str(path)]
     elif not (job.resolved["trainer"]["data"].get("validation") or {}).get("path") and \
             not (job.resolved["trainer"]["data"].get("validation") or {}).get("hf_name"):
