@@ -37,6 +37,9 @@ def resume(ref: str) -> dict:
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     if not (run_dir / "job.sbatch").is_file():
         raise UserError(f"run {run_id}'s run directory {run_dir} (or its job.sbatch) no longer exists")
+    progress = read_progress(run_dir)  # (before the lock file: a refusal writes nothing)
+    if progress.finished and progress.exit_code == 0:
+        raise UserError(f"run {run_id} completed (iteration {progress.iteration}); nothing to resume")
     with open(run_dir / LOCK, "w") as lock:  # two resumes at once would start two jobs in one run directory
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -53,9 +56,6 @@ def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     if busy:
         raise UserError(f"run {run_id} is {busy} (job {info.get('job_id')}); resume it once it has ended, "
                         f"`primus-slurm cancel {run_id}` to end it, or follow it with `primus-slurm logs {run_id} -f`")
-    progress = read_progress(run_dir)
-    if progress.finished and progress.exit_code == 0:
-        raise UserError(f"run {run_id} completed (iteration {progress.iteration}); nothing to resume")
     registry.check_writable()  # a new job the registry cannot record would run unseen
     attempt = next_attempt(run_dir)
     (run_dir / ATTEMPT_BASE).write_text(f"{attempt}\n")
