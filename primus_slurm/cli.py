@@ -61,7 +61,7 @@ def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bo
         click.echo(f"not checked here (the job's nodes see it): {what}")
     if t["checkpoint"]["pretrained"]:
         click.echo(f"pretrained: {pretrained_line(t['checkpoint']['pretrained'])}")
-    for note in submit_mod.recipe_notes(r.resolved, prepared.executor):
+    for note in prepared.notes:
         click.echo(note)
 
 

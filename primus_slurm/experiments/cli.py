@@ -14,7 +14,6 @@ from primus_slurm.errors import UserError
 from primus_slurm.experiments import board_table, leaderboard, pipeline
 from primus_slurm.jobs.status import ENDED
 from primus_slurm.experiments import sweep as sweep_mod
-from primus_slurm.jobs import submit as submit_mod
 
 
 def _hours(h: float | None) -> str:
@@ -107,7 +106,7 @@ def _print_notes(sweep) -> None:
     """submit's notes (keys that do nothing in the job), each once, with the trials it concerns unless all."""
     seen: dict[str, list[int]] = {}
     for trial in sweep.accepted:
-        for note in submit_mod.recipe_notes(trial.prepared.recipe.resolved, trial.prepared.executor):
+        for note in trial.prepared.notes:
             seen.setdefault(note, []).append(trial.index)
     for note, trials in seen.items():
         which = f" (trial{'s' if len(trials) > 1 else ''} {', '.join(map(str, trials))})"

@@ -54,8 +54,9 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
     if dry_run:
         submit_mod.check(prepared)
         pipeline.check_paths(steps)  # as the submit checks them
-        if prepared.note:
-            click.echo(prepared.note, err=True)
+        for note in (prepared.note, *prepared.notes):
+            if note:
+                click.echo(note, err=True)
         if as_json:
             click.echo(json.dumps({"run_id": prepared.run_id, "run_dir": str(prepared.run_dir),
                                    "executor": prepared.executor, "script": prepared.script,
@@ -64,8 +65,8 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
             sys.stdout.write(submit_mod.dry_run_text(prepared) + (pipeline.dry_run_text(prepared) if steps else ""))
         return
     entry = pipeline.submit(prepared) if steps else submit_mod.submit(prepared)
-    for note in submit_mod.recipe_notes(prepared.recipe.resolved, prepared.executor):  # (the sbatch-absent line
-        click.echo(note, err=True)  # is the dry run's only: a real submit ran the executor it names)
+    for note in prepared.notes:  # (not the sbatch-absent line: a real submit ran the executor it names)
+        click.echo(note, err=True)
     if executor_for(prepared.executor).container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"]):
         click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)

@@ -29,7 +29,8 @@ class Prepared:
     run_id: str
     run_dir: Path
     script: str
-    note: str | None = None  # lines: sbatch absent here (dry run), Slurm-only keys a local job does not apply
+    note: str | None = None  # the dry run's one line when sbatch is absent here (executors.sbatch_absent_note)
+    notes: tuple = ()  # the recipe's keys that do nothing in this job (recipe_notes): validate, dry run, submit
 
 
 def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id: str | None = None,
@@ -51,9 +52,8 @@ def prepare(recipe_path: str, overrides=(), executor: str | None = None, run_id:
     run_id = run_id or runs.new_run_id()
     run_dir = runs.run_dir_for(recipe.resolved, run_id)
     script = render_script(recipe.resolved, str(run_dir), run_id, executor=concrete)
-    notes = [n for n in (executors.sbatch_absent_note(requested, concrete), *recipe_notes(recipe.resolved, concrete))
-             if n]
-    return Prepared(recipe, concrete, run_id, run_dir, script, "\n".join(notes) or None)
+    return Prepared(recipe, concrete, run_id, run_dir, script, executors.sbatch_absent_note(requested, concrete),
+                    tuple(recipe_notes(recipe.resolved, concrete)))
 
 
 def recipe_notes(resolved: dict, executor: str) -> list[str]:
