@@ -4,6 +4,7 @@ launcher where the path is visible (primus_slurm/paths.py): one rule, so a path 
     local_source(path, split)        -> ("file" | "hf_disk", target)   records: .jsonl/.json/.parquet, a directory
                                                                         holding <split>.<ext>, or a save_to_disk one
     mlperf_file(path, split)         -> the packed .npy file of a split (a directory holding it, or the file)
+    source(path, split, data_format) -> (kind, target) of either, by the recipe's trainer.data.format
 Both raise ValueError with the reason (the caller names the field); the path must exist.
 """
 from __future__ import annotations
@@ -30,6 +31,13 @@ def local_source(path: str, split: str) -> tuple[str, str]:
                 return "file", cand
         raise ValueError(f"{path} is neither a datasets save_to_disk directory nor holds {split}.jsonl/.json/.parquet")
     raise ValueError(f"no such file or directory: {path}")
+
+
+def source(path: str, split: str, data_format: str) -> tuple[str, str]:
+    """What a job of `data_format` reads at `path` for `split`: ("npy", file) for mlperf_npy, else local_source's."""
+    if data_format == "mlperf_npy":
+        return "npy", mlperf_file(path, split)
+    return local_source(path, split)
 
 
 def mlperf_file(path: str, split: str) -> str:

@@ -101,6 +101,7 @@ def run_device(t: Mapping, profile: str) -> str:
     return "cpu" if profile == "cpu" and device == "auto" else device
 
 
+GPU_PROFILES = ("h100", "h200", "b200", "mi300x", "mi355x")  # env profiles that name a GPU (cpu and none do not)
 # the largest LoRA rank the adapters' Triton kernels take (trainer/model/lora/kernels.py: one tile holds the rank)
 LORA_KERNEL_MAX_RANK = 128
 
@@ -134,7 +135,7 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
             pattern_matches(p, fc1) for p in lora["exclude_modules"]):
         return "no adapter on a dense MLP's linear_fc1 (`trainer.lora.target_modules` / `exclude_modules`)"
     device = run_device(t, profile)
-    gpu_profile = profile in ("h100", "h200", "b200", "mi300x", "mi355x")
+    gpu_profile = profile in GPU_PROFILES
     if known_device_only and device == "auto" and not gpu_profile:
         return None
     nvidia = profile in ("h100", "h200", "b200") if device == "auto" else (
@@ -158,7 +159,7 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     if not lora["epilogue"]:
         return
     device = run_device(t, profile)
-    te = device == "cuda" or (device == "auto" and profile in ("h100", "h200", "b200", "mi300x", "mi355x"))
+    te = device == "cuda" or (device == "auto" and profile in GPU_PROFILES)
     folded = fused_swiglu_on(t, profile)
     # TE's LayerNormLinear (megatron's TE layer spec): qkv; MLA's up-projections with their latent norms (on for MLA)
     te_norm = ("linear_qkv",) + (("linear_q_up_proj", "linear_kv_up_proj") if t["model"]["multi_latent_attention"]

@@ -71,10 +71,7 @@ def _check_kind(resolved: dict, field: str, value: str, host: str) -> None:
         data = resolved["trainer"]["data"]
         split = data[field.split(".")[2]]["split"]
         try:
-            if data["format"] == "mlperf_npy":
-                data_paths.mlperf_file(host, split)
-            else:
-                data_paths.local_source(host, split)
+            data_paths.source(host, split, data["format"])
         except ValueError as exc:
             raise UserError(f"`{field}` is {value!r:.200}: {exc}") from None
 

@@ -53,13 +53,13 @@ def export_cmd(run, iteration, executor, adapter, merged):
         raise UserError("--merged: run has no pretrained base (trainer.checkpoint.pretrained is unset); only "
                         "--adapter can be exported")
     _checkpoint_args(job, iteration)
-    outs = {}
+    outs = []
     for option, value, name in (("--adapter", adapter, "adapter"), ("--merged", merged, "merged")):
         out = post.output_dir(job, value, name, option)
         if out:
-            if out in outs.values():  # (the merge would refuse it in the job, after the adapter was written)
+            if out in outs:  # (the merge would refuse it in the job, after the adapter was written)
                 raise UserError(f"--merged {value}: the same directory as --adapter; give each its own")
-            outs[option] = out
+            outs.append(out)
             job.args += [option, out]
     _finish(job)
 
@@ -155,10 +155,7 @@ def eval_cmd(run, iteration, executor, data):
         d = job.resolved["trainer"]["data"]
         split = (d.get("validation") or {}).get("split") or "validation"
         try:  # what the job will read there (primus_contract.data_paths: the trainer's own rule)
-            if d["format"] == "mlperf_npy":
-                kind, target = "npy", data_paths.mlperf_file(str(path), split)
-            else:
-                kind, target = data_paths.local_source(str(path), split)
+            kind, target = data_paths.source(str(path), split, d["format"])
         except ValueError as exc:
             raise UserError(f"--data {data}: {exc}") from None
         if kind == "file" and target.endswith((".jsonl", ".ndjson")):
