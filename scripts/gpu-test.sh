@@ -37,8 +37,21 @@ if ls "${PRIMUS_GPU_SLURM_KIT:-.gpu/slurm}"/*.deb >/dev/null 2>&1 && { [ "$gpu" 
     tail -n 40 "$dir/gpu-slurm-up.log" >&2
   fi
 fi
-PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider -p lifecycle_report \
-  -m gpu tests/gpu --lifecycle-json "$dir/lifecycle.json" -rA "$@"
+# A device call that ends at its limit returns only what is under $OUT: so the progress line reaches the log as it
+# happens (unbuffered), pytest gets SIGINT at the deadline (it still writes the JSON of what ran), and the runs'
+# small logs go beside it (runs.tgz). On the H100 on 2026-12-05 a blind wait used a whole call and left nothing.
+export PYTHONUNBUFFERED=1
+base=${PRIMUS_LIFECYCLE_BASETEMP:-/tmp/primus-lifecycle}
+deadline=${PRIMUS_GPU_TEST_DEADLINE:-480}
+rm -rf "$base"
+PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout -s INT -k 30 "$deadline" \
+  "$PY" -m pytest -v -p no:cacheprovider -p lifecycle_report -m gpu tests/gpu --basetemp "$base" \
+  --lifecycle-json "$dir/lifecycle.json" -rA "$@"
 rc=$?
+[ "$rc" = 124 ] && echo "gpu-test: stopped at the deadline of $deadline s (PRIMUS_GPU_TEST_DEADLINE)"
+if [ -d "$base" ]; then
+  (cd "$base" && find . -type f \( -name '*.jsonl' -o -name '*.out' -o -name 'result.json' -o -name 'debug*.log' \) \
+    -size -4M -print0 | tar czf "$dir/runs.tgz" --null -T -) && echo "gpu-test: the runs' logs in $dir/runs.tgz"
+fi
 echo "gpu-test: $((SECONDS - start)) s, pytest exit $rc, $dir/lifecycle.json"
 exit "$rc"

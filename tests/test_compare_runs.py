@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from primus_slurm.cli import run as cli_run
@@ -101,12 +102,18 @@ def test_verify_native_fp4_all_hold(tmp_path, capsys):
     assert "FP4 1500.00 vs FP8 1000.00 (x1.50)" in out and "FP4 8.00 vs FP8 10.00" in out
 
 
-def test_verify_emulated_says_so(tmp_path, capsys):
-    fp4 = make_run(tmp_path, "fp4", [3.0, 2.0], FP4_EMU, fp4="e2m1", tok=600, mem=12.0)
+# the line an emulated run logged on the H100 (2026-12-05): TE's reference tensor class, whose name holds NVFP4Tensor
+FP4_EMU_TE = ("precision | fp4 e2m1 | fp8 None | recipe NVFP4-emulated | tensor_class PrimusNVFP4TensorRef | "
+              "mode fp4-te-emulated | format nvfp4 act/grad 1x16, weight 16x16 | weight_dtype bfloat16")
+
+
+@pytest.mark.parametrize("line", [FP4_EMU, FP4_EMU_TE])
+def test_verify_emulated_says_so(tmp_path, capsys, line):
+    fp4 = make_run(tmp_path, "fp4", [3.0, 2.0], line, fp4="e2m1", tok=600, mem=12.0)
     fp8 = make_run(tmp_path, "fp8", [3.0, 2.0], FP8, fp8="hybrid", tok=1000, mem=10.0)
     assert cli_run(["verify-fp4", str(fp4), "--fp8-run", str(fp8)]) == 1
     out = capsys.readouterr().out
-    assert "3. [PASS]" in out and "EMULATED" in out
+    assert "3. [PASS]" in out and "EMULATED" in out and "hardware path" not in out
     assert "4. [FAIL]" in out and "5. [FAIL]" in out and "expected for emulation" in out
     assert "3/5 hold" in out
 

@@ -51,10 +51,11 @@ def _recipe_class(run: RunLog) -> tuple[Optional[bool], str]:
         return None, "no `precision |` line in the log"
     recipe, tclass = run.precision.get("recipe", ""), run.precision.get("tensor_class", "")
     shown = f"recipe {recipe}, tensor_class {tclass}"
-    if recipe in FP4_RECIPES or any(t in tclass for t in FP4_TENSORS):
-        return True, shown + " (FP4 hardware path)"
+    # the emulated recipe first: its TE tensor class on the GPU (PrimusNVFP4TensorRef) contains "NVFP4Tensor"
     if recipe.endswith("-emulated") and recipe[:5] in ("NVFP4", "MXFP4"):
         return True, shown + " (EMULATED: FP4 numerics with bf16 GEMMs, not FP4 hardware)"
+    if recipe in FP4_RECIPES or any(t in tclass for t in FP4_TENSORS):
+        return True, shown + " (FP4 hardware path)"
     return False, shown
 
 

@@ -30,7 +30,20 @@ def record(request):
     return add
 
 
+_CONFIG: list = []
+
+
+def pytest_configure(config):
+    _CONFIG[:] = [config]
+
+
 def pytest_runtest_logreport(report):
+    _record(report)
+    if _CONFIG:  # after every test too: a suite killed at a device call's limit still leaves what had run
+        _write(_CONFIG[0], None)
+
+
+def _record(report):
     entry = _RESULTS.setdefault(report.nodeid, {})
     if report.when == "call" or report.outcome != "passed":
         entry.setdefault("outcome", report.outcome)
@@ -66,14 +79,24 @@ def _versions() -> dict:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = session.config.getoption("--lifecycle-json")
+    _write(session.config, int(exitstatus))
+
+
+_VERSIONS: dict = {}
+
+
+def _write(config, exitstatus) -> None:
+    """The suite's JSON; exit_status None while it is still running (or was killed)."""
+    path = config.getoption("--lifecycle-json")
     if not path:
         return
+    if not _VERSIONS:
+        _VERSIONS.update(_versions())
     root = Path(__file__).resolve().parents[2]
     commit = os.environ.get("PRIMUS_COMMIT") or _git_head(root)  # the device's copy of the tree has no .git
     doc = {"suite": "gpu lifecycle (tests/gpu)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "commit": commit.strip() or "unknown (no git here)", "exit_status": int(exitstatus),
-           "versions": _versions(), "tests": _RESULTS}
+           "commit": commit.strip() or "unknown (no git here)", "exit_status": exitstatus,
+           "versions": _VERSIONS, "tests": _RESULTS}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
 

@@ -109,13 +109,31 @@ def logged_eval(run_dir: Path, iteration: int) -> float:
     return float(found[-1])
 
 
+def gpu_total_gib() -> float:
+    """GPU 0's memory: from nvidia-smi where it is (no CUDA context in pytest's own process), else from torch."""
+    cmd = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"]
+    try:
+        return float(subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.split()[0]) / 1024
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 def wait_checkpoint(run_dir: Path, timeout: float = 600) -> int:
-    """The iteration of the run's first checkpoint event, once it is there."""
+    """The iteration of the run's first checkpoint event, once it is there. A run that ended without one fails at
+    once with its outcome (on the H100 on 2026-12-05 the 8B shape died of OOM at its start, and this wait, blind to
+    that, held the suite for its whole timeout)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        saved = [e["iteration"] for a in events(run_dir) for e in a if e.get("event") == "checkpoint"]
+        stream = [e for a in events(run_dir) for e in a]
+        saved = [e["iteration"] for e in stream if e.get("event") == "checkpoint"]
         if saved:
             return int(saved[0])
+        ended = [e for e in stream if e.get("event") == "outcome"]
+        if ended:
+            raise AssertionError(f"{run_dir.name} ended before its first checkpoint: {ended[-1].get('status')}, "
+                                 f"exit {ended[-1].get('exit')}: {str(ended[-1].get('message'))[:600]}")
         time.sleep(0.2)
     raise AssertionError(f"no checkpoint in {run_dir} after {timeout} s")
 
