@@ -139,3 +139,20 @@ def test_grouped_expert_adapter_is_per_expert_lora():
     y[:5].sum().backward()  # only expert 0's rows
     assert layer.lora[0].lora_a.grad.abs().sum() > 0
     assert all(ad.lora_a.grad is None or ad.lora_a.grad.abs().sum() == 0 for ad in list(layer.lora)[1:])
+
+
+def test_dense_mla_norms_its_kv_latent_as_the_moe_mla_does():
+    """MLA always norms its kv latent (DeepSeek's kv_a_layernorm): a dense MLA model (no experts) built its layer
+    from a spec that read model.qk_layernorm alone (false), and got none, while its config said True."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    dense = {k: v for k, v in DEEPSEEK_MLA.items() if not k.startswith("moe_") and k != "num_moe_experts"}
+    names = {}
+    for label, arch in (("dense", dense), ("moe", DEEPSEEK_MLA)):
+        cfg = tiny_cfg(trainer=arch_sections(arch))
+        assert not cfg.trainer.model.qk_layernorm
+        with dist_session(cfg) as info:
+            attn = build_model(cfg, info.device).decoder.layers[0].self_attention
+            assert not isinstance(attn.kv_layernorm, IdentityOp), label
+            names[label] = sorted(n for n, _ in attn.named_parameters())
+    assert names["dense"] == names["moe"] and any("kv_layernorm" in n for n in names["dense"]), names

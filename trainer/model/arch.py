@@ -108,6 +108,14 @@ def gpt_rope_kwargs(mcfg) -> dict:
     return {"rope_scaling": True, "rope_scaling_factor": float(rs.get("factor", 8))}
 
 
+def qk_norm(mcfg) -> bool:
+    """Whether attention norms its queries/keys: model.qk_layernorm (Qwen3), and always under MLA, whose latent
+    norms (kv_a_layernorm, and q_a_layernorm with a q_lora_rank) every DeepSeek checkpoint holds. The layer spec and
+    the config read this one rule: a dense MLA model built from a spec that read qk_layernorm alone (false) got no
+    kv latent norm while its config said True (2026-12-05)."""
+    return bool(mcfg.qk_layernorm) or bool(mcfg.multi_latent_attention)
+
+
 def mla_kwargs(mcfg) -> dict:
     if not mcfg.multi_latent_attention:
         return {}
@@ -122,7 +130,7 @@ def mla_kwargs(mcfg) -> dict:
             "kv_lora_rank": int(mcfg.kv_lora_rank), "qk_head_dim": int(mcfg.qk_head_dim),
             "qk_pos_emb_head_dim": int(mcfg.qk_pos_emb_head_dim), "v_head_dim": int(mcfg.v_head_dim),
             "num_query_groups": int(mcfg.num_attention_heads), **fused_rope,
-            "qk_layernorm": True, "rotary_base": float(mcfg.rotary_base), **rope}
+            "qk_layernorm": qk_norm(mcfg), "rotary_base": float(mcfg.rotary_base), **rope}
 
 
 def config_class(mcfg):

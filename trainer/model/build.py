@@ -56,7 +56,7 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optio
         kv_channels=int(m.kv_channels) if m.kv_channels else None,
         normalization="RMSNorm", layernorm_epsilon=float(m.norm_epsilon),
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
-        add_qkv_bias=False, qk_layernorm=bool(m.qk_layernorm),
+        add_qkv_bias=False, qk_layernorm=arch.qk_norm(m),
         hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=int(par.tensor), pipeline_model_parallel_size=int(par.pipeline),
         context_parallel_size=int(par.context), expert_model_parallel_size=int(par.expert),

@@ -11,6 +11,7 @@ import copy
 
 import torch
 
+from trainer.model import arch
 from trainer.model.mla_q import plain_query
 from trainer.model.seeding import seeded
 
@@ -69,10 +70,10 @@ def layer_spec(mcfg, device: torch.device, seed: int):
 
     if te_available(device):
         return seeded(plain_query(specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
+            num_experts=None, moe_grouped_gemm=False, qk_layernorm=arch.qk_norm(mcfg),
             multi_latent_attention=bool(mcfg.multi_latent_attention))), seed)
     return _local(specs.get_gpt_layer_local_spec(
-        num_experts=None, moe_grouped_gemm=False, qk_layernorm=bool(mcfg.qk_layernorm),
+        num_experts=None, moe_grouped_gemm=False, qk_layernorm=arch.qk_norm(mcfg),
         multi_latent_attention=bool(mcfg.multi_latent_attention), normalization="RMSNorm"), seed)
 
 
