@@ -8,7 +8,7 @@
 # time is spent on it. Extra arguments go to pytest.
 # Slurm: `stage` also stages scripts/gpu-slurm.sh's kit (.gpu/slurm, Debian 12 debs, ~18 MB; send it along too);
 # where it is there and CUDA is (or PRIMUS_GPU_SLURM=1), the suite starts that one-node cluster with gres/gpu first,
-# so that tests/gpu/test_slurm_gpu.py runs, and stops it at the end (PRIMUS_GPU_SLURM_KEEP=1: leaves it up).
+# so that the Slurm test (tests/gpu/slurm_gpu.py) runs, and stops it at the end (PRIMUS_GPU_SLURM_KEEP=1: leaves it up).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -42,7 +42,7 @@ fi
 # small logs go beside it (runs.tgz). On the H100 on 2026-12-05 a blind wait used a whole call and left nothing.
 export PYTHONUNBUFFERED=1
 base=${PRIMUS_LIFECYCLE_BASETEMP:-/tmp/primus-lifecycle}
-deadline=${PRIMUS_GPU_TEST_DEADLINE:-480}
+deadline=${PRIMUS_GPU_TEST_DEADLINE:-540}
 rm -rf "$base"
 PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout -s INT -k 30 "$deadline" \
   "$PY" -m pytest -v -p no:cacheprovider -p lifecycle_report -m gpu tests/gpu --basetemp "$base" \

@@ -10,7 +10,8 @@ Everything starts at once in one module fixture, so the runs share the device's 
   which checkpoints and stops with the preempted code, then resumes;
 - on CUDA, the Llama-3-8B shape (bench/recipes/llama3_8b_h200.yaml, FP8) cancelled, resumed and exported: beside
   the others on a GPU of 120 GiB or more (the H200), else alone after them (the H100: EIGHT_B_BESIDE_GIB);
-- an FP4-emulated run of the same recipe, which `compare` (with the sweep's trials) and `verify-fp4` then read.
+- an FP4-emulated run of the same recipe, which `compare` (with the sweep's trials) and `verify-fp4` then read;
+- where `make gpu-test` started a Slurm cluster: a Slurm run warned, requeued and resumed (tests/gpu/slurm_gpu.py).
 Each test records what it measured (the `record` fixture, tests/gpu/lifecycle_report.py).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import lifecycle_support as ls
+import slurm_gpu
 
 DEV = ls.device()
 if DEV is None:
@@ -94,10 +96,12 @@ def lab(tmp_path_factory):
         runs["cancel", "8b"] = _eight_b(env, tmp)
     fp4 = ls.submit(env, *base, *fixed, "trainer.precision.fp8=null", "trainer.precision.fp4=e2m1",
                     "trainer.precision.fp4_emulation=true")
-    with ThreadPoolExecutor(len(runs) + 1) as pool:
+    slurm = slurm_gpu.submit(DEV, tmp) if slurm_gpu.available() else None
+    with ThreadPoolExecutor(len(runs) + 2) as pool:
         stopped = {key: pool.submit(_interrupt, env, entry, key[0], 900 if key[1] == "8b" else 600)
                    for key, entry in runs.items()}
-        wait(stopped.values())
+        requeued = pool.submit(slurm_gpu.warn_and_requeue, slurm) if slurm else None
+        wait([*stopped.values(), *([requeued] if requeued else [])])
         if DEV == "cuda" and not beside:
             try:  # the small runs' processes gone first (their own tests report how they ended)
                 _chain(env, trials)
@@ -108,7 +112,8 @@ def lab(tmp_path_factory):
             stopped["cancel", "8b"] = pool.submit(_interrupt, env, runs["cancel", "8b"], "cancel", 900)
             wait([stopped["cancel", "8b"]])
     return {"env": env, "tmp": tmp, "sweep": sweep, "trials": trials, "runs": runs, "stopped": stopped, "fp4": fp4,
-            "eight_b": "beside the small runs" if beside else "alone, after the small runs"}
+            "eight_b": "beside the small runs" if beside else "alone, after the small runs",
+            "slurm": (slurm, requeued)}
 
 
 def _stopped(lab, key) -> tuple[str, Path, dict]:
@@ -290,3 +295,32 @@ def test_compare_and_verify_fp4_read_the_device_runs(lab, record):
     record(compare=out.strip().splitlines()[-4:], verify_fp4=checks, verify_fp4_rc=done.returncode)
     assert len(checks) == 5 and all("[PASS]" in c for c in checks[:3]), done.stdout + done.stderr
     assert "EMULATED" in done.stdout and "hardware path" not in done.stdout, done.stdout
+
+
+def test_slurm_job_on_gres_gpu_requeues_resumes_and_costs_its_gpu_hours(lab, record):
+    """tests/gpu/slurm_gpu.py: a Slurm run warned of its time limit, requeued, resumed; its GPU-hours from sacct."""
+    entry, requeued = lab["slurm"]
+    if entry is None:
+        pytest.skip("no Slurm cluster at SLURM_CONF (bash scripts/gpu-slurm.sh up; make gpu-test starts it when "
+                    ".gpu/slurm is staged)")
+    info, row = requeued.result()
+    job, run, run_dir, gpus = str(entry["job_id"]), entry["run_id"], Path(entry["run_dir"]), entry["gpus"]
+    out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert row["state"] == "COMPLETED", (row, out[-3000:])
+    stop = max(e["iteration"] for e in ls.events(run_dir)[0] if e.get("event") == "checkpoint")
+    assert "caught SIGUSR2" in out and f"requeueing job {job}" in out, out[-3000:]
+    log = (run_dir / "logs" / "rank-0" / "debug.attempt-1.log").read_text()
+    assert f"checkpoint loaded | iteration {stop} |" in log and max(ls.losses(run_dir)) == ls.ITERS
+    start = next(e for e in ls.events(run_dir)[-1] if e.get("event") == "start")
+    alloc = slurm_gpu.out("sacct", "--parsable2", "--noheader", "--duplicates", "-X", "-j", job, "-o",
+                          "State,ElapsedRaw,AllocTRES").split()
+    cost = ls.status(entry["env"], run)
+    record(gpus=gpus, tres_per_node=info.get("TresPerNode"), stopped_at=stop, device_in_job=start.get("device"),
+           sacct=alloc, **{k: cost.get(k) for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour")})
+    assert sorted(a.split("|")[0] for a in alloc) == ["COMPLETED", "REQUEUED"], alloc
+    assert all(f"gres/gpu={gpus}" in a for a in alloc) if gpus else not any("gres/gpu" in a for a in alloc), alloc
+    if DEV == "cuda":
+        assert start.get("device") == "cuda", start
+    elapsed = sum(int(a.split("|")[1]) for a in alloc)
+    assert cost["elapsed_s"] == elapsed and math.isclose(cost["gpu_hours"], elapsed * gpus / 3600), (cost, alloc)
+    assert cost["gpu_hours"] > 0 if gpus else cost["gpu_hours"] == 0, cost
