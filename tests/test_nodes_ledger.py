@@ -231,3 +231,25 @@ def test_a_cuda_error_names_the_node_and_a_timeout_is_recorded_as_waiting(tmp_pa
     got = [(r["event"], r.get("kind"), r["node"], r["attempt"]) for r in node_faults.read(tmp_path)]
     # the out-of-memory is the rank's own failure (`error`: its peers that lose it do not blame its node)
     assert got == [("fault", "device", "gpu7", 2), ("error", None, "gpu7", 2), ("timeout", None, "gpu7", 2)]
+
+
+def test_the_cluster_name_comes_from_slurm_conf_without_the_controller(tmp_path, monkeypatch):
+    """ClusterName is read from SLURM_CONF's file, lower-cased as Slurm keeps it: with the controller down,
+    `scontrol show config` held every validate and dry run ~9 s (2026-12-05). Where no scontrol is installed, the
+    ledger is the local one, as the job script (which asks scontrol) would find no name either."""
+    import shutil
+
+    from primus_slurm.nodes import ledger
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# a comment\nSlurmctldHost=nowhere\nClusterName=Elsewhere  # trailing comment\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    ledger.cluster_name.cache_clear()
+    try:
+        name = ledger.cluster_name()
+        if shutil.which("scontrol"):  # not the running cluster's primus-local, nor local: the file was read
+            assert name == "elsewhere"
+        else:
+            assert name == ledger.LOCAL_CLUSTER
+    finally:
+        ledger.cluster_name.cache_clear()

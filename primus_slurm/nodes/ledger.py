@@ -7,6 +7,7 @@ nodes from `exclusion`; the one line that says so is printed once per ledger and
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,7 +23,15 @@ LOCAL_CLUSTER = "local"  # the ledger's name where no Slurm is reachable (`nodes
 
 @lru_cache(maxsize=None)
 def cluster_name() -> str:
-    """Slurm's ClusterName (the job script reads the same line), else `local`."""
+    """Slurm's ClusterName (the job script reads the same line), else `local`. From slurm.conf where this node has
+    one (SLURM_CONF, else /etc/slurm/slurm.conf), lower-cased as Slurm keeps it: `scontrol show config` waits ~9 s
+    for a controller that is down, and every `validate` / dry run waited with it (2026-12-05). A configless node
+    (no slurm.conf) asks scontrol."""
+    if not shutil.which("scontrol"):
+        return LOCAL_CLUSTER
+    name = _conf_cluster_name(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    if name:
+        return name
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -32,6 +41,18 @@ def cluster_name() -> str:
         if key.strip() == "ClusterName" and value.strip():
             return value.strip()
     return LOCAL_CLUSTER
+
+
+def _conf_cluster_name(path: str) -> str | None:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    for raw in text.splitlines():
+        key, sep, value = raw.split("#", 1)[0].partition("=")
+        if sep and key.strip().lower() == "clustername" and value.strip():
+            return value.strip().lower()
+    return None
 
 
 def ledger_dir(workspace) -> str:
