@@ -18,7 +18,9 @@ Events (`event` names the kind; `t` is the UTC time, seconds):
                 with pipeline parallelism)
     checkpoint  iteration, path (relative to the run directory)
     diverged    iteration, lm_loss
-    summary     iterations, tokens_per_s_gpu, tflops_gpu
+    summary     iterations, tokens_per_s_gpu, tflops_gpu, ms_per_iter, mem_peak_gib; on CUDA mem_reserved_gib
+                (PyTorch's) and mem_device_used_gib (the GPU's, all processes): alone on its GPU, the difference is
+                what the process holds outside PyTorch's allocator
     outcome     status (training finished | error | config error | resume refused), exit, message (the rest of
                 the human line: `iterations N`, or the reason)
 The trainer writes the stream; status, compare, logs and the job script's requeue decision read it.

@@ -28,7 +28,7 @@ from primus_contract import run_files
 from trainer.checkpointing import checkpoint as ckpt
 from trainer.step.evaluate import evaluate
 from trainer.step.flops import doc_length_stats, step_flops
-from trainer.observability.logger import TrainLogger, fmt_sci, format_iteration, memory_gib
+from trainer.observability.logger import TrainLogger, device_footprint, fmt_sci, format_iteration, memory_gib
 from trainer.step.loss import all_reduce_sum, local_token_count, step_header
 from trainer.model.tp_overlap import check_tokens
 from trainer.step.optim import clip_gradients, reduce_gradients
@@ -269,7 +269,7 @@ class Trainer:
                             f"{tokens / elapsed / w:.1f} | TFLOP/s/GPU {flops / elapsed / w / 1e12:.2f} | ms/iter "
                             f"{1000.0 * elapsed / iters:.1f} | mem peak GiB {peak:.2f}", iterations=iters,
                             tokens_per_s_gpu=tokens / elapsed / w, tflops_gpu=flops / elapsed / w / 1e12,
-                            ms_per_iter=1000.0 * elapsed / iters, mem_peak_gib=peak)
+                            ms_per_iter=1000.0 * elapsed / iters, mem_peak_gib=peak, **device_footprint(self.device))
         self.log.outcome(f"training finished | iterations {self.iteration} | exit {code}", code)
         return code
 
