@@ -275,7 +275,7 @@ def test_8b_shape_saves_resumes_and_exports(lab, record):
 
     tensors = load_file(lab["tmp"] / "adapter-8b" / "adapter_model.safetensors")
     layers = {int(k.split(".layers.", 1)[1].split(".", 1)[0]) for k in tensors if ".layers." in k}
-    summary = [e for a in ls.events(run_dir) for e in a if e.get("event") == "summary"][-1]
+    summary = ([e for a in ls.events(run_dir) for e in a if e.get("event") == "summary"] or [{}])[-1]
     record(stopped_at=stop, last_loss=got[16], adapter_tensors=len(tensors), export=out.strip().splitlines()[-1],
            ran=lab["eight_b"], **{k: summary.get(k) for k in ("mem_peak_gib", "mem_reserved_gib",
                                                                "mem_device_used_gib", "tokens_per_s_gpu")})
