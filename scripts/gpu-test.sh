@@ -49,6 +49,14 @@ PYTHONPATH="$PWD/tests/gpu:$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout -s INT -k 30
   --lifecycle-json "$dir/lifecycle.json" -rA "$@"
 rc=$?
 [ "$rc" = 124 ] && echo "gpu-test: stopped at the deadline of $deadline s (PRIMUS_GPU_TEST_DEADLINE)"
+# runs the suite left going (a deadline, a failed test) hold the GPU into the next call on a warm machine: each run
+# of each registry under $base is cancelled by its id (`cancel` leaves a finished run alone)
+for reg in $(find "$base" -path '*/state/runs.jsonl' 2>/dev/null); do
+  state=$(dirname "$reg")
+  PRIMUS_SLURM_STATE_DIR=$state "$PY" -m primus_slurm list --all --json 2>/dev/null |
+    "$PY" -c 'import json, sys; print("\n".join(r["run_id"] for r in json.load(sys.stdin)))' 2>/dev/null |
+    while read -r run; do PRIMUS_SLURM_STATE_DIR=$state "$PY" -m primus_slurm cancel "$run" >/dev/null 2>&1; done
+done
 if [ -d "$base" ]; then
   (cd "$base" && find . -type f \( -name '*.jsonl' -o -name '*.out' -o -name 'result.json' -o -name 'debug*.log' \) \
     -size -4M -print0 | tar czf "$dir/runs.tgz" --null -T -) && echo "gpu-test: the runs' logs in $dir/runs.tgz"
