@@ -3,6 +3,7 @@ Slurm), and bad input to every `primus-slurm nodes` command: one line, exit 2, n
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -233,23 +234,28 @@ def test_a_cuda_error_names_the_node_and_a_timeout_is_recorded_as_waiting(tmp_pa
     assert got == [("fault", "device", "gpu7", 2), ("error", None, "gpu7", 2), ("timeout", None, "gpu7", 2)]
 
 
-def test_the_cluster_name_comes_from_slurm_conf_without_the_controller(tmp_path, monkeypatch):
+def test_the_cluster_name_comes_from_slurm_conf_without_the_controller(tmp_path):
     """ClusterName is read from SLURM_CONF's file, lower-cased as Slurm keeps it: with the controller down,
-    `scontrol show config` held every validate and dry run ~9 s (2026-12-05). Where no scontrol is installed, the
-    ledger is the local one, as the job script (which asks scontrol) would find no name either."""
+    `scontrol show config` held every validate and dry run ~9 s (2026-12-05). (The job script takes Slurm's
+    SLURM_CLUSTER_NAME, the same lower-case name.) Where no scontrol is installed, the ledger is the local one."""
     import shutil
+    import subprocess
+    import sys
 
     from primus_slurm.nodes import ledger
 
+    for line, want in (("ClusterName=Elsewhere  # trailing comment", "elsewhere"),
+                       ("SlurmctldHost=a ClusterName=beta", "beta"), ('ClusterName="gamma" SlurmctldHost=a', "gamma"),
+                       ("#ClusterName=commented", None), ("MyClusterName=no", None)):
+        conf = tmp_path / "one.conf"
+        conf.write_text(f"# a comment\n{line}\n")
+        assert ledger._conf_cluster_name(str(conf)) == want, line
     conf = tmp_path / "slurm.conf"
-    conf.write_text("# a comment\nSlurmctldHost=nowhere\nClusterName=Elsewhere  # trailing comment\n")
-    monkeypatch.setenv("SLURM_CONF", str(conf))
-    ledger.cluster_name.cache_clear()
-    try:
-        name = ledger.cluster_name()
-        if shutil.which("scontrol"):  # not the running cluster's primus-local, nor local: the file was read
-            assert name == "elsewhere"
-        else:
-            assert name == ledger.LOCAL_CLUSTER
-    finally:
-        ledger.cluster_name.cache_clear()
+    conf.write_text("SlurmctldHost=nowhere\nClusterName=Elsewhere\n")
+    ws = tmp_path / "ws"
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    code = ("from primus_slurm.nodes import ledger; import sys; print(ledger.path_for(sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-c", code, str(ws)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    name = "elsewhere" if shutil.which("scontrol") else ledger.LOCAL_CLUSTER  # not primus-local: the file was read
+    assert out.stdout.strip() == f"{ws}/{node_ledger.DIR}/{name}.jsonl", out.stdout

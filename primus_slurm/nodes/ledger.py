@@ -7,6 +7,7 @@ nodes from `exclusion`; the one line that says so is printed once per ledger and
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -23,10 +24,10 @@ LOCAL_CLUSTER = "local"  # the ledger's name where no Slurm is reachable (`nodes
 
 @lru_cache(maxsize=None)
 def cluster_name() -> str:
-    """Slurm's ClusterName (the job script reads the same line), else `local`. From slurm.conf where this node has
-    one (SLURM_CONF, else /etc/slurm/slurm.conf), lower-cased as Slurm keeps it: `scontrol show config` waits ~9 s
-    for a controller that is down, and every `validate` / dry run waited with it (2026-12-05). A configless node
-    (no slurm.conf) asks scontrol."""
+    """Slurm's ClusterName (the job script's SLURM_CLUSTER_NAME), else `local`. From slurm.conf where
+    this node has one (SLURM_CONF, else /etc/slurm/slurm.conf), lower-cased as Slurm keeps it: `scontrol show config`
+    waits ~9 s for a controller that is down, and every `validate` / dry run waited with it (2026-12-05). A
+    configless node (no slurm.conf) asks scontrol."""
     if not shutil.which("scontrol"):
         return LOCAL_CLUSTER
     name = _conf_cluster_name(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
@@ -43,15 +44,19 @@ def cluster_name() -> str:
     return LOCAL_CLUSTER
 
 
+_CLUSTER_NAME = re.compile(r'(?i)(?:^|\s)ClusterName\s*=\s*"?([^\s"#]+)')
+
+
 def _conf_cluster_name(path: str) -> str | None:
+    """ClusterName of a slurm.conf (several KEY=VALUE may share a line; the value may be quoted), lower-cased."""
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
         return None
     for raw in text.splitlines():
-        key, sep, value = raw.split("#", 1)[0].partition("=")
-        if sep and key.strip().lower() == "clustername" and value.strip():
-            return value.strip().lower()
+        found = _CLUSTER_NAME.search(raw.split("#", 1)[0])
+        if found:
+            return found.group(1).lower()
     return None
 
 
