@@ -69,6 +69,13 @@ def resolve_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_backend(choice: str | None, device_type: str) -> str:
+    """trainer.distributed.backend: 'auto' (or unset) is nccl (RCCL on ROCm) on a GPU, gloo on the CPU."""
+    if choice in (None, "", "auto"):
+        return "nccl" if device_type == "cuda" else "gloo"
+    return choice
+
+
 def seed_everything(seed: int, rank_offset: int = 0) -> None:
     random.seed(seed + rank_offset)
     np.random.seed((seed + rank_offset) % (2**32))
@@ -107,9 +114,7 @@ def init_distributed(cfg) -> DistInfo:
         from trainer.model import cpu_compat
 
         cpu_compat.install()
-    backend = dcfg.backend
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = resolve_backend(dcfg.backend, device.type)
     timeout = datetime.timedelta(minutes=float(dcfg.timeout_minutes or 30))
     if not dist.is_initialized():
         kwargs = {}

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from trainer.runtime.distributed import resolve_backend
+
 WARMUP, TIMED = 2, 5
 
 
@@ -24,7 +26,7 @@ def _settings(config: str) -> tuple[str, str]:
     device = d.get("device") or "auto"
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return device, d.get("backend") or ("nccl" if device == "cuda" else "gloo")
+    return device, resolve_backend(d.get("backend"), device)  # the trainer's rule: `auto` was passed on as is
 
 
 def timed_all_reduce(mib: int, device: str, world: int) -> tuple[float, bool]:
