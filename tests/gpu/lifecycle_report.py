@@ -7,7 +7,9 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +37,14 @@ _CONFIG: list = []
 
 def pytest_configure(config):
     _CONFIG[:] = [config]
+    signal.signal(signal.SIGINT, _interrupt_once)
+
+
+def _interrupt_once(signum, frame):
+    """GNU timeout sends its signal to pytest and then to pytest's process group, pytest included: the second
+    SIGINT interrupted pytest's handling of the first, before the JSON was written (seen on the CPU, 2026-12-05)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def pytest_runtest_logreport(report):
@@ -56,13 +66,21 @@ def _record(report):
 
 
 def _versions() -> dict:
+    """Package versions from their metadata and the GPU's name from nvidia-smi: nothing imported, no CUDA context in
+    pytest's process (the JSON is written while the fixture's runs still hold the GPU)."""
+    from importlib import metadata
+
     out = {"python": platform.python_version()}
-    for name in ("torch", "megatron.core", "transformer_engine", "transformers", "peft"):
-        try:
-            module = __import__(name, fromlist=["__version__"])
-            out[name] = getattr(module, "__version__", "?")
-        except Exception as err:  # noqa: BLE001  (absent here: say so)
-            out[name] = f"absent ({type(err).__name__})"
+    for label, dists in (("torch", ("torch",)), ("megatron.core", ("megatron-core", "megatron_core")),
+                         ("transformer_engine", ("transformer-engine", "transformer_engine", "transformer-engine-cu13",
+                                                 "transformer-engine-cu12")),
+                         ("transformers", ("transformers",)), ("peft", ("peft",))):
+        for dist in dists:
+            try:
+                out[label] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                out[label] = "absent"
     try:  # for the stretch goal of a Slurm cluster on the device machine: which distribution's packages fit it
         out["os"] = next(line.split("=", 1)[1].strip().strip('"') for line in open("/etc/os-release")
                          if line.startswith("PRETTY_NAME="))
@@ -70,12 +88,24 @@ def _versions() -> dict:
         out["os"] = "unknown"
     out["slurm_on_path"] = bool(shutil.which("slurmd") or shutil.which("sbatch"))
     try:
-        import torch
-
-        out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001
-        out["device"] = "unknown"
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=30)
+        out["device"] = smi.stdout.strip() or "cpu"
+    except (OSError, subprocess.TimeoutExpired):
+        out["device"] = "cpu (no nvidia-smi)"
     return out
+
+
+_PROGRESS: dict[str, str] = {}
+
+
+def progress(key: str, what: str) -> None:
+    """What the lifecycle fixture's threads have done so far, in the JSON at once (a suite stopped inside its
+    fixture has no test report yet)."""
+    with _WRITING:
+        _PROGRESS[key] = f"{time.strftime('%H:%M:%S')} {what}"
+    if _CONFIG:
+        _write(_CONFIG[0], None)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -85,20 +115,30 @@ def pytest_sessionfinish(session, exitstatus):
 _VERSIONS: dict = {}
 
 
+_WRITING = threading.Lock()  # the fixture's threads report progress at once
+
+
 def _write(config, exitstatus) -> None:
     """The suite's JSON; exit_status None while it is still running (or was killed)."""
     path = config.getoption("--lifecycle-json")
     if not path:
         return
+    with _WRITING:
+        _write_locked(path, exitstatus)
+
+
+def _write_locked(path: str, exitstatus) -> None:
     if not _VERSIONS:
         _VERSIONS.update(_versions())
     root = Path(__file__).resolve().parents[2]
     commit = os.environ.get("PRIMUS_COMMIT") or _git_head(root)  # the device's copy of the tree has no .git
     doc = {"suite": "gpu lifecycle (tests/gpu)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "commit": commit.strip() or "unknown (no git here)", "exit_status": exitstatus,
-           "versions": _VERSIONS, "tests": _RESULTS}
+           "versions": _VERSIONS, "fixture": _PROGRESS, "tests": _RESULTS}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    tmp = Path(f"{path}.tmp")  # replaced whole: a kill mid-write leaves the previous JSON
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def _git_head(root) -> str:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,8 +82,25 @@ def submit(env: dict, *sets: str, recipe: Path = RECIPE, then: tuple = ()) -> di
 status = conftest.status_json  # `status RUN --json`
 
 
+# Set when the suite is stopped (its deadline's SIGINT): every wait of the fixture's threads ends at once, so that
+# pytest can write its JSON before `timeout` kills it.
+STOP = threading.Event()
+
+
+def pause(seconds: float) -> None:
+    if STOP.wait(seconds):
+        raise AssertionError("the suite was stopped (deadline)")
+
+
 def wait_state(env: dict, run: str, states=TERMINAL, timeout: float = 600) -> dict:
-    return conftest.wait_state(env, run, states, timeout=timeout, every=1.0)
+    """Poll `status RUN --json` each second until its state is in `states`; returns the row."""
+    end, row = time.monotonic() + timeout, {}
+    while time.monotonic() < end:
+        row = status(env, run)
+        if row.get("state") in states:
+            return row
+        pause(1.0)
+    raise AssertionError(f"run {run} never reached {states}; last status: {row}")
 
 
 def events(run_dir: Path) -> list[list[dict]]:
@@ -134,7 +152,10 @@ def wait_checkpoint(run_dir: Path, timeout: float = 600) -> int:
         if ended:
             raise AssertionError(f"{run_dir.name} ended before its first checkpoint: {ended[-1].get('status')}, "
                                  f"exit {ended[-1].get('exit')}: {str(ended[-1].get('message'))[:600]}")
-        time.sleep(0.2)
+        if (run_dir / "exit_code").is_file():  # the job ended with no outcome (an import error, a kill)
+            raise AssertionError(f"{run_dir.name} ended before its first checkpoint, exit "
+                                 f"{(run_dir / 'exit_code').read_text().strip()}, no outcome event")
+        pause(0.2)
     raise AssertionError(f"no checkpoint in {run_dir} after {timeout} s")
 
 

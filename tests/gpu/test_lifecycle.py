@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+import lifecycle_report
 import lifecycle_support as ls
 import slurm_gpu
 
@@ -37,9 +38,11 @@ PRECISIONS = ls.precisions(DEV)
 RESUME_TOL = {"bf16": 0.0, "fp8": 0.0, "fp32": 0.0}
 EVAL_RTOL = {"bf16": 1e-5, "fp8": 1e-3, "fp32": 2e-6}  # FP8: the eval forward moves TE's amax history
 R8 = ls.ROOT / "bench" / "recipes" / "llama3_8b_h200.yaml"
-# The 8B FP8 shape peaks at ~65 GiB, and every process held ~8.9 GiB outside PyTorch's allocator on the H100 on
-# 2026-12-05 (NVML): beside the 6-8 small runs it needs the H200's 139 GiB. Below this it runs alone, after them.
-EIGHT_B_BESIDE_GIB = 120
+# GPU memory (GiB) for the 8B shape to run beside the small runs (else alone, after them): the 8B FP8 at seq 4096
+# (estimated ~45 GiB; it peaked at 65 GiB at seq 8192) and the ~8.9 GiB every process held outside PyTorch's
+# allocator on the H100 on 2026-12-05 (NVML), beside up to 7 small processes at once (2 sweep trials or their steps,
+# 2 cancelled runs, the warned one, the FP4 one, the Slurm one): the H200 (139.8) runs it beside them, the H100 alone.
+EIGHT_B_GIB, SMALL_GIB, SMALL_AT_ONCE = 55, 9.5, 7
 
 
 def _grid() -> tuple[str, list[str]]:
@@ -52,9 +55,9 @@ def _eight_b(env, tmp: Path) -> dict:
     from trainer.data.mlperf import write_synthetic
 
     data = tmp / "data-8b"
-    write_synthetic(str(data), 40, 8192, 128256, seed=1)
+    write_synthetic(str(data), 40, 4096, 128256, seed=1)
     return ls.submit(env, f"trainer.data.train.path={data}", f"experiment.workspace={tmp / 'ws8b'}",
-                     f"cluster.python={sys.executable}", "trainer.precision.fp8=hybrid",
+                     f"cluster.python={sys.executable}", "trainer.precision.fp8=hybrid", "trainer.data.seq_length=4096",
                      "trainer.schedule.train_iters=16", "trainer.checkpoint.save_interval=2",
                      "trainer.checkpoint.resume=auto", "trainer.logging.log_interval=1", recipe=R8)
 
@@ -63,7 +66,7 @@ def _interrupt(env, entry: dict, how: str, timeout: float = 600):
     """Once the run's first checkpoint is there: `cancel` it, or warn it of its time limit as Slurm does (the
     schema's default cluster.signal, USR2, to the job script); once it has stopped, `resume --follow` it at once (the
     resumes run side by side: one after another, test by test, they took most of the suite's 8.4 minutes on the H200
-    on 2026-12-05). Returns (its status when it stopped, the resume's completed process)."""
+    on 2026-12-05). Returns (the run, its status when it stopped, the resume's completed process)."""
     run_dir = Path(entry["run_dir"])
     ls.wait_checkpoint(run_dir, timeout=timeout)
     if how == "cancel":
@@ -71,13 +74,33 @@ def _interrupt(env, entry: dict, how: str, timeout: float = 600):
     else:
         ls.warn_time_limit(run_dir, "USR2")
     row = ls.wait_state(env, entry["run_id"])
-    return row, ls.cli(env, "resume", entry["run_id"], "--follow", timeout=900)
+    return entry, row, ls.cli(env, "resume", entry["run_id"], "--follow", timeout=900)
+
+
+def _eight_b_interrupted(env, tmp: Path):
+    """The 8B shape submitted, cancelled after its first checkpoint and resumed (in a thread: a failed submit is
+    this test's failure, not the fixture's)."""
+    return _interrupt(env, _eight_b(env, tmp), "cancel", 900)
+
+
+def _slurm_requeued(tmp: Path):
+    """(the run, scontrol's record once requeued, its status at the end): tests/gpu/slurm_gpu.py."""
+    entry = slurm_gpu.submit(DEV, tmp)
+    return (entry, *slurm_gpu.warn_and_requeue(entry))
+
+
+def _start(pool, jobs: dict, key, fn, *args) -> None:
+    jobs[key] = pool.submit(fn, *args)
+    jobs[key].add_done_callback(lambda f: lifecycle_report.progress(
+        "/".join(key) if isinstance(key, tuple) else key,
+        "done" if f.exception() is None else f"{type(f.exception()).__name__}: {str(f.exception())[:400]}"))
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """Everything started at once; each interruption made by a thread of its own the moment its run has
-    checkpointed (a test that waited its turn would find a tiny run already finished)."""
+    checkpointed (a test that waited its turn would find a tiny run already finished). The deadline's SIGINT stops
+    every thread's waits (ls.STOP), so that pytest can still write its JSON."""
     tmp = tmp_path_factory.mktemp("lifecycle")
     env = ls.env_for(tmp)
     base = ls.device_sets(DEV, tmp)
@@ -91,41 +114,46 @@ def lab(tmp_path_factory):
     trials = [t["run_id"] for t in sweep["trials"]]
     runs = {("cancel", p): ls.submit(env, *base, *ls.precision_sets(p)) for p in PRECISIONS}
     runs["warn", PRECISIONS[0]] = ls.submit(env, *base, *ls.precision_sets(PRECISIONS[0]))
-    beside = DEV == "cuda" and ls.gpu_total_gib() >= EIGHT_B_BESIDE_GIB
-    if beside:
-        runs["cancel", "8b"] = _eight_b(env, tmp)
     fp4 = ls.submit(env, *base, *fixed, "trainer.precision.fp8=null", "trainer.precision.fp4=e2m1",
                     "trainer.precision.fp4_emulation=true")
-    slurm = slurm_gpu.submit(DEV, tmp) if slurm_gpu.available() else None
-    with ThreadPoolExecutor(len(runs) + 2) as pool:
-        stopped = {key: pool.submit(_interrupt, env, entry, key[0], 900 if key[1] == "8b" else 600)
-                   for key, entry in runs.items()}
-        requeued = pool.submit(slurm_gpu.warn_and_requeue, slurm) if slurm else None
-        wait([*stopped.values(), *([requeued] if requeued else [])])
+    total = ls.gpu_total_gib() if DEV == "cuda" else 0.0
+    beside = total >= EIGHT_B_GIB + SMALL_GIB * SMALL_AT_ONCE
+    pool, jobs = ThreadPoolExecutor(8), {}
+    try:
+        for key, entry in runs.items():
+            _start(pool, jobs, key, _interrupt, env, entry, key[0])
+        if slurm_gpu.available():
+            _start(pool, jobs, "slurm", _slurm_requeued, tmp)
+        if DEV == "cuda" and beside:
+            _start(pool, jobs, ("cancel", "8b"), _eight_b_interrupted, env, tmp)
+        wait(jobs.values())
         if DEV == "cuda" and not beside:
             try:  # the small runs' processes gone first (their own tests report how they ended)
                 _chain(env, trials)
                 ls.wait_state(env, fp4["run_id"], timeout=900)
-            except AssertionError:
+            except Exception:  # noqa: BLE001
                 pass
-            runs["cancel", "8b"] = _eight_b(env, tmp)
-            stopped["cancel", "8b"] = pool.submit(_interrupt, env, runs["cancel", "8b"], "cancel", 900)
-            wait([stopped["cancel", "8b"]])
-    return {"env": env, "tmp": tmp, "sweep": sweep, "trials": trials, "runs": runs, "stopped": stopped, "fp4": fp4,
-            "eight_b": "beside the small runs" if beside else "alone, after the small runs",
-            "slurm": (slurm, requeued)}
+            _start(pool, jobs, ("cancel", "8b"), _eight_b_interrupted, env, tmp)
+            wait([jobs["cancel", "8b"]])
+    except BaseException:  # the deadline's SIGINT (KeyboardInterrupt): no thread may hold pytest past its JSON
+        ls.STOP.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=False)
+    return {"env": env, "tmp": tmp, "sweep": sweep, "trials": trials, "jobs": jobs, "fp4": fp4,
+            "eight_b": f"{'beside the small runs' if beside else 'alone, after the small runs'} ({total:.1f} GiB)"}
 
 
 def _stopped(lab, key) -> tuple[str, Path, dict]:
     """(run id, run dir, its status when it stopped); an error of the interruption or of the resume after it (the
     same thread: a resume that timed out, say) is raised here."""
-    entry = lab["runs"][key]
-    return entry["run_id"], Path(entry["run_dir"]), lab["stopped"][key].result()[0]
+    entry, row, _ = lab["jobs"][key].result()
+    return entry["run_id"], Path(entry["run_dir"]), row
 
 
 def _resumed(lab, key) -> str:
     """The resume's output; it must have exited 0."""
-    return ls.ok(lab["stopped"][key].result()[1])
+    return ls.ok(lab["jobs"][key].result()[2])
 
 
 def _reference(lab, precision: str) -> Path:
@@ -171,7 +199,7 @@ def test_time_limit_warning_checkpoints_and_resumes(lab, record):
     _resumed(lab, ("warn", PRECISIONS[0]))
     assert ls.wait_state(env, run)["state"] == "COMPLETED"
     match = ls.compare(ls.losses(run_dir), ls.losses(_reference(lab, PRECISIONS[0])), stop + 1)
-    record(stopped_at=stop, slurm_requeue="not run: no Slurm cluster on this machine", **match)
+    record(stopped_at=stop, **match)  # the requeue itself: test_slurm_job_on_gres_gpu_…
     assert not match["missing"] and match["max_abs_diff"] <= RESUME_TOL[PRECISIONS[0]], match
 
 
@@ -183,7 +211,7 @@ def _chain(env, trials) -> list[dict]:
         end = time.monotonic() + 600
         while not (row["pipeline"] and all(s["state"] in ls.TERMINAL for s in row["pipeline"])):
             assert time.monotonic() < end, row
-            time.sleep(1)
+            ls.pause(1)
             row = ls.status(env, run)
         rows.append(row)
     return rows
@@ -257,7 +285,7 @@ def test_a_gpu_run_costs_its_gpu_hours(lab, record):
 
 
 def test_8b_shape_saves_resumes_and_exports(lab, record):
-    if ("cancel", "8b") not in lab["runs"]:
+    if ("cancel", "8b") not in lab["jobs"]:
         pytest.skip("the 8B shape needs the GPU")
     env = lab["env"]
     run, run_dir, row = _stopped(lab, ("cancel", "8b"))
@@ -301,11 +329,10 @@ def test_compare_and_verify_fp4_read_the_device_runs(lab, record):
 
 def test_slurm_job_on_gres_gpu_requeues_resumes_and_costs_its_gpu_hours(lab, record):
     """tests/gpu/slurm_gpu.py: a Slurm run warned of its time limit, requeued, resumed; its GPU-hours from sacct."""
-    entry, requeued = lab["slurm"]
-    if entry is None:
+    if "slurm" not in lab["jobs"]:
         pytest.skip("no Slurm cluster at SLURM_CONF (bash scripts/gpu-slurm.sh up; make gpu-test starts it when "
                     ".gpu/slurm is staged)")
-    info, row = requeued.result()
+    entry, info, row = lab["jobs"]["slurm"].result()
     job, run, run_dir, gpus = str(entry["job_id"]), entry["run_id"], Path(entry["run_dir"]), entry["gpus"]
     out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     assert row["state"] == "COMPLETED", (row, out[-3000:])
