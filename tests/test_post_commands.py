@@ -177,6 +177,11 @@ def test_bad_input_is_one_error_line(run, tmp_path):
     (copy / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
     assert "pretrained" in _one_error(cli(env, "export", str(copy), "--merged"))
     assert "pretrained" in _one_error(cli(env, "generate", str(copy), "--prompt", "hi"))
+    # an adapter rank vLLM cannot serve: refused here for --engine vllm (auto takes transformers in the job)
+    resolved["trainer"]["checkpoint"]["pretrained"], resolved["trainer"]["lora"]["dim"] = str(QS / "base"), 1024
+    (copy / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    assert "vLLM serves LoRA ranks up to 512, and the run's trainer.lora.dim is 1024" in _one_error(
+        cli(env, "generate", str(copy), "--prompt", "hi", "--engine", "vllm"))
     assert not (copy / "exports").exists() and not (copy / "generations").exists()
     # refused here, not in the job after it started (the merge refused one directory for both; eval read the file)
     before = sorted(run_dir.rglob("*"))

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from primus_contract import data_paths
+from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
 from primus_slurm.post_training import post
 from primus_slurm.errors import UserError
 
@@ -117,6 +118,10 @@ def generate_cmd(run, iteration, executor, prompt, prompt_input, prompts_file, m
         raise UserError("--prompt: the run's format squad needs the passage too: --input CONTEXT")
     if merged is not None and base_only:
         raise UserError("generate: --merged and --base-only exclude each other")
+    rank = int(job.resolved["trainer"]["lora"]["dim"])
+    if engine == "vllm" and merged is None and not base_only and vllm_lora_rank(rank) is None:
+        raise UserError(f"--engine vllm: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}, and the run's "
+                        f"trainer.lora.dim is {rank}; use --engine transformers (or --merged DIR)")
     if merged is not None:
         merged_dir = Path(merged).expanduser().resolve()
         if not (merged_dir / "config.json").is_file():

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
 from trainer.data.tokenize import load_tokenizer, tokenizer_info
 from trainer.post.export import export_adapter
 from trainer.post.prompts import char_accuracy, encode, prompt_segments, score, stop_ids
@@ -29,12 +30,17 @@ class Params:
     seed: int = 0
 
 
-def pick_engine(choice: str, device: str) -> str:
+def pick_engine(choice: str, device: str, rank: Optional[int] = None) -> str:
+    """`rank`: the adapter's (None: no adapter). auto takes vLLM on a GPU where it is importable and serves the rank
+    (primus_contract.serving), else transformers + peft."""
     has_vllm = importlib.util.find_spec("vllm") is not None
     if choice == "vllm" and not has_vllm:
         raise PostError("--engine vllm: vllm is not importable in the job's environment")
+    servable = rank is None or vllm_lora_rank(rank) is not None
+    if choice == "vllm" and not servable:  # (the launcher refuses it before submit)
+        raise PostError(f"--engine vllm: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; this adapter's is {rank}")
     if choice == "auto":
-        return "vllm" if has_vllm and device == "cuda" else "transformers"
+        return "vllm" if has_vllm and device == "cuda" and servable else "transformers"
     return choice
 
 
@@ -66,7 +72,8 @@ def vllm_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    llm = LLM(model=model_dir, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=p.seed)
+    # max_lora_rank must be one of vLLM's set (an adapter of rank 12 asked for 12 and was refused)
+    llm = LLM(model=model_dir, enable_lora=adapter_dir is not None, max_lora_rank=vllm_lora_rank(rank), seed=p.seed)
     lora = LoRARequest("run-adapter", 1, adapter_dir) if adapter_dir else None
     params = [SamplingParams(max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                              seed=p.seed + i, stop_token_ids=pr["stop"]) for i, pr in enumerate(prompts)]
@@ -97,7 +104,7 @@ def run(cfg, run_dir: str, out: str, records: list[tuple[str, dict]], p: Params,
         it = export_adapter(cfg, run_dir, iteration, adapter)
     want_cuda = cfg.trainer.distributed.device != "cpu" and torch.cuda.is_available()
     device = "cuda" if want_cuda else "cpu"
-    engine = pick_engine(engine, device)
+    engine = pick_engine(engine, device, None if adapter is None else int(cfg.trainer.lora.dim))
     what = "merged export" if merged else ("base only" if base_only else f"base + adapter of iteration {it}")
     say(f"generate | {len(prompts)} prompt(s) | {what} | engine {engine} on {device} | "
         f"{'greedy' if p.temperature <= 0 else f'sampled T={p.temperature} top-p={p.top_p} seed={p.seed}'}")

@@ -1,0 +1,16 @@
+"""What the serving engines take of a run's adapter (standard library: the launcher refuses before submit, the
+generate job picks and configures its engine by the same rule).
+
+vLLM's LoRAConfig types max_lora_rank as one of a fixed set (vllm/config/lora.py MaxLoRARanks, read 2026-12-05):
+the adapter's rank rounded up to the next of them; above the largest, vLLM cannot serve the adapter.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> Optional[int]:
+    """The max_lora_rank vLLM is started with for an adapter of `rank`, None when it serves none that large."""
+    return next((r for r in VLLM_LORA_RANKS if r >= int(rank)), None)
