@@ -84,14 +84,15 @@ def check_layout(run_dir: Path, name: str, resolved: dict) -> None:
     """A post job runs at tensor parallel 1: a checkpoint the job could not restore there is refused here, by the same
     rule (primus_contract/restore_rules.py)."""
     try:
-        tensor = int(json.loads((run_dir / "checkpoints" / name / "metadata.json").read_text()).get("tensor", 1))
-    except (OSError, ValueError, TypeError):
+        meta = json.loads((run_dir / "checkpoints" / name / "metadata.json").read_text())
+        tensor, expert = int(meta.get("tensor", 1)), int(meta.get("expert", 1))
+    except (OSError, ValueError, TypeError, AttributeError):
         return  # the job reads it and says what is wrong
     profile = (resolved.get("cluster") or {}).get("env_profile", "none")
     device = run_device(resolved["trainer"], profile)  # (env profile cpu: device auto runs on the CPU)
-    why = random_base_refusal(tensor, 1, bool(pretrained(resolved)), device)
+    why = random_base_refusal(tensor, 1, bool(pretrained(resolved)), device, expert, 1)
     if why:
-        raise UserError(f"checkpoint {name} was {why} (a post job runs at tensor parallel 1)")
+        raise UserError(f"checkpoint {name} was {why} (a post job runs at tensor and expert parallel 1)")
 
 
 def pretrained(resolved: dict) -> str | None:

@@ -48,7 +48,7 @@ def current_layout(info) -> tuple:
 
 def restore(path: str, model, optimizer, info, random_base: bool = False) -> tuple[int, Optional[str]]:
     """Load adapters + optimizer (+ RNG on the same layout); returns (iteration, reshard note or None).
-    `random_base`: the base has no pretrained weights; another TP size over it is refused on a GPU
+    `random_base`: the base has no pretrained weights; another EP size over it is refused, and another TP size on a GPU
     (primus_contract/restore_rules.py, the rule `eval`/`export` apply at submit)."""
     from trainer.checkpointing.module_state import restore_extra_state
     from trainer.model import load_adapter_state_dict
@@ -66,7 +66,7 @@ def restore(path: str, model, optimizer, info, random_base: bool = False) -> tup
             ckpt.set_rng_state(state["rng"], info.device)
             restore_extra_state(model, state.get("extra_state"))  # TE's FP8 scales and amax history
             return int(state["iteration"]), None
-    why = random_base_refusal(old[1], info.tp_size, not random_base, info.device.type)
+    why = random_base_refusal(old[1], info.tp_size, not random_base, info.device.type, old[4], info.ep_size)
     if why:
         raise ckpt.CheckpointError(f"{path} was {why}")
     iteration = load_resharded(path, old[1], model, optimizer, info.tp_rank, info.tp_size)
