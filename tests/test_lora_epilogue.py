@@ -263,3 +263,19 @@ def test_kernels_take_ranks_up_to_their_tile_and_never_run_on_rocm(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(torch.version, "hip", "6.4")
     assert not kernels_usable(torch.device("cuda"), 16)
+
+
+def test_float32_takes_the_torch_path_on_the_gpu(monkeypatch):
+    """tl.dot takes float32 inputs in TF32 on an NVIDIA GPU (~1e-3 relative), where the torch path keeps fp32; the
+    interpreter computes them exactly, so an fp32 comparison on the CPU could not see it (audit, 2026-12-05)."""
+    from trainer.model.lora import kernels
+
+    if kernels.triton is None:
+        pytest.skip("no Triton here")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gpu = torch.device("cuda", 0)
+    assert kernels.kernels_usable(gpu, 16, torch.bfloat16) and kernels.kernels_usable(gpu, 16)
+    assert not kernels.kernels_usable(gpu, 16, torch.float32)
+    assert not kernels.kernels_usable(torch.device("cpu"), 16, torch.bfloat16)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels.kernels_usable(torch.device("cpu"), 16, torch.float32)  # the interpreter tests keep the kernels

@@ -132,7 +132,7 @@ def test_wiring_under_the_fp8_store_and_where_nothing_can_be_wired(monkeypatch):
         import trainer.model.lora.swiglu as swiglu
 
         # as on a GPU: the ROCm refusal next
-        monkeypatch.setattr(swiglu, "kernels_usable", lambda device, rank=16: True)
+        monkeypatch.setattr(swiglu, "kernels_usable", lambda device, rank=16, dtype=None: True)
         monkeypatch.setattr(torch.version, "hip", "6.4")
         with pytest.raises(ConfigError, match="NVIDIA's FP8"):
             wire_fused_swiglu(model)

@@ -110,9 +110,16 @@ def _fused_swiglu(model, ctx: BuildContext) -> str:
 
         raise ConfigError("trainer.lora.fused_swiglu: no dense gated-SiLU MLP with an adapter on linear_fc1 here "
                           "(targets, experts, bias or activation); set fused_swiglu: false")
-    how = ("Triton kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim))
+    how = ("Triton kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "the unfused ops (no GPU Triton here: same numerics, no saving)")
     return f"fused swiglu | fc1 adapters folded into the activation | {wired} MLPs | {how}"
+
+
+def _dtype(ctx: BuildContext):
+    """The run's compute dtype, for kernels_usable (float32 takes the torch path on a GPU)."""
+    import torch
+
+    return torch.bfloat16 if ctx.cfg.trainer.precision.bf16 else torch.float32
 
 
 def _epilogue(model, ctx: BuildContext) -> str:
@@ -127,7 +134,7 @@ def _epilogue(model, ctx: BuildContext) -> str:
     if not taken:
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
-    how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim))
+    how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "torch ops (no Triton device here, or a rank above the kernels')")
     return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears | {how}"
 

@@ -35,12 +35,16 @@ except ImportError:  # pragma: no cover - CPU-only installs
 MAX_RANK = LORA_KERNEL_MAX_RANK
 
 
-def kernels_usable(device: torch.device, rank: int = 16) -> bool:
+def kernels_usable(device: torch.device, rank: int = 16, dtype: torch.dtype | None = None) -> bool:
     """The Triton kernels run on `device` for LoRA rank `rank`: an NVIDIA GPU with Triton (never run on ROCm), or
-    anywhere in Triton's CPU interpreter; rank at most MAX_RANK."""
+    anywhere in Triton's CPU interpreter; rank at most MAX_RANK. Not for float32 on the GPU: tl.dot takes fp32 inputs
+    in TF32 there (~1e-3 relative), where the torch path keeps fp32 (the interpreter computes fp32 exactly, so the
+    CPU tests never saw it; audit, 2026-12-05)."""
     if triton is None or rank > MAX_RANK:
         return False
-    return (device.type == "cuda" and torch.version.hip is None) or os.environ.get("TRITON_INTERPRET") == "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda" and torch.version.hip is None and dtype != torch.float32
 
 
 def rank_block(r: int) -> int:

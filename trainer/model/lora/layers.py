@@ -242,7 +242,7 @@ class LoRALinear(nn.Module):
             u = self._take_act_input(x)
             y = epilogue_adapter(self.base.weight, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
                                  act=self.input_act if u is not None else None,
-                                 kernels=kernels_usable(x.device, self.lora_a.shape[0]))
+                                 kernels=kernels_usable(x.device, self.lora_a.shape[0], x.dtype))
             return y, None
         if self.uses_fused_path():
             u, p = self._take_act_input(x), self._p()
@@ -251,7 +251,7 @@ class LoRALinear(nn.Module):
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
                                  collective=self._collective if self.tp_size > 1 else None, drop=drop, p=p,
-                                 kernels=kernels_usable(x.device, self.lora_a.shape[0]))
+                                 kernels=kernels_usable(x.device, self.lora_a.shape[0], x.dtype))
         # (the masked dh A in one pass: its Triton kernel matched the torch ops on an H200 at the 8B's widths,
         # bench/kernel_check.py, 2026-12-05)
         out, bias, h = self._base_and_h(x, args, kwargs)

@@ -130,7 +130,7 @@ def swiglu_lora(u_base: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: f
     """act(u_base + scale * h B^T) without writing the sum (kernels: act is SiLU-gated), or by the unfused ops with
     `act` (no kernels). fp8_store: u_base kept in FP8 for backward (kernels only)."""
     if kernels is None:
-        kernels = kernels_usable(u_base.device, h.shape[-1])
+        kernels = kernels_usable(u_base.device, h.shape[-1], u_base.dtype)
     if not kernels:
         if fp8_store:  # (wire_fused_swiglu refuses this before a step runs)
             raise RuntimeError("fused_swiglu with fp8_swiglu_input needs the Triton kernels")
@@ -175,7 +175,7 @@ def wire_fused_swiglu(model, strict: bool = True) -> int:
             continue
         store = bool(getattr(module.config, "activation_func_fp8_input_store", False))
         rank = module.linear_fc1.lora_a.shape[0]
-        usable = kernels_usable(module.linear_fc1.weight.device, rank)
+        usable = kernels_usable(module.linear_fc1.weight.device, rank, module.linear_fc1.weight.dtype)
         if store and not strict and (torch.version.hip or not usable):
             continue
         if store and not usable:
