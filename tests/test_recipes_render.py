@@ -190,3 +190,16 @@ def test_relative_paths_that_exist_here_are_anchored_like_the_workspace(tmp_path
     pyxis = load_recipe("quickstart", sets + ["cluster.container.runtime=pyxis", "cluster.container.image=x"],
                         env={}).resolved["trainer"]  # a local pyxis job runs on the host
     assert pyxis["data"]["train"]["path"] == str(tmp_path / "data" / "train.jsonl")
+
+
+@pytest.mark.parametrize("sets, hidden", [
+    (["trainer.distributed.device=cpu", "cluster.env_profile=none"], True),
+    (["trainer.distributed.device=cpu", "cluster.env_profile=h200", "trainer.distributed.backend=gloo"], True),
+    (["trainer.distributed.device=cuda", "cluster.env_profile=h200"], False),
+    (["trainer.distributed.device=cpu", "cluster.env_profile=none", "cluster.env.CUDA_VISIBLE_DEVICES=0"], False)])
+def test_a_cpu_run_does_not_see_the_nodes_gpus(sets, hidden):
+    """trainer/model/cpu_compat.py stays off wherever CUDA is visible: a CPU run on a GPU node would use megatron's
+    CUDA RNG tracker (audit, 2026-12-05). The job hides the GPUs from it; the recipe's own cluster.env wins."""
+    r = load_recipe(recipes_dir() / "quickstart.yaml", sets, env={})
+    script = render_script(r.resolved, "/tmp/run", "rid", "local")
+    assert ("export CUDA_VISIBLE_DEVICES=''" in script) == hidden, [x for x in script.splitlines() if "CUDA_VIS" in x]

@@ -70,10 +70,14 @@ def sbatch_lines(resolved: dict, run_dir: str) -> list[str]:
 def job_env(resolved: dict) -> dict:
     """The variables the job script exports: no progress bars, the Hub offline unless the recipe names something
     on it (an hf:// tokenizer, an hf_name dataset; primus_contract.rules_data.uses_hub), its env profile's, then
-    cluster.env (which may set HF_HUB_OFFLINE itself)."""
+    cluster.env (which may set HF_HUB_OFFLINE itself). A run on the CPU (`trainer.distributed.device: cpu`) on a node
+    with GPUs does not see them: the trainer's CPU adaptations of megatron-core (trainer/model/cpu_compat.py) stay
+    off wherever CUDA is visible, and without them megatron's CUDA RNG tracker is used by a CPU run (audit,
+    2026-12-05: identical dropout masks across TP ranks, a pipeline's buffers on cuda:0)."""
     c = resolved["cluster"]
     offline = {} if uses_hub(resolved["trainer"]) else {"HF_HUB_OFFLINE": "1"}
-    return {**QUIET_ENV, **offline, **profiles()[c["env_profile"]]["env"], **c["env"]}
+    hide = {"CUDA_VISIBLE_DEVICES": ""} if resolved["trainer"]["distributed"]["device"] == "cpu" else {}
+    return {**QUIET_ENV, **offline, **hide, **profiles()[c["env_profile"]]["env"], **c["env"]}
 
 
 def job_python(resolved: dict, executor: str) -> str:
