@@ -39,10 +39,11 @@ RESUME_TOL = {"bf16": 0.0, "fp8": 0.0, "fp32": 0.0}
 EVAL_RTOL = {"bf16": 1e-5, "fp8": 1e-3, "fp32": 2e-6}  # FP8: the eval forward moves TE's amax history
 R8 = ls.ROOT / "bench" / "recipes" / "llama3_8b_h200.yaml"
 # GPU memory (GiB) for the 8B shape to run beside the small runs (else alone, after them): the 8B FP8 at seq 4096
-# (estimated ~45 GiB; it peaked at 65 GiB at seq 8192) and the ~8.9 GiB every process held outside PyTorch's
-# allocator on the H100 on 2026-12-05 (NVML), beside up to 7 small processes at once (2 sweep trials or their steps,
-# 2 cancelled runs, the warned one, the FP4 one, the Slurm one): the H200 (139.8) runs it beside them, the H100 alone.
-EIGHT_B_GIB, SMALL_GIB, SMALL_AT_ONCE = 55, 9.5, 7
+# (the planner: peak 47.6 GiB; it peaked at 65 GiB at seq 8192) plus the ~8.9 GiB every process held outside
+# PyTorch's allocator on the H100 on 2026-12-05 (NVML), beside up to 7 small processes at once (2 sweep trials or
+# their steps, 2 cancelled runs, the warned one, the FP4 one, the Slurm one): the H200 (139.8) runs it beside them,
+# the H100 (79.2) alone.
+EIGHT_B_GIB, SMALL_GIB, SMALL_AT_ONCE = 57, 9.5, 7
 
 
 def _grid() -> tuple[str, list[str]]:
