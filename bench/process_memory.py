@@ -6,7 +6,7 @@ such processes left the 8B shape no room on the 79 GiB card. This script walks t
 alone on the GPU, and prints after each: the device's used memory (total - free, so: run it alone), PyTorch's
 reserved memory, and their difference (what the stage added outside the allocator).
 
-    python3 bench/process_memory.py [--no-te]     # ~20 s on an H100/H200; prints JSON lines
+    python3 bench/process_memory.py [--no-te] [--trainer]   # ~20 s (+40 s) on an H100/H200; JSON lines
 
 Stages: CUDA context; import transformer_engine.pytorch; a te.Linear forward/backward in BF16 (cuBLASLt workspace);
 the same under FP8 delayed scaling; TE's fused attention in THD (cuDNN); one LoRA Triton kernel of ours; a NCCL
@@ -84,6 +84,8 @@ def _nccl() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-te", action="store_true", help="skip the Transformer Engine stages")
+    parser.add_argument("--trainer", action="store_true", help="then the real trainer alone (~40 s): its summary's "
+                        "GPU used minus PyTorch reserved, less this process's")
     args = parser.parse_args()
     env = {k: os.environ.get(k) for k in ("CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_NVLS_ENABLE",
                                           "CUBLAS_WORKSPACE_CONFIG", "CUDA_DEVICE_MAX_CONNECTIONS")}
@@ -104,9 +106,37 @@ def main() -> int:
             rows.append(_row(name, before))
         except Exception as err:  # noqa: BLE001  (a stage that cannot run here: say so and go on)
             rows.append({"stage": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
+    if args.trainer:
+        rows.append(_trainer_row(rows[-1].get("device_used_gib", before)))
     for row in rows:
         print(json.dumps(row))
     return 0
+
+
+def _trainer_row(held: float) -> dict:
+    """The real trainer alone beside this process: recipes/compare_realtext.yaml on the GPU, 20 iterations, local
+    executor; its summary event's GPU used minus PyTorch reserved, less what this process holds (`held`)."""
+    import subprocess
+    import tempfile
+
+    from primus_contract import run_files
+
+    root = Path(__file__).resolve().parents[1]
+    tmp = tempfile.mkdtemp(prefix="process-memory-")
+    sets = ["trainer.distributed.device=cuda", "trainer.distributed.backend=nccl", "cluster.env_profile=h200",
+            f"cluster.python={sys.executable}", "trainer.schedule.train_iters=20", f"experiment.workspace={tmp}"]
+    cmd = [sys.executable, "-m", "primus_slurm", "submit", str(root / "recipes" / "compare_realtext.yaml"),
+           "--executor", "local", "--follow", *[a for x in sets for a in ("--set", x)]]
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=f"{tmp}/state", HF_HUB_OFFLINE="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=400)
+    events = [e for p in Path(tmp).rglob("events.jsonl") for e in run_files.read_events(p)]
+    summary = next((e for e in events if e.get("event") == "summary"), None)
+    if not summary or "mem_device_used_gib" not in summary:
+        return {"stage": "trainer (compare_realtext, 20 iterations)", "error": (done.stderr or done.stdout)[-600:]}
+    outside = summary["mem_device_used_gib"] - summary["mem_reserved_gib"] - held
+    return {"stage": "trainer (compare_realtext, 20 iterations)", "device_used_gib": summary["mem_device_used_gib"],
+            "torch_reserved_gib": round(summary["mem_reserved_gib"], 3), "outside_torch_gib": round(outside, 3),
+            "mem_peak_gib": summary.get("mem_peak_gib")}
 
 
 if __name__ == "__main__":
