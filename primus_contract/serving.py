@@ -14,3 +14,11 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def vllm_lora_rank(rank: int) -> Optional[int]:
     """The max_lora_rank vLLM is started with for an adapter of `rank`, None when it serves none that large."""
     return next((r for r in VLLM_LORA_RANKS if r >= int(rank)), None)
+
+
+def vllm_memory_fraction(free: float, total: float, ceiling: float = 0.9, spare: float = 0.05) -> float:
+    """vLLM's gpu_memory_utilization for a process that already holds part of the GPU: vLLM refuses to start unless
+    that fraction of the whole GPU is free, and `generate` starts it after the adapter export built the megatron
+    model in the same process (what lives outside PyTorch's allocator stays held: ~8.9 GiB a process on an H100 on
+    2026-12-05, so the default 0.9 of 79 GiB could not be free). What is free, less a spare, at most `ceiling`."""
+    return max(0.05, min(ceiling, free / total - spare))

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
+from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank, vllm_memory_fraction
 from trainer.data.tokenize import load_tokenizer, tokenizer_info
 from trainer.post.export import export_adapter
 from trainer.post.prompts import char_accuracy, encode, prompt_segments, score, stop_ids
@@ -72,8 +72,11 @@ def vllm_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    # max_lora_rank must be one of vLLM's set (an adapter of rank 12 asked for 12 and was refused)
-    llm = LLM(model=model_dir, enable_lora=adapter_dir is not None, max_lora_rank=vllm_lora_rank(rank), seed=p.seed)
+    # max_lora_rank must be one of vLLM's set (an adapter of rank 12 asked for 12 and was refused); the memory share is
+    # what this process left free (primus_contract.serving.vllm_memory_fraction)
+    share = vllm_memory_fraction(*torch.cuda.mem_get_info())
+    llm = LLM(model=model_dir, enable_lora=adapter_dir is not None, max_lora_rank=vllm_lora_rank(rank), seed=p.seed,
+              gpu_memory_utilization=share)
     lora = LoRARequest("run-adapter", 1, adapter_dir) if adapter_dir else None
     params = [SamplingParams(max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                              seed=p.seed + i, stop_token_ids=pr["stop"]) for i, pr in enumerate(prompts)]
