@@ -127,13 +127,14 @@ def status_json(env: dict, run_id: str) -> dict:
 
 
 def wait_state(env: dict, run_id: str, states: set, timeout: float = 90, key: str = "state",
-               every: float = 0.3) -> dict:
-    """Poll `status RUN --json` every `every` seconds until row[key] is in `states`; returns the row."""
+               every: float = 0.3, pause=time.sleep) -> dict:
+    """Poll `status RUN --json` every `every` seconds until row[key] is in `states`; returns the row. `pause`: how
+    to wait between polls (the GPU suite's stops at its deadline)."""
     end = time.monotonic() + timeout
     row = {}
     while time.monotonic() < end:
         row = status_json(env, run_id)
         if row.get(key) in states:
             return row
-        time.sleep(every)
+        pause(every)
     raise AssertionError(f"run {run_id} never reached {states}; last status: {row}")

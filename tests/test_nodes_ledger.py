@@ -247,9 +247,9 @@ def test_the_cluster_name_comes_from_slurm_conf_without_the_controller(tmp_path)
     for line, want in (("ClusterName=Elsewhere  # trailing comment", "elsewhere"),
                        ("SlurmctldHost=a ClusterName=beta", "beta"), ('ClusterName="gamma" SlurmctldHost=a', "gamma"),
                        ("#ClusterName=commented", None), ("MyClusterName=no", None)):
-        conf = tmp_path / "one.conf"
-        conf.write_text(f"# a comment\n{line}\n")
-        assert ledger._conf_cluster_name(str(conf)) == want, line
+        assert ledger._cluster_name_in(f"# a comment\n{line}\n") == want, line
+    assert ledger._cluster_name_in("AuthType                = auth/munge\nClusterName             = primus-local\n") == \
+        "primus-local"  # scontrol show config's layout
     conf = tmp_path / "slurm.conf"
     conf.write_text("SlurmctldHost=nowhere\nClusterName=Elsewhere\n")
     ws = tmp_path / "ws"

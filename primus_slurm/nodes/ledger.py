@@ -30,29 +30,26 @@ def cluster_name() -> str:
     configless node (no slurm.conf) asks scontrol."""
     if not shutil.which("scontrol"):
         return LOCAL_CLUSTER
-    name = _conf_cluster_name(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        name = _cluster_name_in(Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf").read_text(
+            errors="replace"))
+    except OSError:
+        name = None
     if name:
         return name
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return LOCAL_CLUSTER
-    for raw in out.stdout.splitlines():
-        key, _, value = raw.partition("=")
-        if key.strip() == "ClusterName" and value.strip():
-            return value.strip()
-    return LOCAL_CLUSTER
+    return _cluster_name_in(out.stdout) or LOCAL_CLUSTER
 
 
 _CLUSTER_NAME = re.compile(r'(?i)(?:^|\s)ClusterName\s*=\s*"?([^\s"#]+)')
 
 
-def _conf_cluster_name(path: str) -> str | None:
-    """ClusterName of a slurm.conf (several KEY=VALUE may share a line; the value may be quoted), lower-cased."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return None
+def _cluster_name_in(text: str) -> str | None:
+    """ClusterName in slurm.conf's text (several KEY=VALUE may share a line; the value may be quoted) or in
+    `scontrol show config`'s (`ClusterName = x`), lower-cased as Slurm keeps it."""
     for raw in text.splitlines():
         found = _CLUSTER_NAME.search(raw.split("#", 1)[0])
         if found:

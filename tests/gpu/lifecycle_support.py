@@ -93,14 +93,7 @@ def pause(seconds: float) -> None:
 
 
 def wait_state(env: dict, run: str, states=TERMINAL, timeout: float = 600) -> dict:
-    """Poll `status RUN --json` each second until its state is in `states`; returns the row."""
-    end, row = time.monotonic() + timeout, {}
-    while time.monotonic() < end:
-        row = status(env, run)
-        if row.get("state") in states:
-            return row
-        pause(1.0)
-    raise AssertionError(f"run {run} never reached {states}; last status: {row}")
+    return conftest.wait_state(env, run, states, timeout=timeout, every=1.0, pause=pause)
 
 
 def events(run_dir: Path) -> list[list[dict]]:
