@@ -6,7 +6,6 @@ queue (`queue_pid`), whose children are the steps. TERM, then KILL after 10 s. P
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from primus_slurm.jobs.local_executor import _alive, _process_tree, proc_start_ticks  # noqa: E402
+from primus_slurm.jobs.local_executor import _alive, _process_tree, _signal_all, proc_start_ticks  # noqa: E402
 
 
 def roots(base: Path) -> set[int]:
@@ -36,11 +35,7 @@ def main(base: Path) -> int:
     for pid in roots(base):
         tree.update(_process_tree(pid))
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 2.0)):
-        for pid in _alive(tree):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        _signal_all(tree, sig)  # (the local executor's cancel: only the live processes of the tree)
         end = time.monotonic() + grace
         while _alive(tree) and time.monotonic() < end:
             time.sleep(0.2)

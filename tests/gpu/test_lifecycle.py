@@ -9,7 +9,7 @@ Everything starts at once in one module fixture, so the runs share the device's 
 - a run warned of its time limit (the recipe's cluster.signal to the job script, as Slurm's --signal=B:SIG@T),
   which checkpoints and stops with the preempted code, then resumes;
 - on CUDA, the Llama-3-8B shape (bench/recipes/llama3_8b_h200.yaml, FP8) cancelled, resumed and exported: beside
-  the others on a GPU of 120 GiB or more (the H200), else alone after them (the H100: EIGHT_B_BESIDE_GIB);
+  the others where they all fit (the H200), else alone after them (the H100): EIGHT_B_GIB and its neighbours;
 - an FP4-emulated run of the same recipe, which `compare` (with the sweep's trials) and `verify-fp4` then read;
 - where `make gpu-test` started a Slurm cluster: a Slurm run warned, requeued and resumed (tests/gpu/slurm_gpu.py).
 Each test records what it measured (the `record` fixture, tests/gpu/lifecycle_report.py).
