@@ -171,3 +171,22 @@ def test_init_seed_of_names_weights_by_global_layer_and_tp_rank():
         assert len(names) >= 2 and len(set(seeds)) == len(seeds)  # one stream per weight
         assert seeds == [seed_of(n) for n in names] and seeds != [_init_seed_of(model, 1)(n) for n in names]
         assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_weight_check_holds_for_rocm_e4m3fnuz_copies():
+    """ROCm gfx942 stores FP8 as e4m3fnuz (max 240, bias 8), not e4m3fn (max 448). The check's reference is
+    e4m3fn with the weight's own scale; an fnuz copy with its own scale (what TE makes there) has the same
+    3 mantissa bits, so its error stays inside the check's 5 % slack, and a stale fnuz scale is still refused."""
+    import pytest
+
+    from trainer.precision.fp8_params import check_loaded
+
+    def fnuz(x, scale):
+        return (x * scale).to(torch.float8_e4m3fnuz).float() / scale
+
+    for std in (0.02, 0.005, 0.0016):
+        w = torch.randn(256, 512, generator=torch.Generator().manual_seed(1)) * std
+        got, ref = check_loaded("w", fnuz(w, 240.0 / float(w.abs().max())), w)
+        assert abs(got / ref - 1.0) < 0.01, (std, got, ref)
+    with pytest.raises(ValueError, match="the FP8 copy is wrong"):  # scale 1.0 at std 0.0016: subnormals
+        check_loaded("w", fnuz(w, 1.0), w)
