@@ -11,13 +11,17 @@ outputs (the rank-sized tensors and the factors are noise). Per wrapped linear, 
             base GEMM adds into it (its read of y hides in a compute-bound GEMM), dy read once for dh and dB, dx_a
             written once for the base dgrad GEMM to add into                                         -> (3, 2)
   epilogue-all  the same for every linear, the norm-fed too (TE's op fuser with its norm; not built)   -> (3, 2)
-Norm-fed linears (qkv, dense fc1: their adapter reads TE's returned norm output) stay unfused under fused/epilogue.
+Norm-fed linears (qkv, dense fc1, MLA's q/kv up-projections: their adapter reads TE's returned norm output, or folds
+the norm) stay unfused under fused/epilogue. MLA's q_proj and down-projections follow a separate norm: plain linears,
+fused; the down-projections are duplicated over TP, which the epilogue refuses (LoRALinear.uses_epilogue): fused.
   fused_swiglu  fc1's output + s h B^T is never written nor re-read (trainer/model/lora/swiglu.py): fc1 out - 2
   pre-dropout   draw (read x, write the dropped copy, a 1-byte mask: 2.5 in), and in backward the mask applied:
                 unfused + 2.5 in (dropout backward: read dx_a and the mask, write), fused/epilogue + 0.5 in (the
                 mask read inside the pass that adds dx_a)
 """
 from __future__ import annotations
+
+from primus_contract.plan.shapes import REPLICATED
 
 DESIGNS = ("unfused", "fused", "epilogue", "epilogue-all")
 
@@ -28,6 +32,8 @@ def passes(design: str, norm_fed: bool, short: str = "", swiglu: bool = False,
     if design not in DESIGNS:
         raise ValueError(f"unknown adapter design {design!r} ({', '.join(DESIGNS)})")
     path = design if design == "epilogue-all" or not norm_fed else "unfused"
+    if path == "epilogue" and short in REPLICATED:  # MLA's duplicated down-projections: the fused path
+        path = "fused"
     p_in, p_out = {"unfused": (6.0, 4.0), "fused": (4.0, 4.0), "epilogue": (3.0, 2.0), "epilogue-all": (3.0, 2.0)}[path]
     if swiglu and short == "linear_fc1":
         p_out -= 2.0

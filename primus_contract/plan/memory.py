@@ -12,7 +12,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
 - activations per layer and token, what autograd keeps with frozen base linears (no input is kept for a weight
   gradient): the two RMSNorm inputs, attention q/k/v/out and its softmax statistics, SwiGLU's input (fc1's output);
   adapters keep their own inputs (the norm outputs, fc2's input) unless trainer.recompute.adapter_inputs folds or
-  recomputes them; MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
+  recomputes them (MLA's q_proj / q_down_proj and kv_down_proj read one output of a separate norm: kept once a
+  layer, never folded); MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
   tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.offload import in_flight_layers, offloaded_layers
-from primus_contract.plan.shapes import Layout, Linear, layer_linears_local, lora_params_local, moe_layer, stage_layers
+from primus_contract.plan.shapes import (INPUT_NORM_SHARED, Layout, Linear, layer_linears_local, lora_params_local,
+                                         moe_layer, stage_layers)
 
 GIB = float(1 << 30)
 CHUNK_BYTES = 256 * (1 << 20)  # trainer/model/chunked_loss.py
@@ -68,6 +70,7 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
         moe_bytes += experts * 4 * 2 / shard + topk * h * 2 / shard  # router logits + probs, expert outputs
     adapter = 0.0
     fp8 = bool(t["precision"]["fp8"])
+    shared_kept = False  # MLA's input-norm output, kept once for all the adapters that read it
     for lin in linears:
         if lin.short == "linear_fc1":  # the SwiGLU input: 2 bytes, or 1 kept in FP8 (precision.fp8_swiglu_input)
             kept = lin.out_local * (1 if t["precision"]["fp8_swiglu_input"] else 2) * lin.uses
@@ -81,6 +84,9 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
         in_bytes = lin.in_local * 2 * lin.uses / (shard if lin.in_local == h else 1)
         if lin.short in ("linear_proj", "linear_q_up_proj", "linear_kv_up_proj"):
             pass  # their inputs (attention out, the normed latents) are kept by the base already
+        elif lin.short in INPUT_NORM_SHARED:  # a separate norm: no fold; one storage for q_proj/q_down and kv_down
+            adapter += 0.0 if shared_kept else in_bytes
+            shared_kept = True
         elif lin.norm_fed and not lin.expert:
             if not folded_norm:
                 adapter += in_bytes * (1.5 if fp8 else 1.0)  # FP8: the adapter also keeps a cast of it

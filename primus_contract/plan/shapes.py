@@ -14,8 +14,13 @@ from primus_contract.flops import is_adapted, is_moe_layer, layer_linears
 ROW_PARALLEL = ("linear_proj", "linear_fc2")
 REPLICATED = ("linear_q_down_proj", "linear_kv_down_proj", "router")
 # linears TE fuses with the RMSNorm in front of them (TELayerNormColumnParallelLinear): their input is the norm's
-# output, which adapter_inputs (scope norm) folds into the adapter instead of keeping
-NORM_FUSED = ("linear_qkv", "linear_q_proj", "linear_q_down_proj", "linear_kv_down_proj")
+# output, which adapter_inputs (scope norm) folds into the adapter instead of keeping. MLA's up-projections are
+# fused with the latent norms (its layer spec, qk_layernorm: always under MLA, trainer/model/arch.qk_norm)
+NORM_FUSED = ("linear_qkv", "linear_q_up_proj", "linear_kv_up_proj")
+# MLA's linears fed by the layer's separate input_layernorm (megatron's MLA spec: a plain norm, then plain linears;
+# q_proj kept plain on 0.19 too, trainer/model/mla_q.py): nothing folds the norm into their adapters, and they read
+# one tensor, so their adapters keep one storage a layer (tests/test_plan_mla_adapter_memory.py)
+INPUT_NORM_SHARED = ("linear_q_proj", "linear_q_down_proj", "linear_kv_down_proj")
 
 
 @dataclass(frozen=True)
