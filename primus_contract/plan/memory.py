@@ -82,8 +82,8 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             continue
         adapter += lora["dim"] * 2 * lin.uses  # A's output, the B GEMM's input
         in_bytes = lin.in_local * 2 * lin.uses / (shard if lin.in_local == h else 1)
-        if lin.short in ("linear_proj", "linear_q_up_proj", "linear_kv_up_proj"):
-            pass  # their inputs (attention out, the normed latents) are kept by the base already
+        if lin.short == "linear_proj":
+            pass  # its input (the attention output) is kept by the core attention already
         elif lin.short in INPUT_NORM_SHARED:  # a separate norm: no fold; one storage for q_proj/q_down and kv_down
             adapter += 0.0 if shared_kept else in_bytes
             shared_kept = True
