@@ -13,7 +13,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   gradient): the two RMSNorm inputs, attention q/k/v/out and its softmax statistics, SwiGLU's input (fc1's output);
   adapters keep their own inputs (the norm outputs, fc2's input) unless trainer.recompute.adapter_inputs folds or
   recomputes them (MLA's q_proj / q_down_proj and kv_down_proj read one output of a separate norm: kept once a
-  layer, never folded); MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
+  layer, never folded; with LoRA pre-dropout an adapter keeps its dropped copy and bool mask instead of its
+  input: tests/test_plan_dropout_memory.py); MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
   tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
@@ -82,7 +83,11 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             continue
         adapter += lora["dim"] * 2 * lin.uses  # A's output, the B GEMM's input
         in_bytes = lin.in_local * 2 * lin.uses / (shard if lin.in_local == h else 1)
-        if lin.short == "linear_proj":
+        if lora["dropout"] > 0 and lora["dropout_position"] == "pre":
+            # the dropped copy and its bool mask (trainer/model/lora/drop.py) stand in for the input: A's gradient
+            # reads the dropped copy, so neither path keeps the input itself (nor folds it)
+            adapter += in_bytes * 1.5
+        elif lin.short == "linear_proj":
             pass  # its input (the attention output) is kept by the core attention already
         elif lin.short in INPUT_NORM_SHARED:  # a separate norm: no fold; one storage for q_proj/q_down and kv_down
             adapter += 0.0 if shared_kept else in_bytes
@@ -95,8 +100,6 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
                 adapter += in_bytes
         else:
             adapter += in_bytes  # expert and shared-expert adapters keep their inputs
-        if lora["dropout"] > 0 and lora["dropout_position"] == "pre":
-            adapter += in_bytes * 1.5  # the dropped copy and its mask
     return {"base": base * tokens, "adapter": adapter * tokens, "moe": moe_bytes * tokens}
 
 

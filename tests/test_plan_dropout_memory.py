@@ -1,0 +1,91 @@
+"""The planner's adapter activations under LoRA pre-dropout against what a real tiny model keeps.
+
+With pre-dropout an adapter's A reads the dropped copy, so its backward needs that copy and the dropout's keep (a bool
+mask on a GPU: trainer/model/lora/drop.py; the scaled noise in x's dtype on CPU), never the input itself, and
+nothing folds or recomputes it (trainer/model/lora/inputs.py refuses pre-dropout). The planner counted the input
+as well (norm-fed in FP8: 1.5 inputs) plus the dropout's 1.5: on the one-H200 70B recipe (dropout 0.1 on qkv/proj,
+FP8) it planned block52 at 131.5 GiB and block60 at 116.8 (measured 125.3 and 111.5); now 126.1 and 112.8."""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from primus_contract.plan.memory import layer_activation_bytes
+from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
+from primus_slurm.config.recipe import deep_merge
+from primus_slurm.config.schema import apply_schema
+from tests.model_helpers import TINY, dist_session, packed_batch
+from trainer.config import Config
+
+TARGETS = ("linear_qkv", "linear_proj", "linear_fc2")
+ROWS, SEQ = 2, 40  # 80 tokens: no other dimension of the tiny model is 80
+
+
+def _recipe(fold: bool, fp8: bool = False) -> dict:
+    return apply_schema(deep_merge(TINY, {"trainer": {
+        "precision": {"bf16": True}, "lora": {"target_modules": list(TARGETS), "dropout": 0.1,
+                                              "dropout_position": "pre"},
+        "recompute": {"adapter_inputs": fold, "adapter_inputs_scope": "all"}}}))
+
+
+def _census(r: dict) -> dict:
+    """{target: [(width, bytes)]}: the per-token storages each target's adapter keeps (all layers)."""
+    from trainer.model import build_model, forward_losses
+    from trainer.observability.saved_census import SavedTensorCensus
+
+    cfg = Config.from_dict(r)
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        batch = packed_batch(ROWS, SEQ, [30, 9, 21, 17], vocab=128, seed=0)
+        census = SavedTensorCensus(model, info.device)
+        census.start()
+        (forward_losses(model, batch) * batch["loss_mask"]).sum().backward()
+        census.close()
+    kept = {t: [] for t in TARGETS}
+    for where, nbytes, desc in census.storages.values():
+        shape = [int(d) for d in re.findall(r"\d+", desc.split("[", 1)[1])]
+        leaf = where.rsplit(".", 1)[-1]
+        if leaf in kept and math.prod(shape[:-1]) == ROWS * SEQ:
+            kept[leaf].append((shape[-1], nbytes))
+    return kept
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_pre_dropout_adapters_keep_the_dropped_copy_and_the_keep_not_the_input(fold):
+    r = _recipe(fold)
+    t, m = r["trainer"], r["trainer"]["model"]
+    layers, dim, tokens = m["num_layers"], t["lora"]["dim"], ROWS * SEQ
+    kept = _census(r)
+    lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=ROWS, gbs=ROWS, seq=SEQ)
+    lins = {lin.short: lin for lin in layer_linears_local(m, t["lora"], lay, 0)}
+    census_total = 0.0
+    for target in TARGETS:
+        width = lins[target].in_local
+        # per layer: the dropped copy and the CPU keep (both the input's width and dtype), A's rank-sized output
+        assert sorted(kept[target]) == sorted([(width, tokens * width * 2)] * 2 * layers
+                                              + [(dim, tokens * dim * 2)] * layers), (target, kept[target])
+        census_total += sum(b for _, b in kept[target]) / layers
+        # the planner's bool mask is half the CPU keep's bf16
+        census_total -= tokens * width * 2 * 0.5
+    for layer in range(layers):
+        planned = layer_activation_bytes(m, t, lay, layer_linears_local(m, t["lora"], lay, layer),
+                                         moe_layer(m, layer))["adapter"]
+        assert planned == census_total
+
+
+def test_pre_dropout_term_is_the_same_in_fp8_and_with_the_fold():
+    """FP8 made the norm-fed input count 1.5 times on top of the dropout; with pre-dropout neither the input nor its
+    cast is kept."""
+    base = _recipe(False)
+    t, m = base["trainer"], base["trainer"]["model"]
+    lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=1, gbs=1, seq=SEQ)
+    lins = layer_linears_local(m, t["lora"], lay, 0)
+    plain = layer_activation_bytes(m, t, lay, lins, False)["adapter"]
+    fp8 = {**t, "precision": {**t["precision"], "fp8": "hybrid"}}
+    assert layer_activation_bytes(m, fp8, lay, lins, False)["adapter"] == plain
+    folded = _recipe(True)["trainer"]
+    assert layer_activation_bytes(m, folded, lay, lins, False)["adapter"] == plain
+    widths = sum(lin.in_local * 1.5 + t["lora"]["dim"] for lin in lins if lin.adapted)
+    assert plain == SEQ * widths * 2  # 1.5 inputs (copy + bool mask) + h, bf16 bytes
