@@ -213,12 +213,12 @@ case "${1:-}" in
     python3 bench/spread.py --baseline thd "$OUT/levers.jsonl" | tee "$OUT/levers-spread.jsonl"
     python3 bench/spread.py --baseline thd --markdown "$OUT/levers.jsonl" > "$OUT/levers-spread.md" ;;
   offload-70b)  # issue 37 item 5 (built 2026-12-05, not yet measured): the 70B recipe as shipped (block-60 recompute)
-                # against no recompute with the first OFFLOAD70 (default 46) layers' activations in pinned host memory
+                # against no recompute with the first OFFLOAD70 (default 48) layers' activations in pinned host memory
                 # (trainer.recompute.activation_offload_layers: megatron-core cpu_offloading through TE). `primus-slurm
-                # plan` puts N=46 (the fewest that fit) at 130.3 GiB on the GPU and 82.0 GiB of host memory and
-                # predicts PCIe-bound copies (2,325 tok/s at an assumed 50 GB/s): this call measures both. A B A B A B, one process a run (~75 s each, 10 steps)
+                # plan` puts N=48 (the fewest that fit) at 126.7 GiB on the GPU and 85.6 GiB of host memory and
+                # predicts PCIe-bound copies (2,228 tok/s at an assumed 50 GB/s): this call measures both. A B A B A B, one process a run (~75 s each, 10 steps)
     B60=(--set trainer.recompute.method=block --set trainer.recompute.num_layers=60)
-    OFF=(--set trainer.recompute.granularity=null --set "trainer.recompute.activation_offload_layers=${OFFLOAD70:-46}")
+    OFF=(--set trainer.recompute.granularity=null --set "trainer.recompute.activation_offload_layers=${OFFLOAD70:-48}")
     end=$(( $(date +%s) + ${BUDGET_S:-560} ))  # a run starts only with 90 s left, and ends by the budget
     for rep in 0 1 2; do
       for v in block60 offload; do

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 WORKSPACE_GIB = 0.1           # cuBLAS / TE workspaces
 FP8_WORKSPACE_GIB = 0.1       # FP8 scaling state and cast buffers
-ALLOCATOR_MARGIN = 0.055      # reserved above the allocator's peak: 70b-1gpu-block52 ran at 125.3 GiB, block48-ai
-                              # (planned 132.7) ran out of memory (2026-12-02_h200_70b_1gpu/70b1.jsonl)
+ALLOCATOR_MARGIN = 0.09       # reserved above the allocator's peak: 70b-1gpu-block52 (planned 126.1) ran at 125.3 GiB,
+                              # block48-ai (planned 132.7) ran out of memory (2026-12-02_h200_70b_1gpu/70b1.jsonl); the
+                              # fit line sits between the two (128.3 planned on an H200), not at the OOM's edge: the
+                              # frontier searches block depth down to it (0.055 let block 49 at 131.1 fit; 0.09: 51)
 CONTEXT_GIB = 0.6             # CUDA context, NCCL buffers: outside the caching allocator
 
 # --- fitted by scripts/plan_calibrate.py ---

@@ -2,12 +2,16 @@
 weights with or without TE's cached FP8 copies) x adapter-input recompute x micro-batch, each checked by the
 contract (what validate would say) and planned.
 
-A candidate is a list of `--set` lines over the recipe; the ones the contract refuses are dropped. `cheapest_fit`
-is what a refusal suggests: the fewest changed keys, then the fastest.
+A candidate is a list of `--set` lines over the recipe; the ones the contract refuses are dropped. Block recompute
+is searched, not sampled: each layout's fewest recomputed layers that still fit (peak memory only falls as more layers
+are recomputed), found in a few plans by interpolating the planned need between two that bracket the GPU's memory
+(`_fewest_block`); with no known GPU, layers/4 and layers/2. `cheapest_fit` is what a refusal suggests: the fewest
+changed keys, then the fastest.
 """
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 from primus_contract import check
@@ -64,13 +68,19 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
+SEARCH = None  # a want's num_layers for block recompute: the fewest layers that fit, searched (_fewest_block)
+
+
 def _recomputes(layers_per_stage: int) -> list[tuple]:
     out = [(None, "uniform", 1), ("full", "uniform", 1)]
-    for share in (4, 2):
-        k = layers_per_stage // share
-        if 0 < k < layers_per_stage:
-            out.append(("full", "block", k))
+    if layers_per_stage > 1:
+        out.append(("full", "block", SEARCH))
     return out
+
+
+def _fixed_blocks(layers_per_stage: int) -> list[int]:
+    """Block points where fitting is unknown (no GPU the planner knows): a quarter and half of the stage's layers."""
+    return [k for k in (layers_per_stage // 4, layers_per_stage // 2) if 0 < k < layers_per_stage]
 
 
 def _wants(resolved: dict):
@@ -104,7 +114,55 @@ def _wants(resolved: dict):
 
 
 def candidates(resolved: dict) -> list[Candidate]:
-    return [cand for cand in (_try(resolved, want) for want in _wants(resolved)) if cand is not None]
+    return _tried(resolved, _wants(resolved))
+
+
+def _tried(resolved: dict, wants) -> list[Candidate]:
+    """The candidates of `wants` the contract accepts, a searched block recompute planned as its fewest fitting layers."""
+    out = []
+    for want in wants:
+        if want["method"] == "block" and want["num_layers"] is SEARCH:
+            out += _fewest_block(resolved, want)
+        else:
+            cand = _try(resolved, want)
+            if cand is not None:
+                out.append(cand)
+    return out
+
+
+def _fewest_block(resolved: dict, want: dict) -> list[Candidate]:
+    """Block recompute of the fewest layers (1 .. layers_per_stage-1) that fit, as a one-candidate list. Memory only
+    falls as layers are recomputed, so: layers-1 not fitting means none does (that candidate is listed, not fitting);
+    1 fitting is taken; else the bracket (lo does not fit, hi fits) is narrowed at the layer count where the planned
+    need, interpolated between the two, meets the GPU's memory (the need is close to linear in the layers: two plans
+    usually settle it), halving instead after two steps that did not halve it. A layer count the contract refuses
+    counts as not fitting. With no known GPU (fits None): the fixed points of _fixed_blocks."""
+    layers = resolved["trainer"]["model"]["num_layers"] // want["pipeline"]
+    at = lambda n: _try(resolved, {**want, "num_layers": n})  # noqa: E731
+    top = at(layers - 1)
+    if top is None or top.plan.fits is False:
+        return [top] if top is not None else []
+    if top.plan.fits is None:
+        return [c for c in (at(k) for k in _fixed_blocks(layers)) if c is not None]
+    hi, best = layers - 1, top
+    low = at(1) if layers > 2 else top
+    if low is not None and low.plan.fits:
+        return [low]
+    lo, lo_need = 1, (low.plan.needs_gib if low is not None else None)
+    cap, slow = top.plan.gpu_memory_gib, 0
+    while hi - lo > 1:
+        n = (lo + hi) // 2
+        if lo_need is not None and slow < 2 and lo_need > best.plan.needs_gib:
+            frac = (lo_need - cap) / (lo_need - best.plan.needs_gib)
+            n = min(hi - 1, max(lo + 1, lo + math.ceil(frac * (hi - lo))))
+        width = hi - lo
+        cand = at(n)
+        if cand is not None and cand.plan.fits:
+            hi, best = n, cand
+        else:
+            lo, lo_need = n, (cand.plan.needs_gib if cand is not None else None)
+        slow = 0 if 2 * (hi - lo) <= width else slow + 1
+    return [best]
 
 
 def _changes(resolved: dict, want: dict) -> dict:
@@ -113,6 +171,8 @@ def _changes(resolved: dict, want: dict) -> dict:
     for key, value in want.items():
         if key in ("method", "num_layers") and want["granularity"] is None:
             continue  # meaningless without recompute: keep the recipe's
+        if key == "num_layers" and value is SEARCH:
+            continue  # not known before the search: the fewest changes it can make (it may add this key)
         if get(resolved, KEYS[key]) != value:
             sets[KEYS[key]] = value
     return sets
@@ -142,18 +202,22 @@ def cheapest_fit(cands: list[Candidate]) -> Candidate | None:
 
 def cheapest_fit_of(resolved: dict) -> Candidate | None:
     """cheapest_fit(candidates(resolved)), planning only the layouts of the fewest changed keys that has a fit (a
-    refusal's suggestion: planning all of them took 4 s for the 70B on one H200)."""
+    refusal's suggestion: planning all of them took 4 s for the 70B on one H200). A searched block recompute is
+    grouped by the fewest keys it can change; its found layer count may change one more (num_layers), so a fit is
+    taken only once no unplanned layout can change fewer keys."""
     wants = list(_wants(resolved))
     by_size: dict[int, list[dict]] = {}
     for want in wants:
         by_size.setdefault(len(_changes(resolved, want)), []).append(want)
+    planned: list[Candidate] = []
     for size in sorted(by_size):
         if size == 2 and _none_can_fit(resolved, wants):
             return None
-        fit = cheapest_fit([cand for cand in (_try(resolved, want) for want in by_size[size]) if cand is not None])
-        if fit is not None:
+        planned += _tried(resolved, by_size[size])
+        fit = cheapest_fit(planned)
+        if fit is not None and len(fit.sets) <= size:
             return fit
-    return None
+    return cheapest_fit(planned)
 
 
 def _none_can_fit(resolved: dict, wants: list[dict]) -> bool:
