@@ -69,6 +69,7 @@ KNOWN_MISSES = {
 # 2026-12-02 18:41 UTC): result files git added before that ran the code that kept every layer's transpose to the
 # end of the backward; files added later, or not committed yet, ran the current code
 TRANSPOSES_RELEASED = 1796236901  # e87f5d3's commit time
+SWIGLU_AUTO = 1796477400  # trainer.lora.fused_swiglu null (wherever it applies) by default from here (2026-12-05)
 
 
 @dataclass
@@ -157,6 +158,8 @@ def match(row: Row):
     if era_overrides is None:
         return None, what
     nproc = int(d.get("nproc") or 1)
+    if _added_before(row.file, SWIGLU_AUTO):  # measured when fused_swiglu was off by default
+        era_overrides = ["trainer.lora.fused_swiglu=false", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [
         "cluster.env_profile=h200", f"cluster.nproc_per_node={nproc}", f"cluster.gpus_per_node={nproc}",
         "trainer.distributed.device=cuda", "trainer.distributed.backend=nccl", "cluster.executor=local"]

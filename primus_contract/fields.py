@@ -227,11 +227,11 @@ SCHEMA: dict = {
             # trainer/model/lora/swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
             # ops on CPU); not with recompute.adapter_inputs scope all|fc2; with precision.fp8_swiglu_input its
             # kernels keep fc1's output in FP8
-            "fused_swiglu": Field("bool", False, nullable=True, help="fold fc1's adapter into dense MLPs' SwiGLU "
-                                  "kernels; null: wherever it applies, elsewhere the unfused path "
+            "fused_swiglu": Field("bool", None, nullable=True, help="fold fc1's adapter into dense MLPs' SwiGLU "
+                                  "kernels; null (default): wherever it applies, elsewhere the unfused path "
                                   "(rules_precision.fused_swiglu_on) "
                                   "(H200 8B, 2026-12-05: +2.4 % BF16 single-document, +2.9 % packed, +3.0 % / +1.3 % "
-                                  "FP8; median of 3)"),
+                                  "FP8; median of 3; real-text loss within the reseeded run's spread, H100)"),
             # trainer/model/lora/epilogue.py: not with fp8/fp4, tensor > 1, post-dropout (primus_contract/rules_model.py)
             "epilogue": Field("bool", False, help="one node owns each non-norm linear's frozen base GEMM: it adds "
                               "into the adapter's product (beta 1), dy is read once for dh and dB, pre-dropout is "

@@ -163,7 +163,8 @@ def _train(lora: dict, expect: str, iters: int = 12, recompute: dict | None = No
         assert wrapped and all(taken), (expect, taken)
 
     torch.manual_seed(11)  # the dropout draws: the same stream for every path
-    trainer = {"lora": lora, **({"recompute": recompute} if recompute else {})}
+    # every adapter on the compared path: fc1's not folded into the SwiGLU (its own tests: tests/test_lora_swiglu.py)
+    trainer = {"lora": {"fused_swiglu": False, **lora}, **({"recompute": recompute} if recompute else {})}
     return train_losses(tiny_cfg(trainer=trainer), iters, seed=3, check_model=check)
 
 

@@ -1,5 +1,5 @@
-"""fc1's adapter folded into the SwiGLU that reads its output (trainer.lora.fused_swiglu; off by default,
-null: wherever it applies).
+"""fc1's adapter folded into the SwiGLU that reads its output (trainer.lora.fused_swiglu; null, the
+default: wherever it applies; false: never).
 
 A dense gated-SiLU MLP computes act = swiglu(u) with u = fc1(x) = u_base + s h B^T (h = x A^T, the rank-sized
 adapter activation). Unfused, u is formed by an addmm over fc1's [tokens, 2 ffn] output (read u_base, write u) and

@@ -1,0 +1,76 @@
+"""Device memory per NCCL process group in one process (world size 1): what megatron's many groups cost.
+
+The trainer's process held ~8.9 GiB outside PyTorch's allocator on an H100 (bench/process_memory.py, 2026-12-05),
+while one NCCL rank with one all-reduce held ~0.55 GiB. megatron's initialize_model_parallel makes a dozen or more
+groups; with init_process_group(device_id=...) torch creates each NCCL communicator eagerly. This walks that:
+device used (cudaMemGetInfo, the whole GPU) after init and after each new group, eager (device_id) or lazy (an
+all-reduce per group), under the NCCL environment given. One JSON line per variant.
+
+    python3 bench/nccl_groups_memory.py [--groups 12]     # ~10 s a variant on an H100/H200
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+VARIANTS = {
+    "eager": {},
+    "lazy": {"PRIMUS_PROBE_LAZY": "1"},
+    "eager-nvls0-cumem0": {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"},
+    "eager-buffsize-1m-nchannels-2": {"NCCL_BUFFSIZE": "1048576", "NCCL_MAX_NCHANNELS": "2"},
+}
+
+
+def child(groups: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    gib = float(1 << 30)
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    used = lambda: round((lambda f, t: (t - f) / gib)(*torch.cuda.mem_get_info()), 3)  # noqa: E731
+    x = torch.ones(1024, device=dev)
+    steps = {"cuda context + 4 KiB": used()}
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29571")
+    lazy = bool(os.environ.get("PRIMUS_PROBE_LAZY"))
+    dist.init_process_group("nccl", rank=0, world_size=1, **({} if lazy else {"device_id": dev}))
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    steps["world + all_reduce"] = used()
+    for i in range(groups):
+        g = dist.new_group([0])
+        dist.all_reduce(x, group=g)
+        torch.cuda.synchronize()
+        steps[f"group {i + 1}"] = used()
+    dist.destroy_process_group()
+    first, last = steps["world + all_reduce"], steps[f"group {groups}"] if groups else steps["world + all_reduce"]
+    return {"steps": steps, "per_group_gib": round((last - first) / max(groups, 1), 3),
+            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "gpu": torch.cuda.get_device_name()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--child", action="store_true")
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.groups)))
+        return
+    for name, env in VARIANTS.items():
+        done = subprocess.run([sys.executable, __file__, "--child", "--groups", str(a.groups)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **env})
+        row = {"variant": name, "env": env}
+        try:
+            row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            row["error"] = (done.stderr or done.stdout)[-800:]
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
