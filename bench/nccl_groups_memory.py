@@ -1,12 +1,13 @@
 """Device memory per NCCL process group in one process (world size 1): what megatron's many groups cost.
 
 The trainer's process held ~8.9 GiB outside PyTorch's allocator on an H100 (bench/process_memory.py, 2026-12-05),
-while one NCCL rank with one all-reduce held ~0.55 GiB. megatron's initialize_model_parallel makes a dozen or more
-groups; with init_process_group(device_id=...) torch creates each NCCL communicator eagerly. This walks that:
-device used (cudaMemGetInfo, the whole GPU) after init and after each new group, eager (device_id) or lazy (an
-all-reduce per group), under the NCCL environment given. One JSON line per variant.
+while one NCCL rank with one all-reduce held ~0.55 GiB. megatron's initialize_model_parallel makes 20 groups at
+world size 1 (counted on CPU, megatron-core 0.16.1); with init_process_group(device_id=...) torch creates each NCCL
+communicator eagerly. This walks that: device used (cudaMemGetInfo, the whole GPU) after init and after each new
+group, eager (device_id) or lazy (an all-reduce per group), under the NCCL environment given. One JSON line a
+variant.
 
-    python3 bench/nccl_groups_memory.py [--groups 12]     # ~10 s a variant on an H100/H200
+    python3 bench/nccl_groups_memory.py [--groups 20]     # ~10 s a variant on an H100/H200 (not yet run)
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import sys
 VARIANTS = {
     "eager": {},
     "lazy": {"PRIMUS_PROBE_LAZY": "1"},
+    "eager-split-share": {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"},  # split children share the parent's buffers
     "eager-nvls0-cumem0": {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"},
     "eager-buffsize-1m-nchannels-2": {"NCCL_BUFFSIZE": "1048576", "NCCL_MAX_NCHANNELS": "2"},
 }
@@ -55,7 +57,7 @@ def child(groups: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
