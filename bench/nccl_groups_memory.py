@@ -8,6 +8,8 @@ group, eager (device_id) or lazy (an all-reduce per group), under the NCCL envir
 variant.
 
     python3 bench/nccl_groups_memory.py [--groups 20]     # ~10 s a variant on an H100/H200 (not yet run)
+    python3 bench/nccl_groups_memory.py --trainer         # + the real trainer (~40 s a variant, needs the stack):
+                                                          #   default, nccl_eager_init false, split-share resources
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ VARIANTS = {
     "eager-split-share": {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"},  # split children share the parent's buffers
     "eager-nvls0-cumem0": {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"},
     "eager-buffsize-1m-nchannels-2": {"NCCL_BUFFSIZE": "1048576", "NCCL_MAX_NCHANNELS": "2"},
+}
+
+# the real trainer (bench/process_memory.py's row, alone on the GPU): recipe --set lines and environment
+TRAINER_VARIANTS = {
+    "default (eager)": ((), {}),
+    "nccl_eager_init false": (("trainer.distributed.nccl_eager_init=false",), {}),
+    "eager, split-share": ((), {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}),
 }
 
 
@@ -59,6 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--child", action="store_true")
+    ap.add_argument("--trainer", action="store_true", help="then the trainer under each TRAINER_VARIANTS entry")
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.groups)))
@@ -72,6 +82,13 @@ def main() -> None:
         except (ValueError, IndexError):
             row["error"] = (done.stderr or done.stdout)[-800:]
         print(json.dumps(row), flush=True)
+    if a.trainer:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from process_memory import _trainer_row
+
+        for name, (sets, env) in TRAINER_VARIANTS.items():
+            print(json.dumps({"variant": f"trainer {name}", **_trainer_row(0.0, sets, env, f"trainer {name}")}),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -113,9 +113,11 @@ def main() -> int:
     return 0
 
 
-def _trainer_row(held: float) -> dict:
+def _trainer_row(held: float, extra_sets: tuple = (), extra_env: dict | None = None,
+                 label: str = "trainer (compare_realtext, 20 iterations)") -> dict:
     """The real trainer alone beside this process: recipes/compare_realtext.yaml on the GPU, 20 iterations, local
-    executor; its summary event's GPU used minus PyTorch reserved, less what this process holds (`held`)."""
+    executor; its summary event's GPU used minus PyTorch reserved, less what this process holds (`held`).
+    extra_sets / extra_env: the variant (bench/nccl_groups_memory.py --trainer)."""
     import subprocess
     import tempfile
 
@@ -124,17 +126,18 @@ def _trainer_row(held: float) -> dict:
     root = Path(__file__).resolve().parents[1]
     tmp = tempfile.mkdtemp(prefix="process-memory-")
     sets = ["trainer.distributed.device=cuda", "trainer.distributed.backend=nccl", "cluster.env_profile=h200",
-            f"cluster.python={sys.executable}", "trainer.schedule.train_iters=20", f"experiment.workspace={tmp}"]
+            f"cluster.python={sys.executable}", "trainer.schedule.train_iters=20", f"experiment.workspace={tmp}",
+            *extra_sets]
     cmd = [sys.executable, "-m", "primus_slurm", "submit", str(root / "recipes" / "compare_realtext.yaml"),
            "--executor", "local", "--follow", *[a for x in sets for a in ("--set", x)]]
-    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=f"{tmp}/state", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=f"{tmp}/state", HF_HUB_OFFLINE="1", **(extra_env or {}))
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=400)
     events = [e for p in Path(tmp).rglob("events.jsonl") for e in run_files.read_events(p)]
     summary = next((e for e in events if e.get("event") == "summary"), None)
     if not summary or "mem_device_used_gib" not in summary:
-        return {"stage": "trainer (compare_realtext, 20 iterations)", "error": (done.stderr or done.stdout)[-600:]}
+        return {"stage": label, "error": (done.stderr or done.stdout)[-600:]}
     outside = summary["mem_device_used_gib"] - summary["mem_reserved_gib"] - held
-    return {"stage": "trainer (compare_realtext, 20 iterations)", "device_used_gib": summary["mem_device_used_gib"],
+    return {"stage": label, "device_used_gib": summary["mem_device_used_gib"],
             "torch_reserved_gib": round(summary["mem_reserved_gib"], 3), "outside_torch_gib": round(outside, 3),
             "mem_peak_gib": summary.get("mem_peak_gib")}
 

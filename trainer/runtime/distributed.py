@@ -76,6 +76,12 @@ def resolve_backend(choice: str | None, device_type: str) -> str:
     return choice
 
 
+def init_kwargs(backend: str, device: torch.device, nccl_eager: bool) -> dict:
+    """init_process_group's device binding: NCCL bound to this rank's GPU (trainer.distributed.nccl_eager_init)
+    makes every communicator eagerly, each new group's too; unbound, a group's at its first collective."""
+    return {"device_id": device} if backend == "nccl" and nccl_eager else {}
+
+
 def seed_everything(seed: int, rank_offset: int = 0) -> None:
     random.seed(seed + rank_offset)
     np.random.seed((seed + rank_offset) % (2**32))
@@ -117,11 +123,8 @@ def init_distributed(cfg) -> DistInfo:
     backend = resolve_backend(dcfg.backend, device.type)
     timeout = datetime.timedelta(minutes=float(dcfg.timeout_minutes or 30))
     if not dist.is_initialized():
-        kwargs = {}
-        if backend == "nccl":
-            kwargs["device_id"] = device
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank,
-                                world_size=world_size, timeout=timeout, **kwargs)
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=timeout, **init_kwargs(backend, device, bool(dcfg.nccl_eager_init)))
 
     tp, pp = int(par.tensor), int(par.pipeline)
     cp, ep = int(par.context), int(par.expert)
