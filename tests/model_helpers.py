@@ -182,3 +182,30 @@ class FrozenLinear(torch.nn.Module):
 
     def forward(self, x):
         return torch.nn.functional.linear(x, self.weight), None
+
+
+def adapter_census(recipe: dict, targets, rows: int, seq: int) -> list[tuple[str, int, int]]:
+    """(target, last dim, bytes) of each per-token storage (leading dims = rows*seq tokens) autograd keeps in a module
+    named by `targets`, over one forward + backward of a packed batch of the real model built from `recipe`
+    (trainer.observability.saved_census: once per storage; A/B's own casts have no token dimension)."""
+    import math
+    import re
+
+    from trainer.model import build_model, forward_losses
+    from trainer.observability.saved_census import SavedTensorCensus
+
+    cfg = Config.from_dict(recipe)
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        batch = packed_batch(rows, seq, [30, 9, 21, 17], vocab=128, seed=0)
+        census = SavedTensorCensus(model, info.device)
+        census.start()
+        (forward_losses(model, batch) * batch["loss_mask"]).sum().backward()
+        census.close()
+    kept = []
+    for where, nbytes, desc in census.storages.values():
+        shape = [int(d) for d in re.findall(r"\d+", desc.split("[", 1)[1])]
+        leaf = where.rsplit(".", 1)[-1]
+        if leaf in targets and math.prod(shape[:-1]) == rows * seq:
+            kept.append((leaf, shape[-1], nbytes))
+    return kept

@@ -7,17 +7,13 @@ as well (norm-fed in FP8: 1.5 inputs) plus the dropout's 1.5: on the one-H200 70
 FP8) it planned block52 at 131.5 GiB and block60 at 116.8 (measured 125.3 and 111.5); now 126.1 and 112.8."""
 from __future__ import annotations
 
-import math
-import re
-
 import pytest
 
 from primus_contract.plan.memory import layer_activation_bytes
 from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
 from primus_slurm.config.recipe import deep_merge
 from primus_slurm.config.schema import apply_schema
-from tests.model_helpers import TINY, dist_session, packed_batch
-from trainer.config import Config
+from tests.model_helpers import TINY, adapter_census
 
 TARGETS = ("linear_qkv", "linear_proj", "linear_fc2")
 ROWS, SEQ = 2, 40  # 80 tokens: no other dimension of the tiny model is 80
@@ -32,23 +28,9 @@ def _recipe(fold: bool, fp8: bool = False) -> dict:
 
 def _census(r: dict) -> dict:
     """{target: [(width, bytes)]}: the per-token storages each target's adapter keeps (all layers)."""
-    from trainer.model import build_model, forward_losses
-    from trainer.observability.saved_census import SavedTensorCensus
-
-    cfg = Config.from_dict(r)
-    with dist_session(cfg) as info:
-        model = build_model(cfg, info.device)
-        batch = packed_batch(ROWS, SEQ, [30, 9, 21, 17], vocab=128, seed=0)
-        census = SavedTensorCensus(model, info.device)
-        census.start()
-        (forward_losses(model, batch) * batch["loss_mask"]).sum().backward()
-        census.close()
     kept = {t: [] for t in TARGETS}
-    for where, nbytes, desc in census.storages.values():
-        shape = [int(d) for d in re.findall(r"\d+", desc.split("[", 1)[1])]
-        leaf = where.rsplit(".", 1)[-1]
-        if leaf in kept and math.prod(shape[:-1]) == ROWS * SEQ:
-            kept[leaf].append((shape[-1], nbytes))
+    for leaf, width, nbytes in adapter_census(r, TARGETS, ROWS, SEQ):
+        kept[leaf].append((width, nbytes))
     return kept
 
 

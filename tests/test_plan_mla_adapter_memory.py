@@ -8,9 +8,6 @@ nothing there: LoRALinear.fused_norm is false), and both read the same tensor: t
 rank-sized h. The planner counted them as norm-fused: the input twice without the fold, not at all with it."""
 from __future__ import annotations
 
-import math
-import re
-
 import pytest
 
 from primus_contract.plan.adapter_passes import passes
@@ -18,8 +15,7 @@ from primus_contract.plan.memory import layer_activation_bytes
 from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
 from primus_slurm.config.recipe import deep_merge
 from primus_slurm.config.schema import apply_schema
-from tests.model_helpers import DEEPSEEK_MLA, TINY, dist_session, packed_batch
-from trainer.config import Config
+from tests.model_helpers import DEEPSEEK_MLA, TINY, adapter_census
 
 TARGETS = ("linear_q_proj", "linear_kv_down_proj")
 ROWS, SEQ = 2, 40  # 80 tokens: no other dimension of the tiny model is 80
@@ -33,23 +29,7 @@ def _recipe(fold: bool) -> dict:
 
 def _census(r: dict):
     """Per-token activation storages (leading dims = the tokens) the adapters on TARGETS keep, per layer."""
-    from trainer.model import build_model, forward_losses
-    from trainer.observability.saved_census import SavedTensorCensus
-
-    cfg = Config.from_dict(r)
-    with dist_session(cfg) as info:
-        model = build_model(cfg, info.device)
-        batch = packed_batch(ROWS, SEQ, [30, 9, 21, 17], vocab=128, seed=0)
-        census = SavedTensorCensus(model, info.device)
-        census.start()
-        (forward_losses(model, batch) * batch["loss_mask"]).sum().backward()
-        census.close()
-    kept = []
-    for where, nbytes, desc in census.storages.values():
-        shape = [int(d) for d in re.findall(r"\d+", desc.split("[", 1)[1])]
-        if where.rsplit(".", 1)[-1] in TARGETS and math.prod(shape[:-1]) == ROWS * SEQ:  # not A/B's bf16 casts
-            kept.append((where.rsplit(".", 1)[-1], shape[-1], nbytes))
-    return kept
+    return adapter_census(r, TARGETS, ROWS, SEQ)
 
 
 @pytest.mark.parametrize("fold", [False, True])
