@@ -14,8 +14,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   adapters keep their own inputs (the norm outputs, fc2's input) unless trainer.recompute.adapter_inputs folds or
   recomputes them (MLA's q_proj / q_down_proj and kv_down_proj read one output of a separate norm: kept once a
   layer, never folded; with LoRA pre-dropout an adapter keeps its dropped copy and bool mask instead of its
-  input: tests/test_plan_dropout_memory.py); MoE layers keep router probabilities, routed tokens and expert outputs. Sequence-dimension
-  tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
+  input: tests/test_plan_dropout_memory.py); MoE layers keep router probabilities, routed tokens and expert
+  outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
   keep nothing (their activations are in host memory), one layer's copy is in flight (offload.py). Pipeline stage 0 holds min(pp, micro-batches)
