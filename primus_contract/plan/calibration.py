@@ -7,11 +7,13 @@ from __future__ import annotations
 
 WORKSPACE_GIB = 0.1           # cuBLAS / TE workspaces
 FP8_WORKSPACE_GIB = 0.1       # FP8 scaling state and cast buffers
-ALLOCATOR_MARGIN = 0.09       # reserved above the allocator's peak: 70b-1gpu-block52 (planned 126.1) ran at 125.3 GiB,
-                              # block48-ai (planned 132.7) ran out of memory (2026-12-02_h200_70b_1gpu/70b1.jsonl); the
-                              # fit line sits between the two (128.3 planned on an H200), not at the OOM's edge: the
-                              # frontier searches block depth down to it (0.055 let block 49 at 131.1 fit; 0.09: 51)
-CONTEXT_GIB = 0.6             # CUDA context, NCCL buffers: outside the caching allocator
+ALLOCATOR_MARGIN = 0.02       # the allocator's reserve above its peak (fragmentation). With CONTEXT_GIB it puts the
+                              # H200's fit line at 128.4 GiB planned: between 70b-1gpu-block52 (planned 126.1, ran at
+                              # 125.3) and block48-ai (planned 132.7, out of memory; 2026-12-02_h200_70b_1gpu), not at
+                              # the OOM's edge (plan --frontier searches block depth down to it: block 51)
+CONTEXT_GIB = 9.4             # outside the caching allocator, per process: the CUDA context (0.51 GiB) and what the
+                              # trainer holds beyond it (8.88 GiB; one H100, world size 1, NCCL communicators made
+                              # eagerly: bench/results/2026-12-05_h100_swiglu_realtext/process_memory.jsonl)
 
 # --- fitted by scripts/plan_calibrate.py ---
 COST = {
