@@ -38,33 +38,26 @@ TRAINER_VARIANTS = {
 def child(groups: int) -> dict:
     import torch
     import torch.distributed as dist
+    from process_memory import _nccl, device_used_gib
 
-    gib = float(1 << 30)
     torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    used = lambda: round((lambda f, t: (t - f) / gib)(*torch.cuda.mem_get_info()), 3)  # noqa: E731
-    x = torch.ones(1024, device=dev)
-    steps = {"cuda context + 4 KiB": used()}
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29571")
-    lazy = bool(os.environ.get("PRIMUS_PROBE_LAZY"))
-    dist.init_process_group("nccl", rank=0, world_size=1, **({} if lazy else {"device_id": dev}))
-    dist.all_reduce(x)
-    torch.cuda.synchronize()
+    used = lambda: round(device_used_gib(), 3)  # noqa: E731
+    steps = {"cuda context": used()}
+    x = _nccl(eager=not os.environ.get("PRIMUS_PROBE_LAZY"))
     steps["world + all_reduce"] = used()
     for i in range(groups):
-        g = dist.new_group([0])
-        dist.all_reduce(x, group=g)
+        dist.all_reduce(x, group=dist.new_group([0]))
         torch.cuda.synchronize()
         steps[f"group {i + 1}"] = used()
     dist.destroy_process_group()
-    first, last = steps["world + all_reduce"], steps[f"group {groups}"] if groups else steps["world + all_reduce"]
+    first, last = steps["world + all_reduce"], list(steps.values())[-1]
     return {"steps": steps, "per_group_gib": round((last - first) / max(groups, 1), 3),
             "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "gpu": torch.cuda.get_device_name()}
 
 
 def main() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/process_memory.py's measurements
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--child", action="store_true")
@@ -83,7 +76,6 @@ def main() -> None:
             row["error"] = (done.stderr or done.stdout)[-800:]
         print(json.dumps(row), flush=True)
     if a.trainer:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from process_memory import _trainer_row
 
         for name, (sets, env) in TRAINER_VARIANTS.items():

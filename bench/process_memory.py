@@ -27,9 +27,14 @@ import torch  # noqa: E402
 GIB = 2**30
 
 
-def _row(stage: str, base: float, **extra) -> dict:
+def device_used_gib() -> float:
+    """The whole GPU's used memory (cudaMemGetInfo), every process's, in GiB."""
     free, total = torch.cuda.mem_get_info()
-    used, reserved = (total - free) / GIB, torch.cuda.memory_reserved() / GIB
+    return (total - free) / GIB
+
+
+def _row(stage: str, base: float, **extra) -> dict:
+    used, reserved = device_used_gib(), torch.cuda.memory_reserved() / GIB
     return {"stage": stage, "device_used_gib": round(used, 3), "torch_reserved_gib": round(reserved, 3),
             "outside_torch_gib": round(used - reserved - base, 3), **extra}
 
@@ -70,15 +75,18 @@ def _lora_kernel() -> None:
     torch.cuda.synchronize()
 
 
-def _nccl() -> None:
+def _nccl(eager: bool = True) -> torch.Tensor:
+    """A world of one on GPU 0 and one all-reduce; eager: bound to the GPU (device_id), as the trainer does by
+    default (trainer.distributed.nccl_eager_init). Returns the reduced tensor."""
     import torch.distributed as dist
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    dist.init_process_group("nccl", rank=0, world_size=1, **({"device_id": torch.device("cuda", 0)} if eager else {}))
     t = torch.ones(1 << 20, device="cuda")
     dist.all_reduce(t)
     torch.cuda.synchronize()
+    return t
 
 
 def main() -> int:
