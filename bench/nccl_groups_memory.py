@@ -7,9 +7,11 @@ communicator eagerly. This walks that: device used (cudaMemGetInfo, the whole GP
 group, eager (device_id) or lazy (an all-reduce per group), under the NCCL environment given. One JSON line a
 variant.
 
-    python3 bench/nccl_groups_memory.py [--groups 20]     # ~10 s a variant on an H100/H200 (not yet run)
+    python3 bench/nccl_groups_memory.py [--groups 20]     # ~10 s a variant on an H100
     python3 bench/nccl_groups_memory.py --trainer         # + the real trainer (~40 s a variant, needs the stack):
-                                                          #   default, nccl_eager_init false, split-share resources
+                                                          #   nccl_eager_init true / false, eager + split-share
+                                                          # (H100, 2026-12-05: 189 s in all; the results are in
+                                                          #  bench/results/2026-12-05c_h100_levers/nccl_groups.jsonl)
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ VARIANTS = {
 }
 
 # the real trainer (bench/process_memory.py's row, alone on the GPU): recipe --set lines and environment
-TRAINER_VARIANTS = {
-    "default (eager)": ((), {}),
+EAGER = ("trainer.distributed.nccl_eager_init=true",)
+TRAINER_VARIANTS = {  # the key is set both ways: its default went from true to false on 2026-12-05 (by these rows)
+    "nccl_eager_init true": (EAGER, {}),
     "nccl_eager_init false": (("trainer.distributed.nccl_eager_init=false",), {}),
-    "eager, split-share": ((), {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}),
+    "eager, split-share": (EAGER, {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}),
 }
 
 

@@ -70,6 +70,7 @@ KNOWN_MISSES = {
 # end of the backward; files added later, or not committed yet, ran the current code
 TRANSPOSES_RELEASED = 1796236901  # e87f5d3's commit time
 SWIGLU_AUTO = 1796477400  # trainer.lora.fused_swiglu null (wherever it applies) by default from here (2026-12-05)
+NCCL_LAZY = 1796484700  # trainer.distributed.nccl_eager_init false by default from here (after 23eecf0, 2026-12-05)
 
 
 @dataclass
@@ -160,8 +161,10 @@ def match(row: Row):
     nproc = int(d.get("nproc") or 1)
     if _added_before(row.file, SWIGLU_AUTO):  # measured when fused_swiglu was off by default
         era_overrides = ["trainer.lora.fused_swiglu=false", *era_overrides]
+    if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
+        era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [
-        "cluster.env_profile=h200", f"cluster.nproc_per_node={nproc}", f"cluster.gpus_per_node={nproc}",
+        f"cluster.env_profile={_gpu_profile(row.file)}", f"cluster.nproc_per_node={nproc}", f"cluster.gpus_per_node={nproc}",
         "trainer.distributed.device=cuda", "trainer.distributed.backend=nccl", "cluster.executor=local"]
     if d.get("docs") == "single":
         overrides.append("trainer.data.packing=false")
@@ -182,6 +185,12 @@ def match(row: Row):
 
 
 @functools.lru_cache(maxsize=None)
+def _gpu_profile(file: str) -> str:
+    """The env profile of the GPU a results file ran on: its directory or file name says `_h100` for an H100; every
+    other row ran on H200s."""
+    return "h100" if "_h100" in file.split("/")[0] else "h200"
+
+
 def _added_before(file: str, when: int) -> bool:
     """Whether git added bench/results/`file` before the unix time `when` (False: later, or not committed)."""
     out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%ct", "--", str(RESULTS / file)], cwd=ROOT,

@@ -76,8 +76,8 @@ def _lora_kernel() -> None:
 
 
 def _nccl(eager: bool = True) -> torch.Tensor:
-    """A world of one on GPU 0 and one all-reduce; eager: bound to the GPU (device_id), as the trainer does by
-    default (trainer.distributed.nccl_eager_init). Returns the reduced tensor."""
+    """A world of one on GPU 0 and one all-reduce; eager: bound to the GPU (device_id), as the trainer does with
+    trainer.distributed.nccl_eager_init true. Returns the reduced tensor."""
     import torch.distributed as dist
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

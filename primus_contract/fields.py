@@ -292,11 +292,12 @@ SCHEMA: dict = {
             "device": Field("str", "auto", choices=("auto", "cpu", "cuda")),
             "backend": Field("str", "auto", choices=("auto", "nccl", "gloo")),
             "timeout_minutes": Field("float", 30.0, min=0.05, max=1440),
-            # init_process_group(device_id=...): torch then makes each NCCL communicator when its group is made;
-            # megatron makes 20 groups (world size 1). false: a communicator at its group's first collective
-            "nccl_eager_init": Field("bool", True, help="make every NCCL communicator when its process group is "
-                                     "made (false: at the group's first collective; bench/nccl_groups_memory.py "
-                                     "measures the GPU memory each holds)"),
+            # true: init_process_group(device_id=...), and torch makes each NCCL communicator when its group is
+            # made (megatron makes 20 groups, world size 1: 8.9 GiB outside PyTorch on an H100). false (default):
+            # a communicator at its group's first collective (0.73 GiB; bench/results/2026-12-05c_h100_levers/)
+            "nccl_eager_init": Field("bool", False, help="make every NCCL communicator when its process group is "
+                                     "made (~0.4 GiB of GPU memory each, megatron makes ~20); false: at the "
+                                     "group's first collective (bench/nccl_groups_memory.py)"),
         },
     },
 }

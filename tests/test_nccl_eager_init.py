@@ -12,9 +12,11 @@ from trainer.config import Config
 from trainer.runtime.distributed import init_kwargs
 
 
-def test_the_key_defaults_to_eager_and_reaches_the_trainer_config():
-    on = Config.from_dict(apply_schema(deep_merge(TINY, {})))
-    off = Config.from_dict(apply_schema(deep_merge(TINY, {"trainer": {"distributed": {"nccl_eager_init": False}}})))
+def test_the_key_defaults_to_lazy_and_reaches_the_trainer_config():
+    """lazy by default: on an H100 the trainer held 8.88 GiB outside PyTorch eagerly, 0.73 lazily (world size 1,
+    bench/results/2026-12-05c_h100_levers/nccl_groups.jsonl)."""
+    off = Config.from_dict(apply_schema(deep_merge(TINY, {})))
+    on = Config.from_dict(apply_schema(deep_merge(TINY, {"trainer": {"distributed": {"nccl_eager_init": True}}})))
     assert on.trainer.distributed.nccl_eager_init is True and off.trainer.distributed.nccl_eager_init is False
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu, gpu_for
-from primus_contract.plan.memory import offloaded_bytes, peak_memory
+from primus_contract.plan.memory import offloaded_bytes, outside_torch_gib, peak_memory
 from primus_contract.plan.offload import PCIE_GB_S
 from primus_contract.plan.shapes import Layout, layout_of
 from primus_contract.plan.speed import precision_of, step_time
@@ -96,7 +96,8 @@ def plan(resolved: dict) -> Plan:
     margin = peak * cal.ALLOCATOR_MARGIN
     breakdown = dict(terms)
     breakdown["allocator margin"] = margin
-    breakdown["cuda context + nccl"] = cal.CONTEXT_GIB
+    outside = outside_torch_gib(resolved, lay)
+    breakdown["cuda context + nccl"] = outside
     parts = step_time(resolved, lay, gpu)
-    return Plan(lay, gpu, stage, breakdown, peak, peak + margin + cal.CONTEXT_GIB, sum(parts.values()), parts,
+    return Plan(lay, gpu, stage, breakdown, peak, peak + margin + outside, sum(parts.values()), parts,
                 precision, notes, on_cpu)

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 WORKSPACE_GIB = 0.1           # cuBLAS / TE workspaces
 FP8_WORKSPACE_GIB = 0.1       # FP8 scaling state and cast buffers
-ALLOCATOR_MARGIN = 0.02       # the allocator's reserve above its peak (fragmentation). With CONTEXT_GIB it puts the
-                              # H200's fit line at 128.4 GiB planned: between 70b-1gpu-block52 (planned 126.1, ran at
+ALLOCATOR_MARGIN = 0.02       # the allocator's reserve above its peak (fragmentation). With eager NCCL (below) it puts
+                              # the H200's fit line at 128.4 GiB planned: between 70b-1gpu-block52 (planned 126.1, ran at
                               # 125.3) and block48-ai (planned 132.7, out of memory; 2026-12-02_h200_70b_1gpu), not at
                               # the OOM's edge (plan --frontier searches block depth down to it: block 51)
-CONTEXT_GIB = 9.4             # outside the caching allocator, per process: the CUDA context (0.51 GiB) and what the
-                              # trainer holds beyond it (8.88 GiB; one H100, world size 1, NCCL communicators made
-                              # eagerly: bench/results/2026-12-05_h100_swiglu_realtext/process_memory.jsonl)
+# Outside the caching allocator, per process (GiB). What the trainer holds beyond PyTorch's reserve (its CUDA context
+# and NCCL's communicators), measured on one H100 at world size 1 by trainer.distributed.nccl_eager_init: eager, 20
+# megatron groups' communicators made at init; lazy (the default), none at world size 1
+# (bench/results/2026-12-05c_h100_levers/nccl_groups.jsonl).
+OUTSIDE_TORCH_GIB = {True: 8.88, False: 0.73}
+CONTEXT_HEADROOM_GIB = 0.51   # a CUDA context's worth once more: ALLOCATOR_MARGIN's fit line was set with it (eager)
+NCCL_FIRST_COMM_GIB = 0.66    # lazy, world size > 1: the first communicator a process makes (one all-reduce)
+NCCL_COMM_GIB = 0.38          # each further one (the same probe; NCCL's default buffers and channels)
 
 # --- fitted by scripts/plan_calibrate.py ---
 COST = {

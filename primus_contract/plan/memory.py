@@ -218,3 +218,23 @@ def offloaded_bytes(r: dict, lay: Layout) -> float:
         acts = layer_activation_bytes(m, t, lay, layer_linears_local(m, t["lora"], lay, layer), moe_layer(m, layer))
         total += sum(acts.values())
     return total
+
+
+def lazy_communicators(lay: Layout, cp: int) -> int:
+    """NCCL communicators a rank makes lazily (at their groups' first collectives) beyond the first, at world size
+    > 1: the data-parallel gradient reduction, TP's collectives, the pipeline's point-to-point pairs and embedding
+    group, CP's ring and its data-parallel group, the experts' all-to-all and theirs. An estimate: only world size 1
+    was measured (none there)."""
+    return (lay.dp > 1) + (lay.tp > 1) + 2 * (lay.pp > 1) + 2 * (cp > 1) + 2 * (lay.ep > 1)
+
+
+def outside_torch_gib(resolved: dict, lay: Layout) -> float:
+    """GiB a process holds outside PyTorch's caching allocator: the CUDA context and NCCL's communicators, eager
+    (trainer.distributed.nccl_eager_init: megatron's ~20 groups' made at init) or lazy (the default: none at world
+    size 1, then the first and each further one its groups use), plus a context's worth of headroom (calibration)."""
+    eager = bool(resolved["trainer"]["distributed"]["nccl_eager_init"])
+    gib = cal.OUTSIDE_TORCH_GIB[eager] + cal.CONTEXT_HEADROOM_GIB
+    if not eager and lay.world > 1:
+        cp = resolved["trainer"]["parallelism"]["context"]
+        gib += cal.NCCL_FIRST_COMM_GIB + cal.NCCL_COMM_GIB * lazy_communicators(lay, cp)
+    return gib
