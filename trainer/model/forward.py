@@ -4,10 +4,11 @@
 
 The batch (trainer.data.collate) has tokens/labels/loss_mask/position_ids [B, S] and cu_seqlens
 (int32 document boundaries over the flattened B*S tokens) + max_seqlen. With trainer.data.packing (the
-default) the model runs the packed THD layout: [B, S] is flattened to [1, B*S] and PackedSeqParams carries
-cu_seqlens, so no token attends across a document (or a micro-batch row) boundary. TE gets qkv_format="thd";
-the CPU / local path gets the same params and SDPACoreAttention masks block-diagonally. With packing false
-every row is one document and the model runs plain causal attention on [B, S] (no PackedSeqParams), which is
+default) a micro-batch with several documents in a row runs the packed THD layout: [B, S] is flattened to
+[1, B*S] and PackedSeqParams carries cu_seqlens, so no token attends across a document (or a micro-batch row)
+boundary. TE gets qkv_format="thd"; the CPU / local path gets the same params and SDPACoreAttention masks
+block-diagonally. A micro-batch of one-document rows (every row with packing false; with packing, where
+trainer.data.single_document_sbhd allows it) runs plain causal attention on [B, S] (no PackedSeqParams), which is
 exact there and what TE's FP8 attention needs. `model_inputs` (trainer/model/inputs.py) is the one preparation,
 also for callers that run the model themselves (trainer.step.pipeline).
 """

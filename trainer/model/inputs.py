@@ -1,28 +1,72 @@
 """GPTModel.forward kwargs for a collated batch, used by forward_losses and by trainer.step.pipeline's schedule,
-which runs the model itself. Two layouts, fixed at build by `trainer.data.packing` (`attention_layout`):
+which runs the model itself. Two layouts; the model is built for one of three values (`attention_layout`):
 
-* thd (packing true): [B, S] flattened to [1, B*S] with PackedSeqParams(qkv_format="thd") from cu_seqlens, so no
-  token attends across a document or a row (trainer/model/forward.py);
+* thd: [B, S] flattened to [1, B*S] with PackedSeqParams(qkv_format="thd") from cu_seqlens, so no token attends
+  across a document or a row (trainer/model/forward.py);
 * sbhd (packing false): every row is ONE document followed by padding (trainer.data.packing.one_per_bin; an
   mlperf_npy pack with several is refused at load, and `row_documents` is checked here). [B, S] as it is, no
-  PackedSeqParams: megatron's plain causal attention (TE's sbhd, or SDPACoreAttention's is_causal on CPU). Exact:
-  a real token sees only earlier tokens, all of its own document; the padding after it sees the document but is
-  loss-masked. RoPE positions are 0..S-1, the document's own. TE's FP8 attention takes this layout only.
+  PackedSeqParams: megatron's plain causal attention (TE's sbhd, or SDPACoreAttention's is_causal on CPU). TE's
+  FP8 attention takes this layout only;
+* auto (packing true, trainer.data.single_document_sbhd true, the default): each micro-batch is run sbhd when every
+  row holds at most one document (collate's `row_documents` <= 1), else thd (`batch_layout`). On an H100 the
+  Llama-3-8B LoRA shape with one document a row ran ~2 % faster sbhd (FP8 and BF16; bench/results).
+
+sbhd is exact for the real tokens. A one-document row is the document at 0..n-1 (collate's cu_seqlens start every
+row at 0), then from n on the padding (pad id, label ignored, loss_mask 0; trainer/data/dataset.py gives it its
+own cu_seqlens segment and position_ids restarting at 0). Causally a real token sees only earlier tokens, all of its
+own document, as in thd; the padding comes after them, so no real token sees it, and what it sees itself is
+loss-masked. RoPE: megatron's rotary embedding does not read position_ids (0..S-1 a row in sbhd, restarting at
+each cu_seqlens segment in thd), so either way the real tokens' positions are 0..n-1, the document's own
+position_ids; only the padding's differ (n..S-1 against 0..S-n-1), which no loss sees. MoE is dropless with no
+load-balancing loss (trainer.model.arch): a token's expert output depends on that token alone.
+
+auto stays thd where sbhd is not allowed: context parallelism > 1 (thd batches are what a CP split would take; the
+build refuses CP > 1 today), pipeline parallelism > 1 (trainer.step.pipeline sizes the p2p buffers of all the
+micro-batches of a step by the model's one layout: [B*S, 1] unless it is sbhd), a row of 2+ documents, a batch
+without `row_documents` (not from collate: it may be packed), and sequence parallelism where S is not divisible
+by tensor (sbhd splits each row's S over the TP ranks). The decision is a pure function of the model's config and
+the batch, so every rank of a tensor-parallel group takes the same one.
 """
 from __future__ import annotations
 
 import torch
 
-LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build
+LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build (trainer.model.levers)
 
 
 def attention_layout(cfg) -> str:
-    """'sbhd' when every row holds one document (trainer.data.packing false), else 'thd'."""
-    return "thd" if cfg.trainer.data.packing else "sbhd"
+    """The layout the model is built for: 'sbhd' with packing false (every row one document), 'auto' with packing
+    and trainer.data.single_document_sbhd true and neither context nor pipeline parallelism, else 'thd'."""
+    data, par = cfg.trainer.data, cfg.trainer.parallelism
+    if not data.packing:
+        return "sbhd"
+    if not data.single_document_sbhd or int(par.context) > 1 or int(par.pipeline) > 1:
+        return "thd"
+    return "auto"
 
 
 def layout_of(model) -> str:
     return getattr(model, LAYOUT_ATTR, "thd")
+
+
+def batch_layout(model, batch) -> str:
+    """'thd' or 'sbhd' for this micro-batch: the model's layout, or for 'auto' sbhd when every row holds at most one
+    document and nothing else needs thd (the module docstring)."""
+    layout = layout_of(model)
+    if layout != "auto":
+        return layout
+    docs = batch.get("row_documents")
+    if docs is None or int(docs) > 1:
+        return "thd"
+    config = getattr(model, "config", None)
+    if config is not None:
+        if (int(getattr(config, "context_parallel_size", 1)) > 1
+                or int(getattr(config, "pipeline_model_parallel_size", 1)) > 1):
+            return "thd"
+        tp = int(getattr(config, "tensor_model_parallel_size", 1))
+        if getattr(config, "sequence_parallel", False) and batch["tokens"].shape[1] % tp:
+            return "thd"
+    return "sbhd"
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device):
@@ -46,13 +90,14 @@ def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, dev
 
 
 def model_inputs(model, batch) -> dict:
-    """GPTModel.forward kwargs for a collated batch: THD-flattened [1, B*S] tokens/labels/positions
-    and PackedSeqParams. Every pipeline stage passes the same kwargs (only the first stage embeds the
-    tokens, only the last one uses the labels; every stage's attention needs cu_seqlens)."""
+    """GPTModel.forward kwargs for a collated batch in its `batch_layout`: sbhd (`one_document_rows`), or
+    THD-flattened [1, B*S] tokens/labels/positions and PackedSeqParams. Every pipeline stage passes the same kwargs
+    (only the first stage embeds the tokens, only the last one uses the labels; every stage's attention needs
+    cu_seqlens)."""
     tokens = batch["tokens"]
     b, s = tokens.shape
     device = next(model.parameters()).device
-    if layout_of(model) == "sbhd":
+    if batch_layout(model, batch) == "sbhd":
         return one_document_rows(batch, device)
     tokens = tokens.to(device, non_blocking=True).reshape(1, b * s)
     labels = batch["labels"].to(device, non_blocking=True).reshape(1, b * s)
@@ -74,7 +119,8 @@ def model_inputs(model, batch) -> dict:
 
 def one_document_rows(batch, device) -> dict:
     """GPTModel.forward kwargs of the sbhd layout: [B, S] rows of one document each, causal attention, no
-    PackedSeqParams."""
+    PackedSeqParams. A batch without `row_documents` is taken as one document a row (packing false only:
+    `batch_layout` runs such a batch thd under 'auto')."""
     docs = int(batch.get("row_documents", 1))
     if docs > 1:  # the layout would let a later document attend to an earlier one: never run it
         raise ValueError(f"trainer.data.packing is false (one document a row, plain causal attention), but a batch "
