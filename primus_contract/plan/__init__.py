@@ -71,6 +71,9 @@ def plan(resolved: dict) -> Plan:
     if gpu is None:
         notes.append(f"GPU unknown (cluster.env_profile {c['env_profile']}): memory not checked; speed as on an "
                      f"{GPUS[CALIBRATED_ON].name}")
+    elif gpu is not GPUS[CALIBRATED_ON] and gpu.hbm_fit_tb_s:
+        notes.append(f"speed scaled from the {GPUS[CALIBRATED_ON].name} calibration by vendor peak ratios, memory-"
+                     f"bound work by a bandwidth fitted on rows measured on an {gpu.name} (one shape: the 8B)")
     elif gpu is not GPUS[CALIBRATED_ON]:
         notes.append(f"speed scaled from the {GPUS[CALIBRATED_ON].name} calibration by vendor peak ratios "
                      f"(not measured on an {gpu.name})")

@@ -122,7 +122,7 @@ def _scale(name: str, gpu: Gpu | None) -> float:
     if gpu is None or gpu is ref:
         return 1.0
     if name == "adapter" or "elementwise" in name:
-        return ref.hbm_tb_s / gpu.hbm_tb_s
+        return ref.memory_bound_tb_s / gpu.memory_bound_tb_s
     if name.endswith("fp8") or name.endswith("fp8_param"):
         return ref.fp8_tflops / gpu.fp8_tflops
     if name == "tp_bytes":
