@@ -164,7 +164,8 @@ def match(row: Row):
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [
-        f"cluster.env_profile={_gpu_profile(row.file)}", f"cluster.nproc_per_node={nproc}", f"cluster.gpus_per_node={nproc}",
+        f"cluster.env_profile={_gpu_profile(row.file)}", f"cluster.nproc_per_node={nproc}",
+        f"cluster.gpus_per_node={nproc}",
         "trainer.distributed.device=cuda", "trainer.distributed.backend=nccl", "cluster.executor=local"]
     if d.get("docs") == "single":
         overrides.append("trainer.data.packing=false")
@@ -184,13 +185,13 @@ def match(row: Row):
     return r, what
 
 
-@functools.lru_cache(maxsize=None)
 def _gpu_profile(file: str) -> str:
     """The env profile of the GPU a results file ran on: its directory or file name says `_h100` for an H100; every
     other row ran on H200s."""
     return "h100" if "_h100" in file.split("/")[0] else "h200"
 
 
+@functools.lru_cache(maxsize=None)
 def _added_before(file: str, when: int) -> bool:
     """Whether git added bench/results/`file` before the unix time `when` (False: later, or not committed)."""
     out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%ct", "--", str(RESULTS / file)], cwd=ROOT,

@@ -149,7 +149,8 @@ SCHEMA: dict = {
             "packing": Field("bool", True),
             "single_document_sbhd": Field("bool", True, help="with packing, run a micro-batch whose rows hold one "
                                           "document each in plain causal sbhd attention instead of THD (exact; "
-                                          "~2 % faster on an H100; false: always THD)"),
+                                          "with LoRA dropout the masks fall on other tokens; ~2 % faster on an "
+                                          "H100; false: always THD)"),
             "pad_to_multiple_of": Field("int", 1, min=1, max=4096),
             "overlong": Field("str", "truncate", choices=("truncate", "drop")),
             "bad_records": Field("str", "error", choices=("error", "skip")),

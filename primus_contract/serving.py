@@ -20,5 +20,6 @@ def vllm_memory_fraction(free: float, total: float, ceiling: float = 0.9, spare:
     """vLLM's gpu_memory_utilization for a process that already holds part of the GPU: vLLM refuses to start unless
     that fraction of the whole GPU is free, and `generate` starts it after the adapter export built the megatron
     model in the same process (what lives outside PyTorch's allocator stays held: ~8.9 GiB a process on an H100 on
-    2026-12-05, so the default 0.9 of 79 GiB could not be free). What is free, less a spare, at most `ceiling`."""
+    2026-12-05 with NCCL's communicators made eagerly, the default then, so the default 0.9 of 79 GiB could not be
+    free; 0.73 GiB lazily). What is free, less a spare, at most `ceiling`."""
     return max(0.05, min(ceiling, free / total - spare))

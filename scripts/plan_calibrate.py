@@ -22,6 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import plan_rows  # noqa: E402
 from primus_contract.plan import calibration as cal  # noqa: E402
+from primus_contract.plan.gpus import CALIBRATED_ON  # noqa: E402
 from primus_contract.plan.shapes import layout_of  # noqa: E402
 from primus_contract.plan.speed import features  # noqa: E402
 
@@ -56,7 +57,7 @@ def calibration_rows(exclude=()) -> list:
         if any(fnmatch.fnmatch(row.file, p) for p in exclude) or row.oom or known:
             continue
         r, _ = plan_rows.match(row)
-        if r is not None:
+        if r is not None and r["cluster"]["env_profile"] == CALIBRATED_ON:  # the costs are the H200's
             out.append((row, r))
     return out
 

@@ -25,7 +25,8 @@ def test_the_set_is_vllms_own():
 
 def test_vllm_takes_what_the_process_left_free():
     """vLLM refuses to start unless gpu_memory_utilization x the GPU is free; the export before it in the same process
-    holds ~8.9 GiB outside the allocator (H100, 2026-12-05): the default 0.9 of 79 GiB could not be free."""
+    holds ~8.9 GiB outside the allocator (H100, 2026-12-05, NCCL eager, the default then): the default 0.9 of 79 GiB
+    could not be free."""
     assert vllm_memory_fraction(79.0, 79.2) == 0.9  # an empty GPU: vLLM's default
     share = vllm_memory_fraction(70.3, 79.2)
     assert share * 79.2 < 70.3 and share > 0.8

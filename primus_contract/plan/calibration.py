@@ -7,10 +7,11 @@ from __future__ import annotations
 
 WORKSPACE_GIB = 0.1           # cuBLAS / TE workspaces
 FP8_WORKSPACE_GIB = 0.1       # FP8 scaling state and cast buffers
-ALLOCATOR_MARGIN = 0.02       # the allocator's reserve above its peak (fragmentation). With eager NCCL (below) it puts
-                              # the H200's fit line at 128.4 GiB planned: between 70b-1gpu-block52 (planned 126.1, ran at
-                              # 125.3) and block48-ai (planned 132.7, out of memory; 2026-12-02_h200_70b_1gpu), not at
-                              # the OOM's edge (plan --frontier searches block depth down to it: block 51)
+ALLOCATOR_MARGIN = 0.02       # the allocator's reserve above its peak (fragmentation). With eager NCCL (below) it
+                              # puts the H200's fit line at 128.4 GiB planned: between 70b-1gpu-block52 (planned
+                              # 126.1, ran at 125.3) and block48-ai (planned 132.7, out of memory;
+                              # 2026-12-02_h200_70b_1gpu), not at the OOM's edge (plan --frontier: block 51). Lazily
+                              # (the default) the line is ~8 GiB higher: block 46 (not yet run)
 # Outside the caching allocator, per process (GiB). What the trainer holds beyond PyTorch's reserve (its CUDA context
 # and NCCL's communicators), measured on one H100 at world size 1 by trainer.distributed.nccl_eager_init: eager, 20
 # megatron groups' communicators made at init; lazy (the default), none at world size 1

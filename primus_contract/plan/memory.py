@@ -220,12 +220,15 @@ def offloaded_bytes(r: dict, lay: Layout) -> float:
     return total
 
 
-def lazy_communicators(lay: Layout, cp: int) -> int:
-    """NCCL communicators a rank makes lazily (at their groups' first collectives) beyond the first, at world size
-    > 1: the data-parallel gradient reduction, TP's collectives, the pipeline's point-to-point pairs and embedding
-    group, CP's ring and its data-parallel group, the experts' all-to-all and theirs. An estimate: only world size 1
-    was measured (none there)."""
-    return (lay.dp > 1) + (lay.tp > 1) + 2 * (lay.pp > 1) + 2 * (cp > 1) + 2 * (lay.ep > 1)
+def lazy_communicators(lay: Layout, t: dict) -> int:
+    """NCCL communicators a rank makes beyond its first (the world's) at world size > 1 with lazy init: the groups
+    trainer/runtime/nccl_groups.py makes before the model (data-parallel with CP, model-parallel, TP, CP, the experts'
+    gradient-norm group, expert dispatch, FP8's amax group) and the pipeline's two point-to-point pairs. Groups of
+    the same ranks are distinct communicators. An estimate: only world size 1 was measured (none there)."""
+    par, moe, fp8 = t["parallelism"], bool(t["model"]["num_moe_experts"]), bool(t["precision"]["fp8"])
+    tp, pp, cp, ep = lay.tp, lay.pp, par["context"], lay.ep
+    return ((lay.dp * cp > 1) + (tp * pp > 1) + (tp > 1) + (cp > 1) + (ep * pp > 1) + (moe and ep > 1)
+            + (fp8 and tp * lay.dp * cp > 1) + 2 * (pp > 1))
 
 
 def outside_torch_gib(resolved: dict, lay: Layout) -> float:
@@ -235,6 +238,5 @@ def outside_torch_gib(resolved: dict, lay: Layout) -> float:
     eager = bool(resolved["trainer"]["distributed"]["nccl_eager_init"])
     gib = cal.OUTSIDE_TORCH_GIB[eager] + cal.CONTEXT_HEADROOM_GIB
     if not eager and lay.world > 1:
-        cp = resolved["trainer"]["parallelism"]["context"]
-        gib += cal.NCCL_FIRST_COMM_GIB + cal.NCCL_COMM_GIB * lazy_communicators(lay, cp)
+        gib += cal.NCCL_FIRST_COMM_GIB + cal.NCCL_COMM_GIB * lazy_communicators(lay, resolved["trainer"])
     return gib

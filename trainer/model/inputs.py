@@ -11,7 +11,8 @@ which runs the model itself. Two layouts; the model is built for one of three va
   row holds at most one document (collate's `row_documents` <= 1), else thd (`batch_layout`). On an H100 the
   Llama-3-8B LoRA shape with one document a row ran ~2 % faster sbhd (FP8 and BF16; bench/results).
 
-sbhd is exact for the real tokens. A one-document row is the document at 0..n-1 (collate's cu_seqlens start every
+sbhd is exact for the real tokens (with LoRA dropout, equal in distribution: the same draws land on other
+tokens of the [S, B] order than of the [B*S] one; deterministic either way). A one-document row is the document at 0..n-1 (collate's cu_seqlens start every
 row at 0), then from n on the padding (pad id, label ignored, loss_mask 0; trainer/data/dataset.py gives it its
 own cu_seqlens segment and position_ids restarting at 0). Causally a real token sees only earlier tokens, all of its
 own document, as in thd; the padding comes after them, so no real token sees it, and what it sees itself is

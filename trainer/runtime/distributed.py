@@ -142,6 +142,11 @@ def init_distributed(cfg) -> DistInfo:
             distributed_timeout_minutes=float(dcfg.timeout_minutes or 30),
             create_gloo_process_groups=backend == "gloo",
         )
+    if backend == "nccl" and not dcfg.nccl_eager_init and world_size > 1:
+        from trainer.runtime.nccl_groups import make_used_communicators
+
+        make_used_communicators(device, moe=bool(cfg.trainer.model.num_moe_experts),
+                                fp8=bool(cfg.trainer.precision.fp8))
 
     pp_rank = ps.get_pipeline_model_parallel_rank()
     seed_streams(int(cfg.experiment.seed), pp_rank, ps.get_data_parallel_rank())

@@ -43,6 +43,8 @@ def _p2p_shape(micro_batches, layout: str) -> tuple[int, int]:
     if len(shapes) != 1:
         raise ValueError(f"pipeline parallelism needs equal-size micro-batches, got [B, S] in {sorted(shapes)}")
     b, s = shapes.pop()
+    if layout not in ("thd", "sbhd"):  # 'auto' picks per micro-batch: never with pipeline parallelism
+        raise ValueError(f"pipeline parallelism needs one attention layout for all micro-batches, got {layout!r}")
     return (s, b) if layout == "sbhd" else (b * s, 1)
 
 
