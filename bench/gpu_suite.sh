@@ -13,6 +13,7 @@
 #   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
 #                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
+#   bash bench/gpu_suite.sh adapter-gemms   each LoRA adapter product at the 8B widths against its memory bound (~20 s)
 #   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
 #                                     FP8 attention, FP8 delayed (and BF16), 3 interleaved repeats, ceiling x3, spread
 #   bash bench/gpu_suite.sh offload-70b   the 70B recipe (block 60) vs no recompute + activation offload, 3 x A B
@@ -163,6 +164,8 @@ case "${1:-}" in
       d="$W/$p/compare_realtext/20261205-000000-${pid}0"
       python3 bench/loss_match.py --a "${d}a" --b "${d}b" --spread "${d}c" --label "realtext-$p"
     done | tee -a "$OUT/swiglu-realtext.jsonl" ;;
+  adapter-gemms)  # issue 37: which of the adapters' skinny GEMMs is furthest from its bytes' bound (~20 s)
+    python3 bench/adapter_gemms.py 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/adapter-gemms.jsonl" ;;
   swiglu-profile)  # issue 37: why fused_swiglu gave nothing in FP8 single-document (2026-12-04, one run a cell): the
                    # FP8 default and fused_swiglu profiled over iterations 8-9 (profile-<label>.txt), ~2 min
     { for f in false true; do

@@ -1,0 +1,27 @@
+"""bench/adapter_gemms.py on CPU (tiny fp32 shapes): every adapter product of every linear is timed against the bytes
+it must move, and the iteration summary sums what the fused path runs. The GPU numbers are a device call's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_every_product_is_timed_and_summed():
+    out = subprocess.run([sys.executable, "bench/adapter_gemms.py", "--cpu"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    head, body, summary = rows[0], rows[1:-1], rows[-1]
+    assert head["copy_gb_s"] > 0 and head["tokens"] == 70
+    assert {(r["linear"], r["op"]) for r in body} == {
+        (lin, op) for lin in ("qkv", "proj", "fc1", "fc2")
+        for op in ("fwd_A", "fwd_B", "bwd_dh", "bwd_dB", "bwd_dual", "bwd_dA", "bwd_dx")}
+    fc2_dx = next(r for r in body if r["linear"] == "fc2" and r["op"] == "bwd_dx")
+    assert fc2_dx["bytes"] == 2 * 70 * 130 * 4  # dx [tokens, in] read and written, fp32
+    assert all(r["us"] > 0 and r["of_bound"] > 0 for r in body)
+    fused = sum(r["us"] for r in body if r["linear"] != "fc1" and r["op"] != "bwd_dual") * 32 / 1e3
+    assert abs(summary["fused_path_ms"] - fused) < 0.05 * fused + 0.02
