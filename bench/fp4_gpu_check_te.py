@@ -144,7 +144,8 @@ def mcore_gpt_te(quick: bool):
         model = build_model(cfg, torch.device("cuda"))
         res["uses_te"] = uses_te(model)
         perturb_adapters(model)
-        batch = {k: v.cuda() for k, v in packed_batch(2, 64, [50, 60, 14], vocab=128).items()}
+        batch = {k: v.cuda() if isinstance(v, torch.Tensor) else v  # max_seqlen is an int
+                 for k, v in packed_batch(2, 64, [50, 60, 14], vocab=128).items()}
         losses = []
         for _ in range(3):
             model.zero_grad(set_to_none=True)
