@@ -8,16 +8,16 @@ product of the fused path (trainer/model/lora/fused.py):
     fwd_A   h = x A^T                 reads x                fwd_B   out += h B^T      reads and writes out
     bwd_dh  dh = dy B                 reads dy               bwd_dB  dB = dy^T h       reads dy
     bwd_dual (dh, dB) in one kernel   reads dy once          bwd_dA  dA = dh^T x       reads x
-    bwd_dx  dx += dh A                reads and writes dx
+    bwd_dx  dx += dh A                reads and writes dx    *_triton  fwd_B / bwd_dx by the masked_product kernel
 
 one JSON line each: microseconds (median of --reps timings of --inner back-to-back calls, CUDA events), the bytes of
 its large operand(s), the bound at the bandwidth a device copy reaches here (first row), and `of_bound` (bound /
 measured: 1 is at the bound). A last row sums one iteration of the 8B (32 layers of the qkv, proj and fc2 adapters;
 fc1's runs inside fused_swiglu's activation kernel) as the fused path runs them (bwd_dh and bwd_dB apart), with
-bwd_dual instead, and the bound (dy read once).
+bwd_dual instead, with bwd_dual and the two *_triton products instead, and the bound (dy read once).
 
     python3 bench/adapter_gemms.py            # GPU, ~20 s
-    TRITON_INTERPRET=1 python3 bench/adapter_gemms.py --cpu     # tiny fp32 shapes: the script runs, no timing value
+    TRITON_INTERPRET=1 python3 bench/adapter_gemms.py --cpu     # tiny fp32 shapes in the interpreter: no timing value
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def copy_gb_s(dev: torch.device, n_bytes: int, reps: int, cuda: bool) -> float:
 
 def products(tokens: int, fin: int, fout: int, dtype, dev, kernels: bool) -> dict:
     """name -> (the call, the bytes of its large operands) for one adapter of width fin -> fout."""
-    from trainer.model.lora.kernels import dual_grad
+    from trainer.model.lora.kernels import dual_grad, masked_product
 
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -77,7 +77,7 @@ def products(tokens: int, fin: int, fout: int, dtype, dev, kernels: bool) -> dic
 
     x, dy, out, dx = rnd(tokens, fin), rnd(tokens, fout), rnd(tokens, fout), rnd(tokens, fin)
     a, b, h, dh = rnd(R, fin, s=0.01), rnd(fout, R, s=0.01), rnd(tokens, R), rnd(tokens, R)
-    e = x.element_size()
+    e, bt = x.element_size(), b.t().contiguous()
     return {
         "fwd_A": (lambda: x.mm(a.t()), tokens * fin * e),
         "fwd_B": (lambda: out.addmm_(h, b.t()), 2 * tokens * fout * e),
@@ -86,6 +86,10 @@ def products(tokens: int, fin: int, fout: int, dtype, dev, kernels: bool) -> dic
         "bwd_dual": (lambda: dual_grad(dy, b, h, 2.0, kernels=kernels), tokens * fout * e),
         "bwd_dA": (lambda: dh.t().mm(x), tokens * fin * e),
         "bwd_dx": (lambda: dx.addmm_(dh, a), 2 * tokens * fin * e),
+        # the same two rank-r updates by the masked_product kernel (no mask), which the fused path runs only with
+        # pre-dropout today: whether it beats cuBLAS's addmm_ where there is none
+        "fwd_B_triton": (lambda: masked_product(h, bt, None, 0.0, out, True, kernels=kernels), 2 * tokens * fout * e),
+        "bwd_dx_triton": (lambda: masked_product(dh, a, None, 0.0, dx, True, kernels=kernels), 2 * tokens * fin * e),
     }
 
 
@@ -94,16 +98,20 @@ def main() -> int:
     if not cpu and not torch.cuda.is_available():
         print(json.dumps({"bench": "adapter_gemms", "error": "no CUDA device"}))
         return 1
+    from trainer.model.lora.kernels import kernels_usable
+
     dev = torch.device("cpu" if cpu else "cuda")
     tokens, dtype, linears = (70, torch.float32, LINEARS_CPU) if cpu else (8192, torch.bfloat16, LINEARS_8B)
     reps, inner = (3, 2) if cpu else (20, 10)
     gb_s = copy_gb_s(dev, (1 << 20) if cpu else (1 << 30), reps, not cpu)
     print(json.dumps({"bench": "adapter_gemms", "device": torch.cuda.get_device_name() if not cpu else "cpu",
-                      "torch": torch.__version__, "tokens": tokens, "rank": R, "copy_gb_s": round(gb_s, 1)}))
-    per_iter = {"fused_path_ms": 0.0, "with_dual_ms": 0.0, "bound_ms": 0.0}
+                      "torch": torch.__version__, "tokens": tokens, "rank": R, "copy_gb_s": round(gb_s, 1),
+                      "triton_kernels": kernels_usable(dev, R, dtype)}))
+    per_iter = {"fused_path_ms": 0.0, "with_dual_ms": 0.0, "with_dual_and_triton_ms": 0.0, "bound_ms": 0.0}
     for name, (fin, fout) in linears.items():
         us, bound = {}, {}
-        for op, (fn, n_bytes) in products(tokens, fin, fout, dtype, dev, kernels=not cpu).items():
+        kernels = kernels_usable(dev, R, dtype)
+        for op, (fn, n_bytes) in products(tokens, fin, fout, dtype, dev, kernels).items():
             us[op], bound[op] = median_us(fn, reps, inner, not cpu), n_bytes / gb_s / 1e3
             print(json.dumps({"bench": "adapter_gemms", "linear": name, "in": fin, "out": fout, "op": op,
                               "us": round(us[op], 1), "bytes": n_bytes, "bound_us": round(bound[op], 1),
@@ -112,7 +120,10 @@ def main() -> int:
             continue
         path = sum(us[op] for op in FUSED_PATH)
         per_iter["fused_path_ms"] += path * LAYERS / 1e3
-        per_iter["with_dual_ms"] += (path - us["bwd_dh"] - us["bwd_dB"] + us["bwd_dual"]) * LAYERS / 1e3
+        dual = path - us["bwd_dh"] - us["bwd_dB"] + us["bwd_dual"]
+        per_iter["with_dual_ms"] += dual * LAYERS / 1e3
+        triton = dual - us["fwd_B"] - us["bwd_dx"] + us["fwd_B_triton"] + us["bwd_dx_triton"]
+        per_iter["with_dual_and_triton_ms"] += triton * LAYERS / 1e3
         per_iter["bound_ms"] += (sum(bound[op] for op in FUSED_PATH) - bound["bwd_dB"]) * LAYERS / 1e3
     print(json.dumps({"bench": "adapter_gemms", "summary": "one 8B iteration: the qkv, proj and fc2 adapters x 32",
                       **{k: round(v, 2) for k, v in per_iter.items()}}))
