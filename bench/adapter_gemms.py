@@ -8,13 +8,13 @@ product of the fused path (trainer/model/lora/fused.py):
     fwd_A   h = x A^T                 reads x                fwd_B   out += h B^T      reads and writes out
     bwd_dh  dh = dy B                 reads dy               bwd_dB  dB = dy^T h       reads dy
     bwd_dual (dh, dB) in one kernel   reads dy once          bwd_dA  dA = dh^T x       reads x
-    bwd_dx  dx += dh A                reads and writes dx    *_triton  fwd_B / bwd_dx by the masked_product kernel
+    bwd_dx  dx += dh A                reads and writes dx    *_triton  fwd_A, fwd_B, bwd_dA, bwd_dx by Triton kernels
 
 one JSON line each: microseconds (median of --reps timings of --inner back-to-back calls, CUDA events), the bytes of
 its large operand(s), the bound at the bandwidth a device copy reaches here (first row), and `of_bound` (bound /
 measured: 1 is at the bound). A last row sums one iteration of the 8B (32 layers of the qkv, proj and fc2 adapters;
 fc1's runs inside fused_swiglu's activation kernel) as the fused path runs them (bwd_dh and bwd_dB apart), with
-bwd_dual instead, with bwd_dual and the two *_triton products instead, and the bound (dy read once).
+bwd_dual instead, with bwd_dual and the four *_triton products instead, and the bound (dy read once).
 
     python3 bench/adapter_gemms.py            # GPU, ~20 s
     TRITON_INTERPRET=1 python3 bench/adapter_gemms.py --cpu     # tiny fp32 shapes in the interpreter: no timing value
@@ -68,7 +68,7 @@ def copy_gb_s(dev: torch.device, n_bytes: int, reps: int, cuda: bool) -> float:
 
 def products(tokens: int, fin: int, fout: int, dtype, dev, kernels: bool) -> dict:
     """name -> (the call, the bytes of its large operands) for one adapter of width fin -> fout."""
-    from trainer.model.lora.kernels import dual_grad, masked_product
+    from trainer.model.lora.kernels import down_product, dual_grad, masked_product, weight_grad
 
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -86,9 +86,12 @@ def products(tokens: int, fin: int, fout: int, dtype, dev, kernels: bool) -> dic
         "bwd_dual": (lambda: dual_grad(dy, b, h, 2.0, kernels=kernels), tokens * fout * e),
         "bwd_dA": (lambda: dh.t().mm(x), tokens * fin * e),
         "bwd_dx": (lambda: dx.addmm_(dh, a), 2 * tokens * fin * e),
-        # the same two rank-r updates by the masked_product kernel (no mask), which the fused path runs only with
-        # pre-dropout today: whether it beats cuBLAS's addmm_ where there is none
+        # Triton for the other four: fwd_A and bwd_dA by the candidate kernels down_product / weight_grad (nothing
+        # in training calls them yet), fwd_B and bwd_dx by masked_product without a mask (the fused path runs it
+        # only with pre-dropout today): whether they beat cuBLAS
+        "fwd_A_triton": (lambda: down_product(x, a, kernels=kernels), tokens * fin * e),
         "fwd_B_triton": (lambda: masked_product(h, bt, None, 0.0, out, True, kernels=kernels), 2 * tokens * fout * e),
+        "bwd_dA_triton": (lambda: weight_grad(dh, x, kernels=kernels), tokens * fin * e),
         "bwd_dx_triton": (lambda: masked_product(dh, a, None, 0.0, dx, True, kernels=kernels), 2 * tokens * fin * e),
     }
 
@@ -122,7 +125,7 @@ def main() -> int:
         per_iter["fused_path_ms"] += path * LAYERS / 1e3
         dual = path - us["bwd_dh"] - us["bwd_dB"] + us["bwd_dual"]
         per_iter["with_dual_ms"] += dual * LAYERS / 1e3
-        triton = dual - us["fwd_B"] - us["bwd_dx"] + us["fwd_B_triton"] + us["bwd_dx_triton"]
+        triton = dual + sum(us[f"{op}_triton"] - us[op] for op in ("fwd_A", "fwd_B", "bwd_dA", "bwd_dx"))
         per_iter["with_dual_and_triton_ms"] += triton * LAYERS / 1e3
         per_iter["bound_ms"] += (sum(bound[op] for op in FUSED_PATH) - bound["bwd_dB"]) * LAYERS / 1e3
     print(json.dumps({"bench": "adapter_gemms", "summary": "one 8B iteration: the qkv, proj and fc2 adapters x 32",

@@ -34,7 +34,7 @@ def _row(name: str, pairs: dict) -> dict:
 def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.dtype):
     from trainer.model.lora.drop import draw
     from trainer.model.lora.epilogue import epilogue_adapter
-    from trainer.model.lora.kernels import dual_grad, masked_product
+    from trainer.model.lora.kernels import down_product, dual_grad, masked_product, weight_grad
     from trainer.model.lora.swiglu import swiglu_lora
 
     g = torch.Generator(device=dev).manual_seed(0)
@@ -47,6 +47,9 @@ def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.d
         yield _row(f"dual_grad n{n}", dict(zip(("dh", "dB"), zip(dual_grad(dy, b, h, 2.0, kernels=True),
                                                                   dual_grad(dy, b, h, 2.0)))))
         dh, a, dx = rnd(tokens, R), rnd(R, n, s=0.1), rnd(tokens, n)
+        x, a32 = rnd(tokens, n), rnd(R, n, s=0.1).float()  # the candidates of bench/adapter_gemms.py
+        yield _row(f"down_product n{n}", {"h": (down_product(x, a32, kernels=True), down_product(x, a32))})
+        yield _row(f"weight_grad n{n}", {"dA": (weight_grad(dh, x, kernels=True), weight_grad(dh, x))})
         keep = draw(rnd(tokens, n), 0.1)[1]
         yield _row(f"masked_product n{n}", {
             "write": (masked_product(dh, a, keep, 0.1, kernels=True), masked_product(dh, a, keep, 0.1)),

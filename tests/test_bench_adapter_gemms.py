@@ -19,8 +19,8 @@ def test_every_product_is_timed_and_summed():
     assert head["copy_gb_s"] > 0 and head["tokens"] == 70 and head["triton_kernels"] is True  # the interpreter
     assert {(r["linear"], r["op"]) for r in body} == {
         (lin, op) for lin in ("qkv", "proj", "fc1", "fc2")
-        for op in ("fwd_A", "fwd_B", "bwd_dh", "bwd_dB", "bwd_dual", "bwd_dA", "bwd_dx", "fwd_B_triton",
-                   "bwd_dx_triton")}
+        for op in ("fwd_A", "fwd_B", "bwd_dh", "bwd_dB", "bwd_dual", "bwd_dA", "bwd_dx", "fwd_A_triton",
+                   "fwd_B_triton", "bwd_dA_triton", "bwd_dx_triton")}
     fc2_dx = next(r for r in body if r["linear"] == "fc2" and r["op"] == "bwd_dx")
     assert fc2_dx["bytes"] == 2 * 70 * 130 * 4  # dx [tokens, in] read and written, fp32
     assert all(r["us"] > 0 and r["bytes"] > 0 and r["of_bound"] >= 0 for r in body)  # (interpreted kernels: ~0)

@@ -2,6 +2,13 @@
 
     dh, db = dual_grad(dy, b, h, s)              # dh = s dy B, dB = s dy^T h: dy [tokens, out] read ONCE
     out = masked_product(dh, a, keep, p, out)    # (dh A) * keep, written into `out` or added to it (accumulate=True)
+    h = down_product(x, a)                       # x A^T: x [tokens, in] read once, h [tokens, r]
+    da = weight_grad(dh, x)                      # dh^T x in fp32: x read once, split over tokens, no atomics
+
+down_product and weight_grad are candidates for the fused path's fwd_A and bwd_dA (cuBLAS's skinny GEMMs there sat
+far from their bytes' bound in the 2026-12-05 profile); bench/adapter_gemms.py times them against cuBLAS, and
+nothing in training calls them until it shows they pay. weight_grad sums its token splits' fp32 partials with torch
+(a fixed order: deterministic, unlike dual_grad's atomic dB).
 
 dual_grad: one program per block of token rows streams its rows of dy once, in column blocks: each block feeds both
 products (dh's rows accumulate in registers; dB's partial sums go to an fp32 buffer by atomic adds, so dB's summation
@@ -93,6 +100,40 @@ if triton is not None:
 
 
 _BT, _BN = 64, 64
+_SPLIT_ROWS = 1024  # weight_grad: the token rows one program sums (8192 tokens: 8 splits per column block)
+
+if triton is not None:
+    @triton.jit
+    def _down_kernel(x_ptr, a_ptr, h_ptr, T, K, R, sx, sa, sh, BT: tl.constexpr, BK: tl.constexpr,
+                     RP: tl.constexpr):
+        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rk = tl.arange(0, RP)
+        mt, mk = rt < T, rk < R
+        acc = tl.zeros((BT, RP), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            rc = k0 + tl.arange(0, BK)
+            mc = rc < K
+            x = tl.load(x_ptr + rt[:, None] * sx + rc[None, :], mask=mt[:, None] & mc[None, :], other=0.0)
+            a = tl.load(a_ptr + rk[:, None] * sa + rc[None, :], mask=mk[:, None] & mc[None, :], other=0.0)
+            acc += tl.dot(x, tl.trans(a).to(x.dtype))
+        tl.store(h_ptr + rt[:, None] * sh + rk[None, :], acc.to(h_ptr.dtype.element_ty),
+                 mask=mt[:, None] & mk[None, :])
+
+    @triton.jit
+    def _wgrad_kernel(dh_ptr, x_ptr, p_ptr, T, K, R, sdh, sx, ROWS, BT: tl.constexpr, BK: tl.constexpr,
+                      RP: tl.constexpr):
+        rc = tl.program_id(0) * BK + tl.arange(0, BK)
+        split = tl.program_id(1)
+        rk = tl.arange(0, RP)
+        mc, mk = rc < K, rk < R
+        acc = tl.zeros((RP, BK), dtype=tl.float32)
+        for t0 in range(split * ROWS, tl.minimum(split * ROWS + ROWS, T), BT):
+            rt = t0 + tl.arange(0, BT)
+            mt = rt < T
+            dh = tl.load(dh_ptr + rt[:, None] * sdh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            x = tl.load(x_ptr + rt[:, None] * sx + rc[None, :], mask=mt[:, None] & mc[None, :], other=0.0)
+            acc += tl.dot(tl.trans(dh), x)
+        tl.store(p_ptr + split * R * K + rk[:, None] * K + rc[None, :], acc, mask=mk[:, None] & mc[None, :])
 
 
 def dual_grad(dy: torch.Tensor, b: torch.Tensor, h: torch.Tensor, scale: float, kernels: bool = False):
@@ -130,3 +171,30 @@ def masked_product(dh: torch.Tensor, a: torch.Tensor, keep, p: float, out: torch
                          keep_scale(keep, p) if keep is not None else 1.0, HAS_KEEP=keep is not None,
                          ACC=accumulate, BT=_BT, BK=_BN, RP=rank_block(dh.shape[1]))
     return out
+
+
+def down_product(x: torch.Tensor, a: torch.Tensor, kernels: bool = False) -> torch.Tensor:
+    """h = x A^T for x [T, K], a [R, K] (A may be fp32: cast to x's dtype, as the autocast path does)."""
+    if not kernels:
+        return x.mm(a.to(x.dtype).t())
+    x, a = x.contiguous(), a.contiguous()
+    t, k = x.shape
+    h = torch.empty(t, a.shape[0], dtype=x.dtype, device=x.device)
+    _down_kernel[(triton.cdiv(t, _BT),)](x, a, h, t, k, a.shape[0], x.stride(0), a.stride(0), h.stride(0),
+                                         BT=_BT, BK=_BN, RP=rank_block(a.shape[0]))
+    return h
+
+
+def weight_grad(dh: torch.Tensor, x: torch.Tensor, kernels: bool = False) -> torch.Tensor:
+    """dA = dh^T x in fp32 for dh [T, R], x [T, K]: per column block, token splits of _SPLIT_ROWS rows each write an
+    fp32 partial; torch sums the partials (a fixed order)."""
+    if not kernels:
+        return dh.t().mm(x).float()
+    dh, x = dh.contiguous(), x.contiguous()
+    t, k = x.shape
+    r = dh.shape[1]
+    splits = triton.cdiv(t, _SPLIT_ROWS)
+    parts = torch.empty(splits, r, k, dtype=torch.float32, device=x.device)
+    _wgrad_kernel[(triton.cdiv(k, _BN), splits)](dh, x, parts, t, k, r, dh.stride(0), x.stride(0), _SPLIT_ROWS,
+                                                 BT=_BT, BK=_BN, RP=rank_block(r))
+    return parts.sum(0)
