@@ -28,6 +28,8 @@ import contextlib
 import os
 import random
 import socket
+import subprocess
+import sys
 
 import torch
 
@@ -209,3 +211,11 @@ def adapter_census(recipe: dict, targets, rows: int, seq: int) -> list[tuple[str
         if leaf in targets and math.prod(shape[:-1]) == rows * seq:
             kept.append((leaf, shape[-1], nbytes))
     return kept
+
+
+def interpreted(*args: str, timeout: float = 600):
+    """`python ARGS` from the repository root under Triton's CPU interpreter (TRITON_INTERPRET=1): the kernels'
+    CPU tests, in a process of their own (the variable is read when Triton is imported)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, *args], cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=timeout)

@@ -3,16 +3,12 @@ it must move, and the iteration summary sums what the fused path runs. The GPU n
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from conftest import ROOT
+from tests.model_helpers import interpreted
 
 
 def test_every_product_is_timed_and_summed():
-    out = subprocess.run([sys.executable, "bench/adapter_gemms.py", "--cpu"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    out = interpreted("bench/adapter_gemms.py", "--cpu", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
     head, body, summary = rows[0], rows[1:-1], rows[-1]

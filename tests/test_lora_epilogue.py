@@ -2,9 +2,6 @@
 against the unfused adapter path: the same outputs and gradients of A, B and the input; dropout from the same RNG
 state draws the same mask; a tiny model trains to the same losses. The Triton rank-r kernels (dy read once for dh
 and dB; the masked dh A) run in Triton's CPU interpreter against the torch ops they replace."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,13 +9,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.model_helpers import FrozenLinear, tiny_cfg, train_losses
+from tests.model_helpers import FrozenLinear, interpreted, tiny_cfg, train_losses
 from trainer.model.lora.drop import draw, undrop
 from trainer.model.lora.epilogue import epilogue_adapter
 from trainer.model.lora.fused import fused_adapter
 from trainer.model.lora.inputs import gated_silu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 P = 0.1
 
 
@@ -150,8 +146,7 @@ KERNELS = textwrap.dedent("""
 
 def test_kernels_match_the_torch_ops_in_the_interpreter():
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", KERNELS], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
+    done = interpreted("-c", KERNELS)
     assert done.returncode == 0 and "kernels ok" in done.stdout, done.stderr[-3000:]
 
 
@@ -246,8 +241,7 @@ def test_the_build_line_counts_the_linears_on_the_path():
 def test_the_device_calls_kernel_check_runs_on_cpu():
     """bench/kernel_check.py is the first thing the prepared device call runs: its own logic, checked here."""
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench/kernel_check.py"), "--cpu"], cwd=ROOT,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    done = interpreted("bench/kernel_check.py", "--cpu")
     rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and len(rows) == 11 and all('"ok": true' in r for r in rows), done.stdout + done.stderr[-2000:]
 

@@ -5,14 +5,12 @@ megatron's swiglu): the same activation and the same gradients of u_base, h and 
 in the kernel's fp32 registers). On CPU the model path uses those unfused ops, so a model trained with the wiring
 matches one trained without it bit for bit."""
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from tests.model_helpers import tiny_cfg, train_losses
+from tests.model_helpers import interpreted, tiny_cfg, train_losses
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -39,10 +37,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_kernels_match_the_unfused_ops_in_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = interpreted("-c", SCRIPT)
     assert done.returncode == 0 and "kernels ok" in done.stdout, done.stderr[-3000:]
 
 
@@ -66,9 +61,7 @@ def test_wired_model_with_the_kernels_trains_as_the_unfused_one():
               "calls = []; launch = m._launch\n"
               "m._launch = lambda *a, **k: calls.append(a[0]) or launch(*a, **k)\n"
               "print('LOSSES', json.dumps([_train(False), _train(True), len(calls)]))")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", script], cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=900)
+    done = interpreted("-c", script, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
@@ -107,9 +100,7 @@ def test_fp8_store_kernels_keep_fc1_output_in_fp8():
     """With precision.fp8_swiglu_input the kernels keep u_base as FP8 e4m3 (megatron's plain cast) and add s h B^T
     back exactly in backward: the forward is unchanged, the gradients are those at the FP8 copy (interpreter)."""
     pytest.importorskip("triton")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", FP8_STORE], cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
+    done = interpreted("-c", FP8_STORE)
     assert done.returncode == 0 and "fp8 store ok" in done.stdout, done.stderr[-3000:]
 
 

@@ -3,13 +3,9 @@ fixed order) in Triton's interpreter against the torch ops: ragged token and col
 tile, more than one token split. The GPU timing against cuBLAS is bench/adapter_gemms.py's."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from conftest import ROOT
+from tests.model_helpers import interpreted
 
 SCRIPT = r"""
 import torch
@@ -29,6 +25,5 @@ print("x-side kernels ok")
 
 def test_down_product_and_weight_grad_match_the_torch_ops():
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
+    done = interpreted("-c", SCRIPT)
     assert done.returncode == 0 and "x-side kernels ok" in done.stdout, done.stderr[-3000:]
