@@ -8,7 +8,7 @@
 #   bash bench/gpu_suite.sh fused-packed   ours packed unfused vs fused, FP8 fused + norm folded, fused FP8 profile
 #   bash bench/gpu_suite.sh swiglu    trainer.lora.fused_swiglu vs the default, single + packed, BF16/FP8, anchor + ceiling,
 #                                     3 interleaved repeats (bench/interleaved.py), spread + verdicts (bench/spread.py)
-#   bash bench/gpu_suite.sh epilogue  the same with trainer.lora.epilogue as a third variant (bench/README.md)
+#   bash bench/gpu_suite.sh epilogue  the ladder: both off, fused_swiglu alone, the defaults today (bench/README.md)
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
 #   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
 #                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
@@ -73,7 +73,7 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
     budget=$(( end - $(date +%s) ))
     timeout $(( budget / 4 )) python3 .gpu/bin/anchor_mcore_te.py "${anchor[@]}"
     timeout $(( budget * 7 / 20 )) python3 bench/lora_ceiling.py "${ceiling[@]}"
-    weights=(${SHARES:-3 2}); i=0  # BF16 runs every variant; FP8 one fewer (the contract refuses the epilogue)
+    weights=(${SHARES:-3 2}); i=0  # BF16 gets 3 parts of the time, FP8 2
     for p in "${precs[@]}"; do
       set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
       wsum=0; for w in "${weights[@]:i:${#precs[@]}-i}"; do wsum=$((wsum + w)); done
@@ -139,11 +139,14 @@ case "${1:-}" in
   swiglu)  # issue 37 item 1: trainer.lora.fused_swiglu against it off, interleaved (see interleaved_call); `default`
            # is fused_swiglu off, what the default was when these cells were first measured (on by default since
            # 2026-12-05), so the labels and verdicts read as in bench/results/2026-12-05_h200_speed
-    interleaved_call swiglu --variant default=trainer.lora.fused_swiglu=false --variant swiglu= ;;
-  epilogue)  # issue 37: the default against trainer.lora.fused_swiglu and trainer.lora.epilogue (BF16 only: the
-             # contract refuses it with FP8, one error row says so), interleaved (see interleaved_call)
-    interleaved_call epilogue --variant default=trainer.lora.fused_swiglu=false --variant swiglu= \
-      --variant epilogue=trainer.lora.epilogue=true,trainer.lora.fused_swiglu=false ${EXTRA_VARIANTS:-} ;;
+    interleaved_call swiglu --variant default=trainer.lora.fused_swiglu=false,trainer.lora.epilogue=false \
+      --variant swiglu=trainer.lora.epilogue=false ;;
+  epilogue)  # issue 37: the levers' ladder, interleaved (see interleaved_call): `default` (fused_swiglu and the
+             # epilogue off: the default when these cells were first measured), `swiglu` (fused_swiglu alone: the
+             # default from 2026-12-05 until the epilogue's auto), `ours` (the recipe's defaults today: in BF16 on an
+             # NVIDIA GPU fused_swiglu + the epilogue; in FP8 the epilogue stays off, so ours = swiglu there)
+    interleaved_call epilogue --variant default=trainer.lora.fused_swiglu=false,trainer.lora.epilogue=false \
+      --variant swiglu=trainer.lora.epilogue=false --variant ours= ${EXTRA_VARIANTS:-} ;;
   swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default: recipes/compare_realtext.yaml (200
                     # iterations, real English text) per precision (PRECISIONS, default "bf16 fp8") three runs side by
                     # side: the default (a), fused_swiglu (b), the default with another seed (spread); bench/loss_match.py

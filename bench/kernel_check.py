@@ -2,6 +2,8 @@
 per check (max error relative to the reference's largest value, the tolerance, ok). The CPU tests run the same
 kernels in Triton's interpreter only; this is the first thing a device call runs before timing them. On the GPU a
 last row times torch's F.rms_norm against TE's RMSNorm (the question before an epilogue for the norm-fed linears).
+The chunked loss's CE passes (trainer/model/ce_kernel.py) are checked on one chunk of the 8B's loss (523 rows of the
+128256 vocabulary) against the torch path, and on the GPU a row times that chunk both ways (CUDA events).
 
     python3 bench/kernel_check.py            # GPU; ~20 s with the Triton compiles
     TRITON_INTERPRET=1 python3 bench/kernel_check.py --cpu    # the script itself, tiny fp32 shapes, on CPU
@@ -20,6 +22,8 @@ R = 16
 TOL = 2e-2  # bf16 inputs, fp32 accumulation on both sides: rounding of the bf16 results
 GPU_SHAPE = dict(tokens=8192, hidden=4096, ffn=14336, dtype=torch.bfloat16)
 CPU_SHAPE = dict(tokens=70, hidden=40, ffn=130, dtype=torch.float32)
+CE_GPU = dict(rows=523, vocab=128256, hidden=4096)  # one chunk of the 8B's loss: CHUNK_BYTES of fp32 logits
+CE_CPU = dict(rows=37, vocab=300, hidden=40)
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -81,6 +85,58 @@ def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.d
     yield _row("epilogue fc2 dropout 0.1", dict(zip(("y", "dx", "dA", "dB"), zip(*outs))))
 
 
+def _ce_inputs(dev: torch.device, rows: int, vocab: int, hidden: int, dtype: torch.dtype):
+    g = torch.Generator(device=dev).manual_seed(1)
+    h = torch.randn(rows, 1, hidden, generator=g, device=dev).to(dtype)
+    w = (torch.randn(vocab, hidden, generator=g, device=dev) * 0.02).to(dtype)
+    return h, w, torch.randint(0, vocab, (rows, 1), generator=g, device=dev)
+
+
+def _ce(kernel: bool, h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor):
+    """(per-token loss, dCE/dh) of one chunk through chunked_output_loss (TP 1)."""
+    from trainer.model.chunked_loss import chunked_output_loss
+
+    x = h.detach().requires_grad_(True)
+    loss = chunked_output_loss(x, w, labels, False, kernel=kernel)
+    loss.backward(torch.ones_like(loss))
+    return loss.detach(), x.grad
+
+
+def ce_check(dev: torch.device, rows: int, vocab: int, hidden: int, dtype: torch.dtype) -> dict:
+    """The CE kernel path against the torch path on one chunk; not ok where the kernel would not run here."""
+    from trainer.model.ce_kernel import ce_kernel_usable
+
+    args = _ce_inputs(dev, rows, vocab, hidden, dtype)
+    (loss_k, grad_k), (loss_t, grad_t) = _ce(True, *args), _ce(False, *args)
+    row = _row(f"chunked CE rows{rows} vocab{vocab}", {"loss": (loss_k, loss_t), "dh": (grad_k, grad_t)})
+    row["kernel_ran"] = ce_kernel_usable(dev, dtype)
+    row["ok"] = row["ok"] and row["kernel_ran"]
+    return row
+
+
+def ce_timing(rows: int, vocab: int, hidden: int) -> dict:
+    """One chunk's output GEMM + CE + gradient GEMM, torch path vs kernel path, and the two GEMMs alone: ms each
+    (CUDA events, median of 20 after 5 warm-ups). The 8B iteration runs 16 such chunks."""
+    h, w, labels = _ce_inputs(torch.device("cuda"), rows, vocab, hidden, torch.bfloat16)
+
+    def ms(fn) -> float:
+        out = []
+        for i in range(25):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            if i >= 5:
+                out.append(start.elapsed_time(end))
+        return round(sorted(out)[len(out) // 2], 3)
+
+    hh = h.view(rows, hidden)
+    return {"bench": "ce_timing", "rows": rows, "vocab": vocab, "hidden": hidden,
+            "torch_ms": ms(lambda: _ce(False, h, w, labels)), "kernel_ms": ms(lambda: _ce(True, h, w, labels)),
+            "gemms_ms": ms(lambda: torch.nn.functional.linear(hh, w) @ w)}
+
+
 def rmsnorm_timing(tokens: int, hidden: int) -> dict:
     """The next lever's question (the epilogue for the norm-fed qkv/fc1 would own their RMSNorm): torch's
     F.rms_norm against TE's RMSNorm, forward + backward at [tokens, hidden] BF16, ms each (median of 20)."""
@@ -122,7 +178,12 @@ def main() -> int:
     for row in checks(torch.device("cpu" if cpu else "cuda"), **(CPU_SHAPE if cpu else GPU_SHAPE)):
         bad += not row["ok"]
         print(json.dumps(row), flush=True)
+    row = ce_check(torch.device("cpu" if cpu else "cuda"), **(CE_CPU if cpu else CE_GPU),
+                   dtype=(CPU_SHAPE if cpu else GPU_SHAPE)["dtype"])
+    bad += not row["ok"]
+    print(json.dumps(row), flush=True)
     if not cpu:
+        print(json.dumps(ce_timing(**CE_GPU)), flush=True)
         print(json.dumps(rmsnorm_timing(GPU_SHAPE["tokens"], GPU_SHAPE["hidden"])), flush=True)
     return 1 if bad else 0
 

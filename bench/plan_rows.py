@@ -47,6 +47,8 @@ ERAS = [
     ("2026-11-30_s5_h200x2/*", "fifth session: the 70B recipe had delayed scaling",
      ["trainer.precision.fp8_recipe=delayed"]),
     ("2026-11-30_h200_*", *FIRST),
+    ("2026-12-05d_h100_speed/epilogue-swiglu-profile.jsonl", "under torch.profiler over iterations 8-9: the packed "
+     "run's 12,507 tokens/s holds the profiler's cost (the same code ran 14,894 unprofiled): not a speed row", None),
 ]
 # matched rows the plan misses, each with what is known (tests/test_plan_accuracy.py holds them to still miss, and
 # the README table shows them)
@@ -71,6 +73,7 @@ KNOWN_MISSES = {
 TRANSPOSES_RELEASED = 1796236901  # e87f5d3's commit time
 SWIGLU_AUTO = 1796477400  # trainer.lora.fused_swiglu null (wherever it applies) by default from here (2026-12-05)
 NCCL_LAZY = 1796484700  # trainer.distributed.nccl_eager_init false by default from here (after 23eecf0, 2026-12-05)
+EPILOGUE_AUTO = 1796494347  # trainer.lora.epilogue null (BF16 on NVIDIA GPUs) by default from here (after 74ca5ee)
 
 
 @dataclass
@@ -161,6 +164,8 @@ def match(row: Row):
     nproc = int(d.get("nproc") or 1)
     if _added_before(row.file, SWIGLU_AUTO):  # measured when fused_swiglu was off by default
         era_overrides = ["trainer.lora.fused_swiglu=false", *era_overrides]
+    if _added_before(row.file, EPILOGUE_AUTO):  # measured when the epilogue was off by default
+        era_overrides = ["trainer.lora.epilogue=false", *era_overrides]
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [

@@ -19,7 +19,7 @@ def _lin(short, i, o, norm_fed):
 
 
 def test_pass_counts():
-    assert passes("unfused", False) == (6, 4) and passes("fused", False) == (4, 4) and passes("epilogue", False) == (3, 2)
+    assert passes("unfused", False) == (6, 4) and passes("fused", False) == (4, 4) and passes("epilogue", False) == (3, 3)
     assert passes("epilogue", True) == (6, 4)  # norm-fed linears keep the unfused path
     assert passes("fused", True, "linear_fc1", swiglu=True) == (6, 2)
     assert passes("unfused", False, dropout=True) == (11, 4) and passes("fused", False, dropout=True) == (7, 4)
@@ -31,7 +31,7 @@ def test_planner_ratio():
     assert traffic_ratio(lora, proj) == 1.0 and traffic_ratio(lora, fc1) == 1.0
     # the byte saving, of which the measured share (REALIZED) shows as time
     ep, sw = REALIZED["epilogue"], REALIZED["fused_swiglu"]
-    assert traffic_ratio({**lora, "epilogue": True}, proj) == pytest.approx(1 - ep * (1 - (3 + 2) / (4 + 4)))
+    assert traffic_ratio({**lora, "epilogue": True}, proj) == pytest.approx(1 - ep * (1 - (3 + 3) / (4 + 4)))
     assert traffic_ratio({**lora, "epilogue": True}, fc1) == 1.0
     assert traffic_ratio({**lora, "epilogue": True}, proj, tp=2) == 1.0  # refused at TP 2: priced as the default
     folded = (6 * 4096 + 2 * 28672) / (6 * 4096 + 4 * 28672)

@@ -120,6 +120,11 @@ KERNELS = textwrap.dedent("""
                                        masked_product(dh, a, keep, 0.1), **tol)
             torch.testing.assert_close(masked_product(dh, a, keep, 0.1, base.clone(), True, kernels=True),
                                        masked_product(dh, a, keep, 0.1, base.clone(), True), **tol)
+        # the adapter's forward product s h B^T (no mask): written, and added in place as the fused path's y
+        for out, acc in ((None, False), (base, True)):
+            got = masked_product(dh, a, None, 0.0, None if out is None else out.clone(), acc, kernels=True, scale=2.0)
+            ref = masked_product(dh, a, None, 0.0, None if out is None else out.clone(), acc, scale=2.0)
+            torch.testing.assert_close(got, ref, **tol)
         w = torch.randn(n, 48)
         # the epilogue, and the fused path (trainer.lora.fused, the default) with pre-dropout: the masked dh A added
         # into dx, with the CPU's noise mask and with a bool mask as native_dropout keeps on a GPU (1/(1-p) in the
@@ -128,6 +133,8 @@ KERNELS = textwrap.dedent("""
         paths = [lambda x, a1, b1, k: epilogue_adapter(w, x, a1, b1, 2.0, 0.1, kernels=k)]
         paths += [lambda x, a1, b1, k, d=d: fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, drop=d, p=0.1,
                                                           kernels=k)[0] for d in (lambda z: draw(z, 0.1), bool_drop)]
+        # the fused path without dropout: y += s h B^T and dx += dh A as one Triton pass each
+        paths += [lambda x, a1, b1, k: fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, kernels=k)[0]]
         for path in paths:
             grads = []
             for kernels in (False, True):
@@ -243,7 +250,7 @@ def test_the_device_calls_kernel_check_runs_on_cpu():
     pytest.importorskip("triton")
     done = interpreted("bench/kernel_check.py", "--cpu")
     rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and len(rows) == 11 and all('"ok": true' in r for r in rows), done.stdout + done.stderr[-2000:]
+    assert done.returncode == 0 and len(rows) == 12 and all('"ok": true' in r for r in rows), done.stdout + done.stderr[-2000:]
 
 
 def test_kernels_take_ranks_up_to_their_tile_and_never_run_on_rocm(monkeypatch):
@@ -274,3 +281,24 @@ def test_float32_takes_the_torch_path_on_the_gpu(monkeypatch):
     assert not kernels.kernels_usable(torch.device("cpu"), 16, torch.bfloat16)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert kernels.kernels_usable(torch.device("cpu"), 16, torch.float32)  # the interpreter tests keep the kernels
+
+
+def test_lora_kernels_false_keeps_torchs_gemms(monkeypatch):
+    """trainer.lora.kernels false: the fused and epilogue paths never take the Triton passes, even where they run;
+    the recipe key reaches every wrapped linear (never accepted and ignored)."""
+    pytest.importorskip("triton")
+    from tests.model_helpers import dist_session
+    from trainer.model.lora.layers import LoRALinear
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kw = dict(leaf_name="linear_proj", dim=2, alpha=4.0, dropout=0.0, dropout_position="pre", a_init="xavier",
+              b_init="zero", tp_size=1, tp_rank=0, sequence_parallel=False, seed=0, fused=True)
+    x = torch.randn(3, 5)
+    assert LoRALinear(_Base(torch.randn(6, 5)), **kw)._kernels(x)
+    assert not LoRALinear(_Base(torch.randn(6, 5)), **kw, kernels=False)._kernels(x)
+    cfg = tiny_cfg(trainer={"lora": {"kernels": False}})
+    with dist_session(cfg):
+        from trainer.model import build
+
+        wrapped = [m for m in build(cfg, torch.device("cpu")).model.modules() if isinstance(m, LoRALinear)]
+    assert wrapped and not any(m.kernels or m._kernels(x) for m in wrapped)

@@ -64,7 +64,7 @@ def test_mla_linears_take_the_path_the_trainer_runs():
     assert norm_fed["linear_q_up_proj"] and norm_fed["linear_kv_up_proj"]
     assert passes("fused", False, "linear_kv_down_proj") == (4, 4)
     assert passes("epilogue", False, "linear_q_down_proj") == passes("epilogue", False, "linear_kv_down_proj") == (4, 4)
-    assert passes("epilogue", False, "linear_q_proj") == (3, 2)
+    assert passes("epilogue", False, "linear_q_proj") == (3, 3)
     assert passes("epilogue", True, "linear_kv_up_proj") == (6, 4)
 
 

@@ -8,9 +8,10 @@ outputs (the rank-sized tensors and the factors are noise). Per wrapped linear, 
             bwd: read dy twice (dh, dB) + read x (dA) + write dx_a + sum   2 out + 5 in      -> (6 in, 4 out)
   fused     trainer/model/lora/fused.py (non-norm linears): dx_a added in place into the base's dx    -> (4, 4)
   epilogue  trainer/model/lora/epilogue.py (non-norm linears, TP 1, 16-bit): the adapter writes y once and the
-            base GEMM adds into it (its read of y hides in a compute-bound GEMM), dy read once for dh and dB, dx_a
-            written once for the base dgrad GEMM to add into                                         -> (3, 2)
-  epilogue-all  the same for every linear, the norm-fed too (TE's op fuser with its norm; not built)   -> (3, 2)
+            base GEMM adds into it (its read of y hides in a compute-bound GEMM), dy read twice (dh, dB by cuBLAS:
+            the one-read Triton kernel took 2.2-2.5x their time, H100 2026-12-05), dx_a written once for the base
+            dgrad GEMM to add into                                                                   -> (3, 3)
+  epilogue-all  the same for every linear, the norm-fed too (TE's op fuser with its norm; not built)   -> (3, 3)
 Norm-fed linears (qkv, dense fc1, MLA's q/kv up-projections: their adapter reads TE's returned norm output, or folds
 the norm) stay unfused under fused/epilogue. MLA's q_proj and down-projections follow a separate norm: plain linears,
 fused; the down-projections are duplicated over TP, which the epilogue refuses (LoRALinear.uses_epilogue): fused.
@@ -34,7 +35,7 @@ def passes(design: str, norm_fed: bool, short: str = "", swiglu: bool = False,
     path = design if design == "epilogue-all" or not norm_fed else "unfused"
     if path == "epilogue" and short in REPLICATED:  # MLA's duplicated down-projections: the fused path
         path = "fused"
-    p_in, p_out = {"unfused": (6.0, 4.0), "fused": (4.0, 4.0), "epilogue": (3.0, 2.0), "epilogue-all": (3.0, 2.0)}[path]
+    p_in, p_out = {"unfused": (6.0, 4.0), "fused": (4.0, 4.0), "epilogue": (3.0, 3.0), "epilogue-all": (3.0, 3.0)}[path]
     if swiglu and short == "linear_fc1":
         p_out -= 2.0
     if dropout:

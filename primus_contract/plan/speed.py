@@ -28,7 +28,7 @@ from __future__ import annotations
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
-from primus_contract.rules_precision import fused_swiglu_on
+from primus_contract.rules_precision import epilogue_on, fused_swiglu_on
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.memory import offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
@@ -55,7 +55,8 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     t = r["trainer"]
     m, rec = t["model"], t["recompute"]
     # null fused_swiglu (auto): as it will run on this recipe's machine
-    lora = {**t["lora"], "fused_swiglu": fused_swiglu_on(t, r["cluster"]["env_profile"])}
+    lora = {**t["lora"], "fused_swiglu": fused_swiglu_on(t, r["cluster"]["env_profile"]),
+            "epilogue": epilogue_on(t, r["cluster"]["env_profile"])}
     precision = precision_of(t)
     gclass = _gemm_class(precision)
     n_mb = lay.micro_batches

@@ -12,7 +12,9 @@ hidden], 64 MiB at the same shape), and backward scales each token's row by that
 gradient (its mask / N weight). Vocab-parallel (TP) exactly
 like megatron: max, sum-of-exp and target logit are all-reduced over the TP group per chunk; the input
 is gathered from the sequence-parallel region (or copied to the TP region) first, so its gradient is
-reduce-scattered (all-reduced) across TP as ColumnParallelLinear's would be.
+reduce-scattered (all-reduced) across TP as ColumnParallelLinear's would be. With `kernel` (trainer.recompute.
+chunked_loss_kernel) and where trainer/model/ce_kernel.py runs (an NVIDIA GPU), two Triton passes over each chunk's
+bf16 logits replace the fp32 elementwise ops (same formula and collectives); elsewhere the torch ops below.
 
 How it hooks in (both megatron-core 0.16 and 0.19 call `self.output_layer(hidden, weight=...)` and
 then `self.compute_language_model_loss(labels, logits)` in GPTModel._postprocess): a forward
@@ -28,6 +30,8 @@ import types
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from trainer.model import ce_kernel
 
 CHUNK_BYTES = 256 * 1024 ** 2
 
@@ -45,15 +49,25 @@ class _FrozenOutputCE(torch.autograd.Function):
     """Per-token CE of logits = hidden @ weight.T (weight frozen; vocab shard [v0, v0 + V)), fp32 [T]."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk, group, tp, v0, want_grad):
+    def forward(ctx, hidden, weight, labels, chunk, group, tp, v0, want_grad, kernel):
         n, v = hidden.shape[0], weight.shape[0]
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         grad = torch.empty_like(hidden) if want_grad else None
+        fused = kernel and ce_kernel.ce_kernel_usable(hidden.device, weight.dtype)
+        reduce_max, reduce_sum = _reducers(group) if tp > 1 else (None, None)
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            logits = F.linear(hidden[s:e], weight).float()          # the output layer's own GEMM
+            logits = F.linear(hidden[s:e], weight)                   # the output layer's own GEMM
             local = labels[s:e] - v0
             mine = (local >= 0) & (local < v)
+            if fused:  # the Triton passes over the GEMM's own logits (trainer/model/ce_kernel.py)
+                target = torch.where(mine, local, -1)
+                top, total, loss[s:e] = ce_kernel.combine(*ce_kernel.row_stats(logits, target), mine,
+                                                          reduce_max, reduce_sum)
+                if grad is not None:
+                    grad[s:e] = ce_kernel.softmax_grad_(logits, target, top, total) @ weight
+                continue
+            logits = logits.float()
             local = torch.where(mine, local, torch.zeros_like(local)).unsqueeze(1)
             top = logits.max(dim=1).values
             if tp > 1:
@@ -75,13 +89,20 @@ class _FrozenOutputCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (grad,) = ctx.saved_tensors
-        return (grad.float() * g.float().unsqueeze(1)).to(grad.dtype), None, None, None, None, None, None, None
+        return (grad.float() * g.float().unsqueeze(1)).to(grad.dtype), None, None, None, None, None, None, None, None
+
+
+def _reducers(group):
+    """In-place all-reduces (MAX, SUM) over the TP group, for ce_kernel.combine."""
+    return (lambda x: dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group),
+            lambda x: dist.all_reduce(x, group=group))
 
 
 def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                        sequence_parallel: bool) -> torch.Tensor:
+                        sequence_parallel: bool, kernel: bool = False) -> torch.Tensor:
     """Per-token CE [s, b] of hidden [s(/tp with SP), b, h] against labels [s, b] through the frozen
-    vocab-parallel weight [vocab/tp, h]; the same values megatron's output layer + CE give."""
+    vocab-parallel weight [vocab/tp, h]; the same values megatron's output layer + CE give. kernel: the Triton
+    passes where ce_kernel_usable."""
     from megatron.core.tensor_parallel import mappings as tpm
 
     group, tp, rank = _tp()
@@ -92,11 +113,11 @@ def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
     chunk = max(1, CHUNK_BYTES // (4 * weight.shape[0]))
     want_grad = torch.is_grad_enabled() and hidden.requires_grad  # (evaluation: loss only)
     loss = _FrozenOutputCE.apply(hidden.reshape(s * b, h), weight, labels.reshape(s * b), chunk, group, tp,
-                                 rank * weight.shape[0], want_grad)
+                                 rank * weight.shape[0], want_grad, kernel)
     return loss.reshape(s, b)
 
 
-def install_chunked_loss(model) -> bool:
+def install_chunked_loss(model, kernel: bool = False) -> bool:
     """Route a labelled forward through chunked_output_loss. False (megatron's path stays): no output
     layer on this stage, not megatron's plain ColumnParallelLinear (e.g. a TE LM head), or logits that
     megatron transforms between output layer and loss (MuP scaling, multi-token prediction)."""
@@ -137,7 +158,7 @@ def install_chunked_loss(model) -> bool:
                                "before the loss (an unsupported megatron feature); set "
                                "trainer.recompute.chunked_loss: false")
         per_token = chunked_output_loss(hidden, w, labels.transpose(0, 1).contiguous(),
-                                        bool(getattr(layer, "sequence_parallel", False)))
+                                        bool(getattr(layer, "sequence_parallel", False)), kernel)
         return per_token.transpose(0, 1).contiguous()
 
     model.register_forward_pre_hook(note_labels, with_kwargs=True)

@@ -126,23 +126,39 @@ def _epilogue(model, ctx: BuildContext) -> str:
     """trainer.lora.epilogue: which wrapped linears own their base GEMM (trainer/model/lora/epilogue.py); none is a
     refusal (the contract refused what it can see; a norm-fused or quantized base is seen only here)."""
     from trainer.config import ConfigError
+    from trainer.model.lora import epilogue
     from trainer.model.lora.kernels import kernels_usable
     from trainer.model.lora.layers import LoRALinear
 
     wrapped = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    if ctx.cfg.trainer.lora.epilogue is None:  # auto: BF16 on an NVIDIA GPU (primus_contract epilogue_on)
+        why = epilogue.auto_blocker(ctx.device, ctx.precision.settings)
+        if why:
+            return f"lora epilogue | auto (epilogue null): off, {why}"
+        for m in wrapped:
+            m.epilogue = True
+        if not any(m.uses_epilogue() for m in wrapped):
+            for m in wrapped:
+                m.epilogue = False
+            return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"
     taken = sum(m.uses_epilogue() for m in wrapped)
     if not taken:
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
-    how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
-           else "torch ops (no Triton device here, or a rank above the kernels')")
+    how = ("Triton rank-r kernels" if ctx.cfg.trainer.lora.kernels
+           and kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
+           else "torch ops (lora.kernels false, no Triton device here, or a rank above the kernels')")
     return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears | {how}"
 
 
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
-    if not install_chunked_loss(model):
+    from trainer.model.ce_kernel import ce_kernel_usable
+
+    kernel = bool(ctx.cfg.trainer.recompute.chunked_loss_kernel)
+    if not install_chunked_loss(model, kernel=kernel):
         return None  # megatron's own output layer + loss stays (trainer.model.chunked_loss says when)
-    return "chunked loss | output layer + cross-entropy in token chunks, logits not kept"
+    how = "Triton passes" if kernel and ce_kernel_usable(ctx.device, _dtype(ctx)) else "torch ops"
+    return f"chunked loss | output layer + cross-entropy in token chunks, logits not kept | {how}"
 
 
 def _emulation(model, ctx: BuildContext) -> str:
@@ -158,7 +174,7 @@ TRANSFORMS = (
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
     Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
-    Transform("lora epilogue", lambda ctx: bool(ctx.cfg.trainer.lora.epilogue), _epilogue),
+    Transform("lora epilogue", lambda ctx: ctx.cfg.trainer.lora.epilogue is not False, _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
               lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),
     Transform("chunked loss", lambda ctx: bool(ctx.cfg.trainer.recompute.chunked_loss), _chunked_loss),

@@ -2,7 +2,7 @@
 
     y  = s (drop(x) A^T) B^T  ->  y += x W^T          the rank-r product writes y once; the base GEMM adds into it
                                                        (beta = 1: the read of y hides in a compute-bound GEMM)
-    dh, dB = s dy B, s dy^T h                          dy read once for both (trainer.model.lora.kernels.dual_grad)
+    dh, dB = s dy B, s dy^T h                          two cuBLAS GEMMs (dy read twice; see below)
     dx = (dh A) * mask  ->  dx += dy W                 the adapter's input gradient (dropout's mask applied as it is
                                                        formed) written once; the base dgrad GEMM adds into it
     dA = dh^T drop(x)
@@ -44,6 +44,18 @@ def owns_base_gemm(base) -> bool:
     return not getattr(base, "fp8", False)
 
 
+def auto_blocker(device: torch.device, settings) -> str | None:
+    """Why trainer.lora.epilogue null (auto) stays off on this node (None: on, where a linear can own its GEMM): the
+    conditions of primus_contract.rules_precision.epilogue_on, seen from the node. settings: PrecisionSettings."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "not an NVIDIA GPU (where it was measured)"
+    if settings.fp8 or settings.fp4:
+        return "FP8/FP4 base GEMMs run quantized in Transformer Engine"
+    if not settings.bf16:
+        return "not a BF16 run"
+    return None
+
+
 class _Epilogue(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, u, w, a, b, scale, p, act, kernels):
@@ -51,8 +63,7 @@ class _Epilogue(torch.autograd.Function):
         a_c, b_c = a.to(x.dtype), b.to(x.dtype)
         xd2, keep = draw(x2, p) if p else (x2, None)
         h = xd2.mm(a_c.t())
-        y = torch.addmm(torch.empty(x2.shape[0], w.shape[0], dtype=x.dtype, device=x.device), h, b_c.t(),
-                        beta=0, alpha=scale)
+        y = masked_product(h, b_c.t(), None, 0.0, kernels=kernels, scale=scale)  # s h B^T, written once
         y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
         kept = u.detach() if u is not None else xd2
         ctx.save_for_backward(kept, keep, h, a_c, b_c, w)
@@ -64,7 +75,9 @@ class _Epilogue(torch.autograd.Function):
         kept, keep, h, a_c, b_c, w = ctx.saved_tensors
         scale, p, act, kernels, x_shape, a_dtype, b_dtype = ctx.meta
         dy2 = dy.reshape(-1, dy.shape[-1])
-        dh, db = dual_grad(dy2, b_c, h, scale, kernels)
+        # dh and dB by cuBLAS, dy read twice: the one-read Triton kernel (dual_grad's) took 2.2-2.5x their time at the
+        # 8B's widths (H100, bench/adapter_gemms.py, 2026-12-05: bench/results/2026-12-05d_h100_speed)
+        dh, db = dual_grad(dy2, b_c, h, scale, kernels=False)
         with torch.no_grad():
             xin = kept if act is None else act(kept).reshape(-1, a_c.shape[1])
         da = dh.t().mm(xin)

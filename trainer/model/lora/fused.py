@@ -19,9 +19,12 @@ order, and changes two things:
 * forward: y is written into the base output's storage (`out.addmm_`), so no second [tokens, out] buffer lives
   beside it (unless the output is a view made by a custom Function, which autograd forbids writing: then a new one).
 
-Numerics: out, h, y, dh, dB and dA are the same ops in the same order as the unfused path (bitwise on CPU and on
-the GPU); dx differs only in where dh A is rounded (added in the GEMM's accumulator instead of rounded to the
-activation dtype first). tests/test_lora_fused.py pins both, and 20 iterations of a small model.
+Numerics: out, h, y, dh, dB and dA are the same ops in the same order as the unfused path (bitwise on CPU); dx
+differs only in where dh A is rounded (added in the GEMM's accumulator instead of rounded to the activation dtype
+first). tests/test_lora_fused.py pins both, and 20 iterations of a small model. On an NVIDIA GPU the two in-place
+rank-r products (y += s h B^T, dx += dh A) run as one Triton pass each (masked_product: at the 8B's widths 22-27 %
+faster than cuBLAS's addmm_, H100 2026-12-05, bench/results/2026-12-05d_h100_speed): the same sums, rounded once,
+their K = r terms added in the kernel's order (tests/test_lora_x_side_kernels.py, in the interpreter).
 
 Pre-dropout (lora.dropout with dropout_position pre, the MLPerf recipes') is fused into A: the mask is drawn as
 nn.Dropout draws it (trainer.model.lora.drop: the same RNG calls, so the same mask), the masked input feeds A and is
@@ -54,8 +57,8 @@ class _Slot:
 
 
 class _InputGradTap(torch.autograd.Function):
-    """Identity on x; in backward, dx += dh A with the slot's dh and A (in place, one GEMM with accumulation), or with
-    pre-dropout dx += undrop(dh A) (one masked pass, trainer.model.lora.kernels.masked_product)."""
+    """Identity on x; in backward, dx += dh A with the slot's dh and A in place (addmm_, or one Triton pass where it
+    runs), with pre-dropout dx += undrop(dh A) (one masked pass): trainer.model.lora.kernels.masked_product."""
 
     @staticmethod
     def forward(ctx, x, slot):
@@ -71,10 +74,8 @@ class _InputGradTap(torch.autograd.Function):
             return dx, None
         dx = dx.contiguous()
         dx2 = dx.view(-1, dx.shape[-1])
-        if keep is None:
-            dx2.addmm_(dh.view(-1, dh.shape[-1]), a)
-        else:
-            masked_product(dh, a, keep.view(dx2.shape), slot.p, out=dx2, accumulate=True, kernels=slot.kernels)
+        masked_product(dh.view(-1, dh.shape[-1]), a, None if keep is None else keep.view(dx2.shape), slot.p, out=dx2,
+                       accumulate=True, kernels=slot.kernels)
         return dx, None
 
 
@@ -109,13 +110,15 @@ class _AdapterB(torch.autograd.Function):
     """out += s h B^T, in place. Backward: d(out) = dy, dh = s dy B, dB = s dy^T h (addmm's own products)."""
 
     @staticmethod
-    def forward(ctx, out, h, b, scale):
+    def forward(ctx, out, h, b, scale, kernels=False):
         b_c = b.to(out.dtype)
         h2 = h.reshape(-1, h.shape[-1])
         if out._is_view():  # an input returned as-is by a custom Function (megatron's TP-1 all-reduce): not in place
             out = torch.addmm(out.reshape(-1, out.shape[-1]), h2, b_c.t(), alpha=scale).view(out.shape)
-        else:
-            out.view(-1, out.shape[-1]).addmm_(h2, b_c.t(), alpha=scale)
+        else:  # in place: addmm_ (torch), or one Triton pass where it runs (22-27 % faster than cuBLAS at the 8B's
+            # widths, H100 2026-12-05, bench/adapter_gemms.py)
+            masked_product(h2, b_c.t(), None, 0.0, out=out.view(-1, out.shape[-1]), accumulate=True, kernels=kernels,
+                           scale=scale)
             ctx.mark_dirty(out)
         ctx.scale, ctx.b_dtype = scale, b.dtype
         ctx.save_for_backward(h, b_c)
@@ -132,7 +135,7 @@ class _AdapterB(torch.autograd.Function):
         db = dy2.t().mm(h.reshape(-1, h.shape[-1]))
         if s != 1.0:
             dh, db = dh.mul_(s), db.mul_(s)
-        return dy, dh.view(h.shape), db.to(ctx.b_dtype), None
+        return dy, dh.view(h.shape), db.to(ctx.b_dtype), None, None
 
 
 def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
@@ -151,4 +154,4 @@ def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
     h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act, xd, keep)
     if collective is not None:
         h = collective(h)
-    return _AdapterB.apply(out, h, b, scale), bias
+    return _AdapterB.apply(out, h, b, scale, kernels), bias

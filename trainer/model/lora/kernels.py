@@ -94,6 +94,8 @@ if triton is not None:
         if HAS_KEEP:
             keep = tl.load(k_ptr + rt[:, None] * sk + rc[None, :], mask=m, other=0).to(tl.float32)
             prod = prod * keep * scale
+        else:
+            prod = prod * scale
         if ACC:
             prod += tl.load(o_ptr + rt[:, None] * so + rc[None, :], mask=m, other=0.0).to(tl.float32)
         tl.store(o_ptr + rt[:, None] * so + rc[None, :], prod.to(o_ptr.dtype.element_ty), mask=m)
@@ -152,11 +154,20 @@ def dual_grad(dy: torch.Tensor, b: torch.Tensor, h: torch.Tensor, scale: float, 
 
 
 def masked_product(dh: torch.Tensor, a: torch.Tensor, keep, p: float, out: torch.Tensor = None,
-                   accumulate: bool = False, kernels: bool = False) -> torch.Tensor:
-    """(dh A) * keep (keep None: no dropout) for dh [T, R], a [R, K]; written into `out` (a new tensor when None) or,
-    with accumulate, added to it in place."""
+                   accumulate: bool = False, kernels: bool = False, scale: float = 1.0) -> torch.Tensor:
+    """scale (dh A) * keep (keep None: no dropout) for dh [T, R], a [R, K]; written into `out` (a new tensor when
+    None) or, with accumulate, added to it in place. scale only without keep (the adapter's forward, out += s h B^T:
+    addmm's alpha on the torch path)."""
+    if keep is not None and scale != 1.0:
+        raise ValueError("masked_product: scale is for the product without a dropout mask")
     if not kernels:
-        prod = dh.mm(a) if keep is None else undrop(dh.mm(a), keep, p)
+        if keep is not None:
+            prod = undrop(dh.mm(a), keep, p)
+        elif out is not None and accumulate:  # addmm_'s own accumulation (beta 1, alpha s): one rounding
+            return out.addmm_(dh, a, alpha=scale)
+        else:  # alpha inside the GEMM, as addmm applies it
+            prod = dh.mm(a) if scale == 1.0 else torch.addmm(dh.new_empty(dh.shape[0], a.shape[1]), dh, a, beta=0,
+                                                              alpha=scale)
         if out is None:
             return prod
         return out.add_(prod) if accumulate else out.copy_(prod)
@@ -168,7 +179,7 @@ def masked_product(dh: torch.Tensor, a: torch.Tensor, keep, p: float, out: torch
     grid = (triton.cdiv(t, _BT), triton.cdiv(k, _BN))
     _masked_kernel[grid](dh, a, kp if kp is not None else dh, out, t, k, dh.shape[1], dh.stride(0), a.stride(0),
                          kp.stride(0) if kp is not None else 0, out.stride(0),
-                         keep_scale(keep, p) if keep is not None else 1.0, HAS_KEEP=keep is not None,
+                         keep_scale(keep, p) if keep is not None else float(scale), HAS_KEEP=keep is not None,
                          ACC=accumulate, BT=_BT, BK=_BN, RP=rank_block(dh.shape[1]))
     return out
 

@@ -1,0 +1,72 @@
+"""trainer.lora.epilogue null (the default): on for BF16 on an NVIDIA GPU where a linear can own its base GEMM, off
+elsewhere; the contract (rules_precision.epilogue_on, which the planner prices) and the trainer
+(trainer/model/lora/epilogue.py auto_blocker, at build) decide alike; true / false as written."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from primus_contract.rules_precision import epilogue_on
+from primus_slurm.config.recipe import load_recipe
+
+R8 = "bench/recipes/llama3_8b_h200.yaml"
+
+
+def _t(*sets: str, profile: str = "h200"):
+    r = load_recipe(R8, [f"cluster.env_profile={profile}", *sets]).resolved
+    return r["trainer"], profile
+
+
+@pytest.mark.parametrize("sets, profile, on", [
+    ((), "h200", True),                                                   # BF16 on an H200: the 8B shape
+    ((), "h100", True),
+    (("trainer.precision.fp8=hybrid",), "h200", False),                   # TE's quantized GEMMs
+    (("trainer.parallelism.tensor=2", "cluster.nproc_per_node=2", "cluster.gpus_per_node=2"), "h200", False),
+    (("trainer.lora.dropout=0.1", "trainer.lora.dropout_position=post"), "h200", False),
+    ((), "mi300x", False),                                                # measured on NVIDIA only
+    (("trainer.distributed.device=cpu", "trainer.distributed.backend=gloo"), "cpu", False),
+    (("trainer.lora.target_modules=[linear_qkv]",), "h200", False),       # norm-fed on a GPU: nothing to own
+    (("trainer.lora.epilogue=false",), "h200", False),                    # as written
+    (("trainer.lora.epilogue=true", "trainer.distributed.device=cpu", "trainer.distributed.backend=gloo"), "cpu",
+     True),
+])
+def test_the_contract_resolves_null(sets, profile, on):
+    assert epilogue_on(*_t(*sets, profile=profile)) is on
+
+
+def test_the_trainer_decides_auto_by_the_same_conditions():
+    from trainer.model.lora.epilogue import auto_blocker
+
+    s = types.SimpleNamespace(fp8=None, fp4=None, bf16=True)
+    cuda = torch.device("cuda")
+    hip = torch.version.hip
+    try:
+        torch.version.hip = None
+        assert auto_blocker(cuda, s) is None
+        assert "FP8" in auto_blocker(cuda, types.SimpleNamespace(fp8="hybrid", fp4=None, bf16=True))
+        assert "FP8" in auto_blocker(cuda, types.SimpleNamespace(fp8=None, fp4="e2m1", bf16=True))
+        assert "BF16" in auto_blocker(cuda, types.SimpleNamespace(fp8=None, fp4=None, bf16=False))
+        assert "NVIDIA" in auto_blocker(torch.device("cpu"), s)
+        torch.version.hip = "6.4"
+        assert "NVIDIA" in auto_blocker(cuda, s)
+    finally:
+        torch.version.hip = hip
+
+
+def test_the_build_takes_it_where_auto_is_on_and_says_why_not_elsewhere(monkeypatch):
+    from tests.model_helpers import dist_session, tiny_cfg
+    from trainer.model import build
+    from trainer.model.lora import epilogue
+
+    cfg = tiny_cfg(trainer={"lora": {"epilogue": None}})
+    with dist_session(cfg) as info:
+        built = build(cfg, info.device)
+        line = dict(built.lines)["lora epilogue"]
+        assert "auto (epilogue null): off" in line and "NVIDIA" in line, line
+        assert not any(m.uses_epilogue() for m in built.model.modules() if type(m).__name__ == "LoRALinear")
+        monkeypatch.setattr(epilogue, "auto_blocker", lambda device, settings: None)  # as on a BF16 NVIDIA node
+        built = build(cfg, info.device)
+        line = dict(built.lines)["lora epilogue"]
+        assert line.startswith("lora epilogue | base GEMMs accumulate the adapters | 6 of 8 linears"), line
