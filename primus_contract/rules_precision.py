@@ -106,6 +106,14 @@ GPU_PROFILES = ("h100", "h200", "b200", "mi300x", "mi355x")  # env profiles that
 LORA_KERNEL_MAX_RANK = 128
 
 
+def nvidia_run(t: Mapping, profile: str) -> bool:
+    """The run's device is an NVIDIA GPU (where the Triton kernels run), as far as the recipe tells: device auto on
+    an NVIDIA profile, or cuda on any profile but AMD's."""
+    device = run_device(t, profile)
+    return profile in ("h100", "h200", "b200") if device == "auto" else (
+        device == "cuda" and profile not in ("mi300x", "mi355x"))
+
+
 def fused_swiglu_on(t: Mapping, profile: str) -> bool:
     """trainer.lora.fused_swiglu as it runs: true / false as written; null (auto) on wherever it applies: an adapter
     on linear_fc1 without post-dropout, no recompute.adapter_inputs scope all|fc2 (fc2's adapter recomputes from
@@ -134,12 +142,9 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
     if not any(pattern_matches(p, fc1) for p in lora["target_modules"]) or any(
             pattern_matches(p, fc1) for p in lora["exclude_modules"]):
         return "no adapter on a dense MLP's linear_fc1 (`trainer.lora.target_modules` / `exclude_modules`)"
-    device = run_device(t, profile)
-    gpu_profile = profile in GPU_PROFILES
-    if known_device_only and device == "auto" and not gpu_profile:
+    if known_device_only and run_device(t, profile) == "auto" and profile not in GPU_PROFILES:
         return None
-    nvidia = profile in ("h100", "h200", "b200") if device == "auto" else (
-        device == "cuda" and profile not in ("mi300x", "mi355x"))
+    nvidia = nvidia_run(t, profile)
     if t["precision"]["fp8_swiglu_input"] and not nvidia:
         return "`trainer.precision.fp8_swiglu_input` keeps the FP8 copy in the fold's kernels on NVIDIA GPUs only"
     if t["precision"]["fp8_swiglu_input"] and lora["dim"] > LORA_KERNEL_MAX_RANK:
@@ -206,10 +211,7 @@ def epilogue_on(t: Mapping, profile: str) -> bool:
         return False
     if lora["dropout"] and lora["dropout_position"] == "post":
         return False
-    device = run_device(t, profile)
-    nvidia = profile in ("h100", "h200", "b200") if device == "auto" else (
-        device == "cuda" and profile not in ("mi300x", "mi355x"))
-    return nvidia and bool(epilogue_owners(t, profile))
+    return nvidia_run(t, profile) and bool(epilogue_owners(t, profile))
 
 
 def recipe_precision_rules(t: Mapping, profile: str) -> None:

@@ -20,7 +20,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
   keep nothing (their activations are in host memory), one layer's copy is in flight (offload.py). Pipeline stage 0 holds min(pp, micro-batches)
   micro-batches in flight (1F1B).
-- logits and loss: with chunked_loss a fixed chunk of 256 MiB fp32 logits (two buffers), else the [tokens, vocab]
+- logits and loss: with chunked_loss a fixed chunk of 256 MiB fp32 logits (two buffers; with chunked_loss_kernel on
+  an NVIDIA GPU only the chunk's 16-bit logits, 128 MiB, the gradient written over them), else the [tokens, vocab]
   logits and their gradient.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from primus_contract.plan import calibration as cal
 from primus_contract.plan.offload import in_flight_layers, offloaded_layers
 from primus_contract.plan.shapes import (INPUT_NORM_SHARED, Layout, Linear, layer_linears_local, lora_params_local,
                                          moe_layer, stage_layers)
+from primus_contract.rules_precision import nvidia_run
 
 GIB = float(1 << 30)
 CHUNK_BYTES = 256 * (1 << 20)  # trainer/model/chunked_loss.py
@@ -188,7 +190,9 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
         terms["activations (offload in flight)"] = in_flight_layers * sum(biggest.values())
     if last:
         if rec["chunked_loss"] and t["lora"]["enabled"]:
-            terms["logits+loss"] = 2.0 * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
+            # the Triton passes (trainer/model/ce_kernel.py) keep only the GEMM's 16-bit logits of a chunk
+            kernel = rec["chunked_loss_kernel"] and nvidia_run(t, r["cluster"]["env_profile"])
+            terms["logits+loss"] = (0.5 if kernel else 2.0) * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
         else:
             terms["logits+loss"] = tokens * vocab / lay.tp * 4
     widest = max((lin.out_local for lin in layer_linears_local(m, t["lora"], lay, layers[0])), default=h)
