@@ -9,7 +9,7 @@
 #   bash bench/gpu_suite.sh swiglu    trainer.lora.fused_swiglu vs the default, single + packed, BF16/FP8, anchor + ceiling,
 #                                     3 interleaved repeats (bench/interleaved.py), spread + verdicts (bench/spread.py)
 #   bash bench/gpu_suite.sh epilogue  the ladder: both off, fused_swiglu alone, the defaults today (bench/README.md)
-#   bash bench/gpu_suite.sh kernels   today's defaults against each lever since bb00b53 switched off (bench/README.md)
+#   bash bench/gpu_suite.sh kernels   the defaults against each lever since bb00b53 switched on (bench/README.md)
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
 #   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
 #                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
@@ -148,12 +148,14 @@ case "${1:-}" in
              # NVIDIA GPU fused_swiglu + the epilogue; in FP8 the epilogue stays off, so ours = swiglu there)
     interleaved_call epilogue --variant default=trainer.lora.fused_swiglu=false,trainer.lora.epilogue=false \
       --variant swiglu=trainer.lora.epilogue=false --variant ours= ${EXTRA_VARIANTS:-} ;;
-  kernels)  # issue 37: the levers landed after bb00b53 (not yet timed in training), each switched off in turn against
-            # today's defaults (`default`), interleaved (see interleaved_call): the chunked loss's Triton passes
-            # (chunked_loss_kernel), the fused/epilogue paths' Triton products (lora.kernels), the epilogue's auto
-            # (BF16 only: in FP8 epilogue-off equals default). A lever stays on when `default` is kept against its -off
-    interleaved_call kernels --variant default= --variant ce-off=trainer.recompute.chunked_loss_kernel=false \
-      --variant kernels-off=trainer.lora.kernels=false --variant epilogue-off=trainer.lora.epilogue=false ;;
+  kernels)  # issue 37: the levers landed after bb00b53, off by default until timed in training, each switched on
+            # against the defaults (`default`), and all three together, interleaved (see interleaved_call): the chunked
+            # loss's Triton passes (chunked_loss_kernel), the unmasked adapter products in Triton
+            # (lora.triton_products), the epilogue's auto (BF16 only: in FP8 epilogue-on equals default). A lever goes
+            # on by default when its variant is kept against `default` (its median above default's max)
+    interleaved_call kernels --variant default= --variant ce-on=trainer.recompute.chunked_loss_kernel=true \
+      --variant products-on=trainer.lora.triton_products=true --variant epilogue-on=trainer.lora.epilogue=null \
+      --variant all-on=trainer.recompute.chunked_loss_kernel=true,trainer.lora.triton_products=true,trainer.lora.epilogue=null ;;
   swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default: recipes/compare_realtext.yaml (200
                     # iterations, real English text) per precision (PRECISIONS, default "bf16 fp8") three runs side by
                     # side: the default (a), fused_swiglu (b), the default with another seed (spread); bench/loss_match.py

@@ -58,7 +58,10 @@ def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.d
         yield _row(f"masked_product n{n}", {
             "write": (masked_product(dh, a, keep, 0.1, kernels=True), masked_product(dh, a, keep, 0.1)),
             "accumulate": (masked_product(dh, a, keep, 0.1, dx.clone(), True, kernels=True),
-                           masked_product(dh, a, keep, 0.1, dx.clone(), True))})
+                           masked_product(dh, a, keep, 0.1, dx.clone(), True)),
+            # unmasked, scaled, in place: trainer.lora.triton_products' y += s h B^T and dx += dh A
+            "unmasked": (masked_product(dh, a, None, 0.0, dx.clone(), True, kernels=True, scale=2.0),
+                         masked_product(dh, a, None, 0.0, dx.clone(), True, scale=2.0))})
     for store in (False, True):  # fc1 at the 8B's FFN width; the FP8 store checked against its own reference
         u, h, b = rnd(tokens, 2 * ffn), rnd(tokens, R), rnd(2 * ffn, R, s=0.1)
         grads = []
@@ -79,7 +82,7 @@ def checks(dev: torch.device, tokens: int, hidden: int, ffn: int, dtype: torch.d
     for kernels in (True, False):  # the fc2 epilogue node with dropout, same draw both times
         xx, aa, bb = x.clone().requires_grad_(True), a.clone().requires_grad_(True), b.clone().requires_grad_(True)
         torch.manual_seed(5)
-        y = epilogue_adapter(w, xx, aa, bb, 2.0, 0.1, kernels=kernels)
+        y = epilogue_adapter(w, xx, aa, bb, 2.0, 0.1, kernels=kernels, products=kernels)  # (triton_products)
         y.backward(torch.ones_like(y))
         outs.append((y.detach(), xx.grad, aa.grad, bb.grad))
     yield _row("epilogue fc2 dropout 0.1", dict(zip(("y", "dx", "dA", "dB"), zip(*outs))))

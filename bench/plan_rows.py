@@ -73,8 +73,6 @@ KNOWN_MISSES = {
 TRANSPOSES_RELEASED = 1796236901  # e87f5d3's commit time
 SWIGLU_AUTO = 1796477400  # trainer.lora.fused_swiglu null (wherever it applies) by default from here (2026-12-05)
 NCCL_LAZY = 1796484700  # trainer.distributed.nccl_eager_init false by default from here (after 23eecf0, 2026-12-05)
-EPILOGUE_AUTO = 1796494347  # trainer.lora.epilogue null (BF16 on NVIDIA GPUs) by default from here (after 74ca5ee)
-CE_KERNEL = 1796495253  # trainer.recompute.chunked_loss_kernel true by default from here: no fp32 loss chunk
 
 
 @dataclass
@@ -165,10 +163,6 @@ def match(row: Row):
     nproc = int(d.get("nproc") or 1)
     if _added_before(row.file, SWIGLU_AUTO):  # measured when fused_swiglu was off by default
         era_overrides = ["trainer.lora.fused_swiglu=false", *era_overrides]
-    if _added_before(row.file, CE_KERNEL):  # measured when the chunked loss ran torch's fp32 ops
-        era_overrides = ["trainer.recompute.chunked_loss_kernel=false", *era_overrides]
-    if _added_before(row.file, EPILOGUE_AUTO):  # measured when the epilogue was off by default
-        era_overrides = ["trainer.lora.epilogue=false", *era_overrides]
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [

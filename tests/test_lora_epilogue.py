@@ -130,11 +130,13 @@ KERNELS = textwrap.dedent("""
         # into dx, with the CPU's noise mask and with a bool mask as native_dropout keeps on a GPU (1/(1-p) in the
         # kernel)
         bool_drop = lambda z: (lambda k: (z * k / 0.9, k))(torch.rand_like(z) > 0.1)  # noqa: E731
-        paths = [lambda x, a1, b1, k: epilogue_adapter(w, x, a1, b1, 2.0, 0.1, kernels=k)]
+        paths = [lambda x, a1, b1, k: epilogue_adapter(w, x, a1, b1, 2.0, 0.1, kernels=k, products=k)]
         paths += [lambda x, a1, b1, k, d=d: fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, drop=d, p=0.1,
                                                           kernels=k)[0] for d in (lambda z: draw(z, 0.1), bool_drop)]
-        # the fused path without dropout: y += s h B^T and dx += dh A as one Triton pass each
-        paths += [lambda x, a1, b1, k: fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, kernels=k)[0]]
+        # the fused path without dropout (trainer.lora.triton_products): y += s h B^T and dx += dh A as one Triton
+        # pass each
+        paths += [lambda x, a1, b1, k: fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0, kernels=k,
+                                                     products=k)[0]]
         for path in paths:
             grads = []
             for kernels in (False, True):
@@ -283,22 +285,30 @@ def test_float32_takes_the_torch_path_on_the_gpu(monkeypatch):
     assert kernels.kernels_usable(torch.device("cpu"), 16, torch.float32)  # the interpreter tests keep the kernels
 
 
-def test_lora_kernels_false_keeps_torchs_gemms(monkeypatch):
-    """trainer.lora.kernels false: the fused and epilogue paths never take the Triton passes, even where they run;
-    the recipe key reaches every wrapped linear (never accepted and ignored)."""
-    pytest.importorskip("triton")
+def test_triton_products_reach_every_wrapped_linear(monkeypatch):
+    """trainer.lora.triton_products (off by default): the unmasked products take the Triton passes only when set,
+    and the recipe key reaches every wrapped linear (never accepted and ignored)."""
     from tests.model_helpers import dist_session
+    from trainer.model import build
+    from trainer.model.lora import fused
     from trainer.model.lora.layers import LoRALinear
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    kw = dict(leaf_name="linear_proj", dim=2, alpha=4.0, dropout=0.0, dropout_position="pre", a_init="xavier",
-              b_init="zero", tp_size=1, tp_rank=0, sequence_parallel=False, seed=0, fused=True)
-    x = torch.randn(3, 5)
-    assert LoRALinear(_Base(torch.randn(6, 5)), **kw)._kernels(x)
-    assert not LoRALinear(_Base(torch.randn(6, 5)), **kw, kernels=False)._kernels(x)
-    cfg = tiny_cfg(trainer={"lora": {"kernels": False}})
-    with dist_session(cfg):
-        from trainer.model import build
-
-        wrapped = [m for m in build(cfg, torch.device("cpu")).model.modules() if isinstance(m, LoRALinear)]
-    assert wrapped and not any(m.kernels or m._kernels(x) for m in wrapped)
+    calls = []
+    real = fused.masked_product
+    monkeypatch.setattr(fused, "masked_product", lambda *a, **kw: calls.append(kw["kernels"]) or real(
+        *a, **{**kw, "kernels": False}))
+    monkeypatch.setattr(LoRALinear, "_kernels", lambda self, x: True)  # as on a GPU with Triton
+    for on in (False, True):
+        cfg = tiny_cfg(trainer={"lora": {"triton_products": on, "fused_swiglu": False}})
+        calls.clear()
+        with dist_session(cfg) as info:
+            model = build(cfg, info.device).model
+            named = {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+            wrapped = list(named.values())
+            assert wrapped and all(m.triton_products is on for m in wrapped)
+            # a column-parallel linear: its output is the base's own (a TP-1 row-parallel output is an all-reduce's
+            # view, which the forward adds into out of place, by torch)
+            qkv = next(m for n, m in named.items() if m.uses_fused_path() and n.endswith("linear_qkv"))
+            x = torch.randn(3, 1, qkv.lora_a.shape[1], requires_grad=True)
+            qkv(x)[0].sum().backward()
+        assert calls == [on, on], calls  # y += s h B^T in forward, dx += dh A in backward

@@ -191,7 +191,7 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
     if last:
         if rec["chunked_loss"] and t["lora"]["enabled"]:
             # the Triton passes (trainer/model/ce_kernel.py) keep only the GEMM's 16-bit logits of a chunk
-            kernel = rec["chunked_loss_kernel"] and nvidia_run(t, r["cluster"]["env_profile"])
+            kernel = rec["chunked_loss_kernel"] and p["bf16"] and nvidia_run(t, r["cluster"]["env_profile"])
             terms["logits+loss"] = (0.5 if kernel else 2.0) * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
         else:
             terms["logits+loss"] = tokens * vocab / lay.tp * 4

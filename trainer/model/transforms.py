@@ -145,9 +145,8 @@ def _epilogue(model, ctx: BuildContext) -> str:
     if not taken:
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
-    how = ("Triton rank-r kernels" if ctx.cfg.trainer.lora.kernels
-           and kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
-           else "torch ops (lora.kernels false, no Triton device here, or a rank above the kernels')")
+    how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
+           else "torch ops (no Triton device here, or a rank above the kernels')")
     return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears | {how}"
 
 
@@ -174,7 +173,8 @@ TRANSFORMS = (
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
     Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
-    Transform("lora epilogue", lambda ctx: ctx.cfg.trainer.lora.epilogue is not False, _epilogue),
+    Transform("lora epilogue", lambda ctx: ctx.cfg.trainer.lora.epilogue is True
+              or (ctx.cfg.trainer.lora.epilogue is None and bool(ctx.cfg.trainer.lora.enabled)), _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
               lambda model, ctx: tp_overlap.describe(model, ctx.ub_tokens)),
     Transform("chunked loss", lambda ctx: bool(ctx.cfg.trainer.recompute.chunked_loss), _chunked_loss),

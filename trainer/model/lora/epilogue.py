@@ -41,6 +41,8 @@ def owns_base_gemm(base) -> bool:
     bias = getattr(base, "bias", None)
     if getattr(base, "use_bias", False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0):
         return False
+    # (TE sets a module's `fp8` inside its own forward, which the epilogue never calls: FP8/FP4 runs are kept off by
+    # the contract for true and by auto_blocker for null, not by this check)
     return not getattr(base, "fp8", False)
 
 
@@ -58,12 +60,12 @@ def auto_blocker(device: torch.device, settings) -> str | None:
 
 class _Epilogue(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, u, w, a, b, scale, p, act, kernels):
+    def forward(ctx, x, u, w, a, b, scale, p, act, kernels, products):
         x2 = x.reshape(-1, x.shape[-1])
         a_c, b_c = a.to(x.dtype), b.to(x.dtype)
         xd2, keep = draw(x2, p) if p else (x2, None)
         h = xd2.mm(a_c.t())
-        y = masked_product(h, b_c.t(), None, 0.0, kernels=kernels, scale=scale)  # s h B^T, written once
+        y = masked_product(h, b_c.t(), None, 0.0, kernels=kernels and products, scale=scale)  # s h B^T, written once
         y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
         kept = u.detach() if u is not None else xd2
         ctx.save_for_backward(kept, keep, h, a_c, b_c, w)
@@ -86,13 +88,14 @@ class _Epilogue(torch.autograd.Function):
             dx = masked_product(dh, a_c, keep, p, kernels=kernels)
             dx.addmm_(dy2, w)  # the base dgrad GEMM accumulates into the adapter's input gradient (beta = 1)
             dx = dx.view(x_shape)
-        return dx, None, None, da.to(a_dtype), db.to(b_dtype), None, None, None, None
+        return dx, None, None, da.to(a_dtype), db.to(b_dtype), None, None, None, None, None
 
 
 def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
-                     p: float = 0.0, u=None, act=None, kernels: bool = False) -> torch.Tensor:
+                     p: float = 0.0, u=None, act=None, kernels: bool = False, products: bool = False) -> torch.Tensor:
     """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. With (u, act): x = act(u), u kept instead of x
-    (trainer.model.lora.inputs; only without dropout). p: the pre-dropout probability in effect (0: none)."""
+    (trainer.model.lora.inputs; only without dropout). p: the pre-dropout probability in effect (0: none). kernels:
+    the Triton passes run here (dx's masked product); products: s h B^T by one too (trainer.lora.triton_products)."""
     if u is not None and p:
         raise ValueError("the epilogue path recomputes x = act(u) only without dropout")
     if not (torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)):
@@ -101,4 +104,4 @@ def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch
             xd2 = draw(x2, p)[0] if p else x2
             y = torch.addmm(x2.mm(w.t()), xd2.mm(a.to(x.dtype).t()), b.to(x.dtype).t(), alpha=scale)
             return y.view(*x.shape[:-1], w.shape[0])
-    return _Epilogue.apply(x, u, w, a, b, scale, float(p), act, kernels)
+    return _Epilogue.apply(x, u, w, a, b, scale, float(p), act, kernels, products)

@@ -21,10 +21,11 @@ order, and changes two things:
 
 Numerics: out, h, y, dh, dB and dA are the same ops in the same order as the unfused path (bitwise on CPU); dx
 differs only in where dh A is rounded (added in the GEMM's accumulator instead of rounded to the activation dtype
-first). tests/test_lora_fused.py pins both, and 20 iterations of a small model. On an NVIDIA GPU the two in-place
-rank-r products (y += s h B^T, dx += dh A) run as one Triton pass each (masked_product: at the 8B's widths 22-27 %
-faster than cuBLAS's addmm_, H100 2026-12-05, bench/results/2026-12-05d_h100_speed): the same sums, rounded once,
-their K = r terms added in the kernel's order (tests/test_lora_x_side_kernels.py, in the interpreter).
+first). tests/test_lora_fused.py pins both, and 20 iterations of a small model. With trainer.lora.triton_products
+(off by default until timed in training) the two in-place rank-r products (y += s h B^T, dx += dh A) run on an NVIDIA
+GPU as one Triton pass each (masked_product: at the 8B's widths 22-27 % faster than cuBLAS's addmm_ in isolation,
+H100 2026-12-05, bench/results/2026-12-05d_h100_speed): the same sums, rounded once, their K = r terms added in the
+kernel's order (tests/test_lora_epilogue.py, in the interpreter).
 
 Pre-dropout (lora.dropout with dropout_position pre, the MLPerf recipes') is fused into A: the mask is drawn as
 nn.Dropout draws it (trainer.model.lora.drop: the same RNG calls, so the same mask), the masked input feeds A and is
@@ -49,16 +50,17 @@ from trainer.model.lora.kernels import masked_product
 
 class _Slot:
     """Hands (dh, A, the dropout mask) from the adapter's A node's backward to the tap's backward; used once."""
-    __slots__ = ("dh", "a", "keep", "p", "kernels")
+    __slots__ = ("dh", "a", "keep", "p", "kernels", "products")
 
-    def __init__(self, p: float = 0.0, kernels: bool = False):
+    def __init__(self, p: float = 0.0, kernels: bool = False, products: bool = False):
         self.dh = self.a = self.keep = None
-        self.p, self.kernels = p, kernels
+        self.p, self.kernels, self.products = p, kernels, products
 
 
 class _InputGradTap(torch.autograd.Function):
-    """Identity on x; in backward, dx += dh A with the slot's dh and A in place (addmm_, or one Triton pass where it
-    runs), with pre-dropout dx += undrop(dh A) (one masked pass): trainer.model.lora.kernels.masked_product."""
+    """Identity on x; in backward, dx += dh A with the slot's dh and A in place (addmm_, or one Triton pass with
+    trainer.lora.triton_products), with pre-dropout dx += undrop(dh A) (one masked pass, Triton where it runs):
+    trainer.model.lora.kernels.masked_product."""
 
     @staticmethod
     def forward(ctx, x, slot):
@@ -75,7 +77,7 @@ class _InputGradTap(torch.autograd.Function):
         dx = dx.contiguous()
         dx2 = dx.view(-1, dx.shape[-1])
         masked_product(dh.view(-1, dh.shape[-1]), a, None if keep is None else keep.view(dx2.shape), slot.p, out=dx2,
-                       accumulate=True, kernels=slot.kernels)
+                       accumulate=True, kernels=slot.kernels and (keep is not None or slot.products))
         return dx, None
 
 
@@ -115,8 +117,7 @@ class _AdapterB(torch.autograd.Function):
         h2 = h.reshape(-1, h.shape[-1])
         if out._is_view():  # an input returned as-is by a custom Function (megatron's TP-1 all-reduce): not in place
             out = torch.addmm(out.reshape(-1, out.shape[-1]), h2, b_c.t(), alpha=scale).view(out.shape)
-        else:  # in place: addmm_ (torch), or one Triton pass where it runs (22-27 % faster than cuBLAS at the 8B's
-            # widths, H100 2026-12-05, bench/adapter_gemms.py)
+        else:  # in place: addmm_ (torch), or one Triton pass with trainer.lora.triton_products
             masked_product(h2, b_c.t(), None, 0.0, out=out.view(-1, out.shape[-1]), accumulate=True, kernels=kernels,
                            scale=scale)
             ctx.mark_dirty(out)
@@ -139,11 +140,12 @@ class _AdapterB(torch.autograd.Function):
 
 
 def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
-                  u=None, act=None, collective=None, drop=None, p: float = 0.0, kernels: bool = False):
+                  u=None, act=None, collective=None, drop=None, p: float = 0.0, kernels: bool = False,
+                  products: bool = False):
     """(y, bias) of base(x) + scale * collective(drop(x) A^T) B^T through the fused path; base returns (out, bias).
     `collective`: the TP/SP mapping between A and B (megatron's autograd functions), None at TP 1. `drop`: pre-dropout
     of probability p, a callable x -> (xd, keep) (trainer.model.lora.drop.draw under the caller's RNG rules)."""
-    slot = _Slot(p, kernels)
+    slot = _Slot(p, kernels, products)
     needs_dx = torch.is_grad_enabled() and x.requires_grad
     # A reads the tapped x too (and gives it no gradient): the tap's backward then waits for A's, whose dh it adds
     x_in = _InputGradTap.apply(x, slot) if needs_dx else x
@@ -154,4 +156,4 @@ def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
     h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act, xd, keep)
     if collective is not None:
         h = collective(h)
-    return _AdapterB.apply(out, h, b, scale, kernels), bias
+    return _AdapterB.apply(out, h, b, scale, kernels and products), bias

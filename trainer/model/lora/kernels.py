@@ -63,7 +63,7 @@ if triton is not None:
     @triton.jit
     def _dual_kernel(dy_ptr, b_ptr, h_ptr, dh_ptr, db_ptr, T, N, R, sdy, sb, sh, sdh, scale,
                      BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
-        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rt = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)  # row offsets past 2^31 elements
         rk = tl.arange(0, RP)
         mt, mk = rt < T, rk < R
         h = tl.load(h_ptr + rt[:, None] * sh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -83,7 +83,7 @@ if triton is not None:
     def _masked_kernel(dh_ptr, a_ptr, k_ptr, o_ptr, T, K, R, sdh, sa, sk, so, scale,
                        HAS_KEEP: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        RP: tl.constexpr):
-        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rt = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)  # row offsets past 2^31 elements
         rc = tl.program_id(1) * BK + tl.arange(0, BK)
         rk = tl.arange(0, RP)
         mt, mc, mk = rt < T, rc < K, rk < R
@@ -108,7 +108,7 @@ if triton is not None:
     @triton.jit
     def _down_kernel(x_ptr, a_ptr, h_ptr, T, K, R, sx, sa, sh, BT: tl.constexpr, BK: tl.constexpr,
                      RP: tl.constexpr):
-        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        rt = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)  # row offsets past 2^31 elements
         rk = tl.arange(0, RP)
         mt, mk = rt < T, rk < R
         acc = tl.zeros((BT, RP), dtype=tl.float32)
@@ -130,7 +130,7 @@ if triton is not None:
         mc, mk = rc < K, rk < R
         acc = tl.zeros((RP, BK), dtype=tl.float32)
         for t0 in range(split * ROWS, tl.minimum(split * ROWS + ROWS, T), BT):
-            rt = t0 + tl.arange(0, BT)
+            rt = (t0 + tl.arange(0, BT)).to(tl.int64)
             mt = rt < T
             dh = tl.load(dh_ptr + rt[:, None] * sdh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
             x = tl.load(x_ptr + rt[:, None] * sx + rc[None, :], mask=mt[:, None] & mc[None, :], other=0.0)

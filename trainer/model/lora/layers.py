@@ -88,7 +88,7 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
                  dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
                  sequence_parallel: bool, seed: int, fused: bool = False, epilogue: bool = False,
-                 kernels: bool = True):
+                 triton_products: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -122,7 +122,7 @@ class LoRALinear(nn.Module):
         self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
         self.epilogue = bool(epilogue)  # trainer.lora.epilogue: trainer.model.lora.epilogue where it owns the GEMM
         self.duplicated = getattr(base, "parallel_mode", None) == "duplicated"
-        self.kernels = bool(kernels)  # trainer.lora.kernels: the rank-r products in Triton where they run
+        self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
@@ -236,8 +236,9 @@ class LoRALinear(nn.Module):
                 and self._reads_own_input() and owns_base_gemm(self.base))
 
     def _kernels(self, x: torch.Tensor) -> bool:
-        """The rank-r products run as Triton passes: trainer.lora.kernels, on a device where they run."""
-        return self.kernels and kernels_usable(x.device, self.lora_a.shape[0], x.dtype)
+        """The rank-r Triton passes run on x's device (the masked ones always there; the unmasked ones with
+        trainer.lora.triton_products)."""
+        return kernels_usable(x.device, self.lora_a.shape[0], x.dtype)
 
     def _p(self) -> float:
         """The pre-dropout probability in effect (0 without dropout, or in eval mode)."""
@@ -247,7 +248,8 @@ class LoRALinear(nn.Module):
         if self.uses_epilogue() and not args and not kwargs:
             u = self._take_act_input(x)
             y = epilogue_adapter(self.base.weight, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
-                                 act=self.input_act if u is not None else None, kernels=self._kernels(x))
+                                 act=self.input_act if u is not None else None, kernels=self._kernels(x),
+                                 products=self.triton_products)
             return y, None
         if self.uses_fused_path():
             u, p = self._take_act_input(x), self._p()
@@ -256,7 +258,7 @@ class LoRALinear(nn.Module):
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
                                  collective=self._collective if self.tp_size > 1 else None, drop=drop, p=p,
-                                 kernels=self._kernels(x))
+                                 kernels=self._kernels(x), products=self.triton_products)
         # (the masked dh A in one pass: its Triton kernel matched the torch ops on an H200 at the 8B's widths,
         # bench/kernel_check.py, 2026-12-05)
         out, bias, h = self._base_and_h(x, args, kwargs)
@@ -322,7 +324,8 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
             seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)),
-            epilogue=bool(getattr(lcfg, "epilogue", False)), kernels=bool(getattr(lcfg, "kernels", True)))
+            epilogue=bool(getattr(lcfg, "epilogue", False)),
+            triton_products=bool(getattr(lcfg, "triton_products", False)))
         setattr(parent, leaf, wrapped)
     return names
 
