@@ -5,10 +5,14 @@
     h = down_product(x, a)                       # x A^T: x [tokens, in] read once, h [tokens, r]
     da = weight_grad(dh, x)                      # dh^T x in fp32: x read once, split over tokens, no atomics
 
-down_product and weight_grad are candidates for the fused path's fwd_A and bwd_dA (cuBLAS's skinny GEMMs there sat
-far from their bytes' bound in the 2026-12-05 profile); bench/adapter_gemms.py times them against cuBLAS, and
-nothing in training calls them until it shows they pay. weight_grad sums its token splits' fp32 partials with torch
-(a fixed order: deterministic, unlike dual_grad's atomic dB).
+Measured against cuBLAS at the 8B's widths (H100, 2026-12-05, bench/adapter_gemms.py,
+bench/results/2026-12-05d_h100_speed): masked_product without a mask, in place, is 21-27 % faster than addmm_
+(trainer.lora.triton_products runs it for the fused and epilogue paths' y += s h B^T and dx += dh A; the masked form
+runs wherever pre-dropout does); dual_grad took 2.2-2.5x the time of cuBLAS's two products, and down_product and
+weight_grad (candidates for fwd_A and bwd_dA) lost too (0.6-0.9x cuBLAS's speed): nothing in training calls those
+three (the epilogue takes dh and dB from cuBLAS); they stay for the bench, as the baseline a better kernel must beat.
+weight_grad sums its token splits' fp32 partials with torch (a fixed order: deterministic, unlike dual_grad's atomic
+dB).
 
 dual_grad: one program per block of token rows streams its rows of dy once, in column blocks: each block feeds both
 products (dh's rows accumulate in registers; dB's partial sums go to an fp32 buffer by atomic adds, so dB's summation
