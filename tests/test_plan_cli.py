@@ -129,3 +129,17 @@ def test_the_refusals_suggestion_plans_only_the_fewest_changes(recipe, sets, mon
     else:
         assert quick.sets == full.sets and quick.plan.peak_gib == full.plan.peak_gib
     assert len(planned) < 150, len(planned)  # of 720 layouts
+
+
+def test_the_loss_kernel_keeps_one_16_bit_chunk_in_the_plan():
+    """trainer.recompute.chunked_loss_kernel in BF16 on an NVIDIA GPU: the logits+loss term is the chunk's 16-bit
+    logits (the gradient written over them), not two fp32 buffers; off, on ROCm or in fp32 as before."""
+    def term(*sets):
+        r = load_recipe(ROOT / "bench/recipes/llama3_8b_h200.yaml", list(sets)).resolved
+        return plan(r).breakdown["logits+loss"]
+
+    on = "trainer.recompute.chunked_loss_kernel=true"
+    assert term("cluster.env_profile=h200") == pytest.approx(0.5)  # 2 x 256 MiB of fp32 logits
+    assert term("cluster.env_profile=h200", on) == pytest.approx(0.125)
+    assert term("cluster.env_profile=mi300x", on) == pytest.approx(0.5)
+    assert term("cluster.env_profile=h200", on, "trainer.precision.bf16=false") == pytest.approx(0.5)
