@@ -27,8 +27,6 @@ bench/kernel_check.py on the GPU at the 8B's widths.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 try:
@@ -46,11 +44,9 @@ def ce_kernel_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """The CE passes run on `device` for logits of `dtype`: an NVIDIA GPU with Triton (never ROCm), or anywhere in
     Triton's CPU interpreter. No tl.dot here, so fp32 logits are computed in fp32 as well (the GPU's bf16 logits are
     the case that pays)."""
-    if triton is None or dtype not in _DTYPES:
-        return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True
-    return device.type == "cuda" and torch.version.hip is None
+    from trainer.model.lora.kernels import triton_runs_on
+
+    return dtype in _DTYPES and triton_runs_on(device)
 
 
 if triton is not None:

@@ -46,16 +46,23 @@ except ImportError:  # pragma: no cover - CPU-only installs
 MAX_RANK = LORA_KERNEL_MAX_RANK
 
 
-def kernels_usable(device: torch.device, rank: int = 16, dtype: torch.dtype | None = None) -> bool:
-    """The Triton kernels run on `device` for LoRA rank `rank`: an NVIDIA GPU with Triton (never run on ROCm), or
-    anywhere in Triton's CPU interpreter; rank at most MAX_RANK. Not for float32 on the GPU: tl.dot takes fp32 inputs
-    in TF32 there (~1e-3 relative), where the torch path keeps fp32 (the interpreter computes fp32 exactly, so the
-    CPU tests never saw it; audit, 2026-12-05)."""
-    if triton is None or rank > MAX_RANK:
+def triton_runs_on(device: torch.device) -> bool:
+    """The project's Triton kernels run on `device`: an NVIDIA GPU with Triton (never run on ROCm), or anywhere in
+    Triton's CPU interpreter (TRITON_INTERPRET=1). The one rule for these kernels and trainer/model/ce_kernel.py's."""
+    if triton is None:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
         return True
-    return device.type == "cuda" and torch.version.hip is None and dtype != torch.float32
+    return device.type == "cuda" and torch.version.hip is None
+
+
+def kernels_usable(device: torch.device, rank: int = 16, dtype: torch.dtype | None = None) -> bool:
+    """The Triton kernels run on `device` for LoRA rank `rank` (triton_runs_on); rank at most MAX_RANK. Not for
+    float32 on the GPU: tl.dot takes fp32 inputs in TF32 there (~1e-3 relative), where the torch path keeps fp32 (the
+    interpreter computes fp32 exactly, so the CPU tests never saw it; audit, 2026-12-05)."""
+    if rank > MAX_RANK or not triton_runs_on(device):
+        return False
+    return os.environ.get("TRITON_INTERPRET") == "1" or dtype != torch.float32
 
 
 def rank_block(r: int) -> int:
