@@ -64,6 +64,7 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
   # single-document and packed batches; bench/spread.py prints min / median / max per cell and the verdicts. Every
   # process has its share of the call's time (BUDGET_S, default 560 s: anchor 1/4, ceiling 7/20, ours the rest, 3:2
   # between BF16 and FP8 (SHARES)): no block starts that would end past it, so one device call (600 s) returns.
+  # ANCHOR=0 skips the anchor (a short call that compares variants and the ceiling only; its time goes to ours).
   local name=$1; shift
   local end=$(( $(date +%s) + ${BUDGET_S:-560} )) r=${REPEATS:-3} precs=(${PRECISIONS:-bf16 fp8})
   local anchor=() ceiling=()
@@ -72,7 +73,7 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
   done
   { timeout 90 python3 bench/kernel_check.py  # the Triton kernels on this GPU against the torch ops, first (~20 s)
     budget=$(( end - $(date +%s) ))
-    timeout $(( budget / 4 )) python3 .gpu/bin/anchor_mcore_te.py "${anchor[@]}"
+    [ "${ANCHOR:-1}" = 0 ] || timeout $(( budget / 4 )) python3 .gpu/bin/anchor_mcore_te.py "${anchor[@]}"
     timeout $(( budget * 7 / 20 )) python3 bench/lora_ceiling.py "${ceiling[@]}"
     weights=(${SHARES:-3 2}); i=0  # BF16 gets 3 parts of the time, FP8 2
     for p in "${precs[@]}"; do
@@ -153,9 +154,14 @@ case "${1:-}" in
             # loss's Triton passes (chunked_loss_kernel), the unmasked adapter products in Triton
             # (lora.triton_products), the epilogue's auto (BF16 only: in FP8 epilogue-on equals default). A lever goes
             # on by default when its variant is kept against `default` (its median above default's max)
-    interleaved_call kernels --variant default= --variant ce-on=trainer.recompute.chunked_loss_kernel=true \
-      --variant products-on=trainer.lora.triton_products=true --variant epilogue-on=trainer.lora.epilogue=null \
-      --variant all-on=trainer.recompute.chunked_loss_kernel=true,trainer.lora.triton_products=true,trainer.lora.epilogue=null ;;
+            # VARIANTS="default ce-on all-on" keeps only those (a short call).
+    picked=()
+    for v in default= ce-on=trainer.recompute.chunked_loss_kernel=true products-on=trainer.lora.triton_products=true \
+        epilogue-on=trainer.lora.epilogue=null \
+        all-on=trainer.recompute.chunked_loss_kernel=true,trainer.lora.triton_products=true,trainer.lora.epilogue=null; do
+      [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
+    done
+    interleaved_call kernels "${picked[@]}" ;;
   swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default: recipes/compare_realtext.yaml (200
                     # iterations, real English text) per precision (PRECISIONS, default "bf16 fp8") three runs side by
                     # side: the default (a), fused_swiglu (b), the default with another seed (spread); bench/loss_match.py
