@@ -77,6 +77,30 @@ def test_clip_to_global_norm_and_no_decay_on_vectors():
     assert opt.param_groups[0]["betas"] == (0.8, 0.95) and opt.param_groups[0]["eps"] == 1e-6
 
 
+def test_global_grad_norm_by_multi_tensor_kernels_equals_the_per_parameter_sum():
+    """The norm in torch's foreach kernels (grouped by dtype) equals the float64 sum of every parameter's squares;
+    a TP-duplicated parameter counts on tp_rank 0 only; parameters without a gradient count 0."""
+    from trainer.step.optim import global_grad_norm
+
+    g = torch.Generator().manual_seed(0)
+    params = []
+    for i, (shape, dtype) in enumerate([((16, 64), torch.float32), ((64, 16), torch.bfloat16), ((7,), torch.float32),
+                                        ((33, 5), torch.float16), ((4, 4), torch.float32)]):
+        p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
+        p.grad = (torch.randn(shape, generator=g) * (i + 1)).to(dtype)
+        p.tensor_model_parallel = i != 2  # the vector is replicated over TP
+        params.append(p)
+    params.append(torch.nn.Parameter(torch.zeros(3)))  # no gradient
+    ref = {r: math.sqrt(sum(float(p.grad.double().pow(2).sum()) for i, p in enumerate(params[:5]) if r == 0 or i != 2))
+           for r in (0, 1)}
+    assert ref[0] != ref[1]
+    for rank in (0, 1):
+        norm = global_grad_norm(params, tp_rank=rank)
+        assert norm.dtype == torch.float32 and norm.dim() == 0
+        assert float(norm) == pytest.approx(ref[rank], rel=1e-5)
+    assert float(global_grad_norm([params[-1]])) == 0.0
+
+
 def test_stop_signal_records_sigterm_and_sigusr2_only():
     stop = StopSignal().install()
     try:

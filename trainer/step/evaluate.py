@@ -26,8 +26,11 @@ HOST_KEYS = ("cu_seqlens",)  # read on the host (trainer.model.inputs.packed_seq
 
 
 def move_batch(batch: dict, device: torch.device) -> dict:
-    """Tensors of a collated batch onto `device` (non-blocking), but HOST_KEYS; python scalars unchanged."""
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) and k not in HOST_KEYS else v
+    """Tensors of a collated batch onto `device` (non-blocking: pinned, trainer.model.inputs.to_device), but HOST_KEYS;
+    python scalars unchanged."""
+    from trainer.model.inputs import to_device
+
+    return {k: to_device(v, device) if isinstance(v, torch.Tensor) and k not in HOST_KEYS else v
             for k, v in batch.items()}
 
 

@@ -62,10 +62,14 @@ def step_header(local_count: float, flag: bool, counts_once: bool, device, extra
     any rank set it, so all ranks take the same decision at the same iteration."""
     own = [float(local_count), *map(float, extras)]
     values = [v if counts_once else 0.0 for v in own] + [1.0 if flag else 0.0]
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    all_reduce_sum(t, group)
-    out = t.tolist()  # one host sync per step, taken before this step's compute is queued
-    n = torch.tensor(max(out[0], 1.0), dtype=torch.float32, device=device)
+    if _world(group) == 1:  # nothing to agree on: no device round trip, so the host queues this step's compute
+        out = values        # while the GPU still runs the last one (no idle GPU at the step boundary)
+    else:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        all_reduce_sum(t, group)
+        out = t.tolist()  # one host sync per step, taken before this step's compute is queued
+    # (a fill kernel, not a copy from pageable host memory, which would wait for the queued kernels)
+    n = torch.full((), max(out[0], 1.0), dtype=torch.float32, device=device)
     return n, out[-1] > 0, out[:-1]
 
 

@@ -9,7 +9,7 @@
      pipeline parallelism megatron's 1F1B schedule, trainer.step.pipeline.accumulate_gradients);
   3. TP sum of sequence-parallel grads, DP(+CP) SUM of grads, global-norm clip, AdamW step.
 
-Host syncs: the step header (one small all-reduce read per step) and the log points (cuda
+Host syncs: the step header (one small all-reduce read per step; none at a world of one) and the log points (cuda
 synchronize + .item() of the interval's losses); NaN/Inf is detected at log points, before every
 checkpoint save and at the end, so a poisoned state is never saved.
 """
