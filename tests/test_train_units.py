@@ -101,6 +101,35 @@ def test_global_grad_norm_by_multi_tensor_kernels_equals_the_per_parameter_sum()
     assert float(global_grad_norm([params[-1]])) == 0.0
 
 
+def test_global_grad_norm_launches_do_not_grow_with_the_parameter_count():
+    """The norm's ops are a fixed handful whatever the adapter count (a GPU launches each: three a parameter left the
+    8B's GPU waiting on the host)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainer.step.optim import global_grad_norm
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops(count: int) -> int:
+        params = []
+        for i in range(count):
+            p = torch.nn.Parameter(torch.zeros(4, 3))
+            p.grad = torch.full((4, 3), float(i))
+            params.append(p)
+        with Count() as c:
+            global_grad_norm(params)
+        return c.n
+
+    assert ops(256) == ops(4) <= 12
+
+
 def test_stop_signal_records_sigterm_and_sigusr2_only():
     stop = StopSignal().install()
     try:

@@ -114,14 +114,15 @@ def _sum_squares(params, tp_rank: int, device) -> torch.Tensor:
     """Sum of the squared gradient entries (fp32, 0-dim): per-tensor norms in torch's multi-tensor kernels (a few
     launches for every adapter; three tiny kernels a parameter, ~770 a step at the 8B's 256 adapters, left the GPU
     waiting on the host), then the squares of those norms summed in fp32."""
-    grads = [p.grad.detach() for p in params if p.grad is not None and not _is_tp_duplicate(p, tp_rank)]
+    grads = [p.grad for p in params if p.grad is not None and not _is_tp_duplicate(p, tp_rank)]
     if not grads:
         return torch.zeros((), dtype=torch.float32, device=device)
     by_kind: dict[tuple, list[torch.Tensor]] = {}
     for g in grads:
         by_kind.setdefault((g.device, g.dtype), []).append(g)
-    norms = [n for group in by_kind.values() for n in torch._foreach_norm(group, 2.0, dtype=torch.float32)]
-    return torch.stack(norms).pow(2).sum().to(device)
+    with torch.no_grad():
+        norms = [n for group in by_kind.values() for n in torch._foreach_norm(group, 2.0, dtype=torch.float32)]
+        return torch.stack(norms).pow(2).sum().to(device)
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: Optional[float], tp_rank: int = 0,
