@@ -4,8 +4,8 @@ adapter-free ceiling needs more than fused adapter kernels. CPU only; prints one
 The pass counts per wrapped linear and design are primus_contract/plan/adapter_passes.py's (the planner prices
 trainer.lora.epilogue and fused_swiglu with the same table): unfused, fused (trainer/model/lora/fused.py), epilogue
 (trainer/model/lora/epilogue.py: proj/fc2 only, the norm-fed qkv/fc1 stay unfused), each with and without
-fused_swiglu (fc1's output never written), and epilogue-all (every linear, the norm-fed too: not built). The bytes of
-the unfused design are fitted to the measured adapter cost (ours unfused step - ceiling step, same call), giving the
+fused_swiglu (fc1's output never written), and epilogue-all (every linear, the norm-fed too: lora.epilogue_norm).
+The bytes of the unfused design are fitted to the measured adapter cost (ours unfused step - ceiling step, same call), giving the
 effective bandwidth the other designs are priced at. --shape 70b prices the MLPerf 70B recipe's adapters (qkv/proj,
 80 layers, pre-dropout with --dropout) at that bandwidth (FP8's; no 70B calibration).
 

@@ -152,12 +152,13 @@ case "${1:-}" in
   kernels)  # issue 37: the levers landed after bb00b53, off by default until timed in training, each switched on
             # against the defaults (`default`), and all three together, interleaved (see interleaved_call): the chunked
             # loss's Triton passes (chunked_loss_kernel), the unmasked adapter products in Triton
-            # (lora.triton_products), the epilogue's auto (BF16 only: in FP8 epilogue-on equals default). A lever goes
+            # (lora.triton_products), the epilogue's auto (BF16 only: in FP8 epilogue-on equals default), the epilogue
+            # with the norm-fed linears too (norm-on: lora.epilogue_norm; FP8 refuses it, one error row). A lever goes
             # on by default when its variant is kept against `default` (its median above default's max)
             # VARIANTS="default ce-on all-on" keeps only those (a short call).
     picked=()
     for v in default= ce-on=trainer.recompute.chunked_loss_kernel=true products-on=trainer.lora.triton_products=true \
-        epilogue-on=trainer.lora.epilogue=null \
+        epilogue-on=trainer.lora.epilogue=null norm-on=trainer.lora.epilogue=true,trainer.lora.epilogue_norm=true \
         all-on=trainer.recompute.chunked_loss_kernel=true,trainer.lora.triton_products=true,trainer.lora.epilogue=null; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done

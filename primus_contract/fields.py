@@ -249,6 +249,12 @@ SCHEMA: dict = {
                               "elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-05, with the one-read "
                               "dh/dB kernel it no longer uses: +0.9 % single-document, +0.5 % packed on top of "
                               "fused_swiglu; real-text loss within the reseeded run's spread)"),
+            "epilogue_norm": Field("bool", False, help="with epilogue: true, the epilogue also owns the norm-fed "
+                                   "linears (qkv; fc1, folded or not): torch runs Transformer Engine's fused input "
+                                   "norm, then the epilogue node (fc1 under the SwiGLU fold: the fused path's tap), so "
+                                   "the adapter's input gradient is added in the dgrad GEMM, not in a separate pass "
+                                   "(trainer/model/lora/norm_epilogue.py); GPU runs only; not yet timed: off until "
+                                   "it is"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),

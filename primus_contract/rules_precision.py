@@ -189,13 +189,42 @@ def epilogue_owners(t: Mapping, profile: str) -> list:
 
 def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     """trainer.lora.epilogue true where no wrapped linear could own its base GEMM: refused here, not at the trainer's
-    start."""
+    start (with epilogue_norm, the norm-fed linears count: epilogue_norm_rules)."""
+    epilogue_norm_rules(t, profile)
     if not t["lora"]["epilogue"]:
         return
-    if not epilogue_owners(t, profile):
+    if not epilogue_owners(t, profile) and not t["lora"]["epilogue_norm"]:
         where = "on a GPU, where Transformer Engine fuses qkv and fc1 with their norms" if _on_gpu(t, profile) else "here"
         fail(f"`trainer.lora.epilogue` has no linear to own {where}: its targets are experts, replicated, norm-fed "
              "or fc1 folded by fused_swiglu; target linear_proj / linear_fc2, or set epilogue: false")
+
+
+def norm_fed_targets(t: Mapping) -> list:
+    """The targeted linears Transformer Engine fuses with their input norm on a GPU (trainer.lora.epilogue_norm's):
+    qkv, a dense MLP's fc1, MLA's up-projections (their latent norms)."""
+    from primus_contract.rules_model import model_linear_names
+
+    lora, mla = t["lora"], t["model"]["multi_latent_attention"]
+    fused = ("linear_qkv", "linear_fc1") + (("linear_q_up_proj", "linear_kv_up_proj") if mla else ())
+    return [n for n in model_linear_names(t["model"]) if n.rsplit(".", 1)[-1] in fused and ".experts." not in f".{n}"
+            and any(pattern_matches(p, [n]) for p in lora["target_modules"])
+            and not any(pattern_matches(p, [n]) for p in lora["exclude_modules"])]
+
+
+def epilogue_norm_rules(t: Mapping, profile: str) -> None:
+    """trainer.lora.epilogue_norm: an extension of epilogue true, on a GPU (where TE fuses the norms), with a norm-fed
+    linear among the targets; refused otherwise, never accepted and ignored."""
+    if not t["lora"]["epilogue_norm"]:
+        return
+    if t["lora"]["epilogue"] is not True:
+        fail("`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is "
+             f"{t['lora']['epilogue']}: set epilogue: true, or epilogue_norm: false")
+    if not _on_gpu(t, profile):
+        fail("`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1, which only "
+             "a GPU run has (its layer spec); set trainer.distributed.device: cuda, or epilogue_norm: false")
+    if not norm_fed_targets(t):
+        fail("`trainer.lora.epilogue_norm` has no norm-fed linear to own: `trainer.lora.target_modules` names none of "
+             "linear_qkv / linear_fc1; target one, or set epilogue_norm: false")
 
 
 def epilogue_on(t: Mapping, profile: str) -> bool:

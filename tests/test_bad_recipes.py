@@ -97,6 +97,12 @@ BAD = [
     ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2}, lora: {epilogue: true}}",
      "`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only"),
     ("trainer: {lora: {epilogue: true, dropout: 0.1, dropout_position: post}}", "fuses pre-dropout into A"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue_norm: true}}",
+     "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is False"),
+    ("trainer: {lora: {epilogue: true, epilogue_norm: true}}",  # quickstart's device is cpu: no TE norm-fused linear
+     "`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: true, epilogue_norm: "
+     "true, target_modules: [linear_proj, linear_fc2]}}", "`trainer.lora.epilogue_norm` has no norm-fed linear"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),

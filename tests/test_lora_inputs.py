@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from primus_slurm.config.recipe import deep_merge
-from tests.model_helpers import (DEEPSEEK_MLA, arch_sections, dist_session, models_with_same_adapters, packed_batch,
-                                 tiny_cfg)
+from tests.model_helpers import (DEEPSEEK_MLA, FusedNormLinear, arch_sections, dist_session,
+                                 models_with_same_adapters, packed_batch, tiny_cfg)
 from trainer.model import build_model, forward_losses
 from trainer.model.lora.inputs import adapter_a, gated_silu
 
@@ -163,24 +163,6 @@ def test_rmsnorm_adapter_in_bf16_tracks_fp32_reference():
         assert (got - ref).norm() / ref.norm() < 2e-2
 
 
-class _FusedNormLinear(torch.nn.Module):
-    """CPU stand-in for TE's LayerNormLinear (RMSNorm): same attributes and return convention
-    ((out, bias, ln_out) when return_layernorm_output, else (out, bias)); frozen like a LoRA base."""
-
-    def __init__(self, hidden: int, out: int, seed: int):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.weight = torch.nn.Parameter(torch.randn(out, hidden, generator=g) * 0.1, requires_grad=False)
-        self.layer_norm_weight = torch.nn.Parameter(torch.rand(hidden, generator=g) + 0.5, requires_grad=False)
-        self.eps, self.normalization, self.zero_centered_gamma = 1e-5, "RMSNorm", False
-        self.return_layernorm_output, self.parallel_mode = False, "column"
-
-    def forward(self, x):
-        ln = F.rms_norm(x, (x.shape[-1],), self.layer_norm_weight, self.eps)
-        out = F.linear(ln, self.weight)
-        return (out, None, ln) if self.return_layernorm_output else (out, None)
-
-
 def test_fused_norm_lora_linear_rewired_matches_ln_out_path():
     from trainer.model.lora.layers import LoRALinear
     from trainer.model.lora.inputs import wire_adapter_input_recompute
@@ -188,7 +170,7 @@ def test_fused_norm_lora_linear_rewired_matches_ln_out_path():
     x0 = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(3))
     results = []
     for rewire in (False, True):
-        lora = LoRALinear(_FusedNormLinear(32, 48, seed=1), "linear_qkv", dim=4, alpha=8, dropout=0.0,
+        lora = LoRALinear(FusedNormLinear(32, 48, seed=1), "linear_qkv", dim=4, alpha=8, dropout=0.0,
                           dropout_position="pre", a_init="kaiming", b_init="zero", tp_size=1, tp_rank=0,
                           sequence_parallel=False, seed=2)
         with torch.no_grad():

@@ -52,7 +52,7 @@ def restore(path: str, model, optimizer, info, random_base: bool = False) -> tup
     (primus_contract/restore_rules.py, the rule `eval`/`export` apply at submit)."""
     from trainer.checkpointing.module_state import restore_extra_state
     from trainer.model import load_adapter_state_dict
-    from trainer.model.lora.layers import adapter_parameters
+    from trainer.model.lora.state import adapter_parameters
 
     with open(os.path.join(path, "metadata.json")) as fh:
         meta = json.load(fh)
@@ -136,7 +136,7 @@ def _collect(path: str, old_tp: int, wanted: dict[str, Optional[int]]):
 def load_resharded(path: str, old_tp: int, model, optimizer, tp_rank: int, tp_size: int) -> int:
     """Adapters and AdamW moments of checkpoint `path` (saved with TP size old_tp, any PP/DP/EP)
     into this rank's model and optimizer; returns the checkpoint's iteration."""
-    from trainer.model.lora.layers import adapter_parameters
+    from trainer.model.lora.state import adapter_parameters
     from trainer.model.sharding import merge_shards, shard_dim, to_local
 
     own = adapter_parameters(model)

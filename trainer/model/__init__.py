@@ -4,7 +4,7 @@
 """
 from trainer.model.build import BuiltModel, build, build_model
 from trainer.model.forward import forward_losses
-from trainer.model.lora.layers import (adapter_state_dict, allreduce_sequence_parallel_grads,
+from trainer.model.lora.state import (adapter_state_dict, allreduce_sequence_parallel_grads,
                                 load_adapter_state_dict)
 
 

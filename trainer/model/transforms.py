@@ -141,13 +141,19 @@ def _epilogue(model, ctx: BuildContext) -> str:
             for m in wrapped:
                 m.epilogue = False
             return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"
-    taken = sum(m.uses_epilogue() for m in wrapped)
+    normed = sum(m.uses_norm_epilogue() for m in wrapped)  # trainer.lora.epilogue_norm (lora/norm_epilogue.py)
+    taken = sum(m.uses_epilogue() for m in wrapped) + normed
     if not taken:
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
+    if ctx.cfg.trainer.lora.epilogue_norm and not normed:
+        raise ConfigError("trainer.lora.epilogue_norm: no wrapped norm-fused linear here whose norm and GEMM this "
+                          "path can own (TE's LayerNormLinear, RMSNorm/LayerNorm, 16/32-bit, no bias); set "
+                          "epilogue_norm: false")
     how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "torch ops (no Triton device here, or a rank above the kernels')")
-    return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears | {how}"
+    norm = f" (norm-fed {normed})" if ctx.cfg.trainer.lora.epilogue_norm else ""
+    return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears{norm} | {how}"
 
 
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:

@@ -141,10 +141,11 @@ class _AdapterB(torch.autograd.Function):
 
 def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
                   u=None, act=None, collective=None, drop=None, p: float = 0.0, kernels: bool = False,
-                  products: bool = False):
+                  products: bool = False, parts: bool = False):
     """(y, bias) of base(x) + scale * collective(drop(x) A^T) B^T through the fused path; base returns (out, bias).
     `collective`: the TP/SP mapping between A and B (megatron's autograd functions), None at TP 1. `drop`: pre-dropout
-    of probability p, a callable x -> (xd, keep) (trainer.model.lora.drop.draw under the caller's RNG rules)."""
+    of probability p, a callable x -> (xd, keep) (trainer.model.lora.drop.draw under the caller's RNG rules).
+    parts: ((out, h), bias), B left to the caller (trainer.model.lora.norm_epilogue: the SwiGLU fold applies it)."""
     slot = _Slot(p, kernels, products)
     needs_dx = torch.is_grad_enabled() and x.requires_grad
     # A reads the tapped x too (and gives it no gradient): the tap's backward then waits for A's, whose dh it adds
@@ -156,4 +157,6 @@ def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
     h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act, xd, keep)
     if collective is not None:
         h = collective(h)
+    if parts:
+        return (out, h), bias
     return _AdapterB.apply(out, h, b, scale, kernels and products), bias

@@ -45,6 +45,7 @@ from trainer.model.lora.drop import draw
 from trainer.model.lora.epilogue import epilogue_adapter, owns_base_gemm
 from trainer.model.lora.fused import fused_adapter
 from trainer.model.lora.kernels import kernels_usable
+from trainer.model.lora.norm_epilogue import norm_epilogue, norm_parts, owns_norm
 
 COLUMN, ROW = "column", "row"
 _ROW_NAMES = ("linear_proj", "linear_fc2")
@@ -88,7 +89,7 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
                  dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
                  sequence_parallel: bool, seed: int, fused: bool = False, epilogue: bool = False,
-                 triton_products: bool = False):
+                 triton_products: bool = False, epilogue_norm: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -121,6 +122,7 @@ class LoRALinear(nn.Module):
         self.swiglu_folded = False  # set by trainer.model.lora.swiglu: its MLP calls forward_parts, never forward
         self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
         self.epilogue = bool(epilogue)  # trainer.lora.epilogue: trainer.model.lora.epilogue where it owns the GEMM
+        self.epilogue_norm = bool(epilogue_norm)  # trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue
         self.duplicated = getattr(base, "parallel_mode", None) == "duplicated"
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
 
@@ -210,6 +212,8 @@ class LoRALinear(nn.Module):
     def forward_parts(self, x: torch.Tensor):
         """(base output, h) without B's product, for a consumer that applies B itself (trainer.model.lora.swiglu:
         fc1 of a dense MLP without a bias)."""
+        if self.uses_norm_epilogue():
+            return norm_parts(self, x, self._p(), self._kernels(x))
         out, _, h = self._base_and_h(x)
         return out, h
 
@@ -235,6 +239,13 @@ class LoRALinear(nn.Module):
         return (self.epilogue and self.tp_size == 1 and not self.is_expert and not self.duplicated
                 and self._reads_own_input() and owns_base_gemm(self.base))
 
+    def uses_norm_epilogue(self) -> bool:
+        """trainer.model.lora.norm_epilogue applies: the epilogue's conditions, on a norm-fused linear whose adapter
+        reads the norm output (no folded norm, no post-dropout) and whose norm torch can run."""
+        return (self.epilogue and self.epilogue_norm and self.tp_size == 1 and not self.is_expert
+                and not self.duplicated and self.fused_norm and self.adapter_norm is None
+                and (self.dropout is None or self.dropout_position == "pre") and owns_norm(self.base))
+
     def _kernels(self, x: torch.Tensor) -> bool:
         """The rank-r Triton passes run on x's device (the masked ones always there; the unmasked ones with
         trainer.lora.triton_products)."""
@@ -245,6 +256,8 @@ class LoRALinear(nn.Module):
         return float(self.dropout.p) if self.dropout is not None and self.dropout.training else 0.0
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
+        if self.uses_norm_epilogue() and not args and not kwargs:
+            return norm_epilogue(self, x, self._p(), self._kernels(x)), None
         if self.uses_epilogue() and not args and not kwargs:
             u = self._take_act_input(x)
             y = epilogue_adapter(self.base.weight, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
@@ -324,7 +337,7 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
             seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)),
-            epilogue=bool(getattr(lcfg, "epilogue", False)),
+            epilogue=bool(getattr(lcfg, "epilogue", False)), epilogue_norm=bool(getattr(lcfg, "epilogue_norm", False)),
             triton_products=bool(getattr(lcfg, "triton_products", False)))
         setattr(parent, leaf, wrapped)
     return names
@@ -348,50 +361,3 @@ def _grouped(base, name: str, lcfg, seed: int, global_name, tokens_per_rank: boo
 
 def lora_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, (LoRALinear, GroupedLoRALinear))}
-
-
-def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    """This rank's LoRA factors keyed by global name (trainer.model.layout), in parameter order."""
-    from trainer.model.layout import namer
-
-    rename = namer(model)
-    return {rename(n): p for n, p in model.named_parameters() if n.endswith((".lora_a", ".lora_b"))}
-
-
-def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the LoRA parameters (this rank's TP shards), detached, in parameter order, keyed by global
-    name (trainer.model.layout: the same name for the same layer/expert under any PP/EP layout)."""
-    return {n: p.detach() for n, p in adapter_parameters(model).items()}
-
-
-def load_adapter_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
-    """Inverse of adapter_state_dict for the same TP size (trainer.checkpointing.reshard handles a TP change)."""
-    own = adapter_parameters(model)
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    if strict and (missing or unexpected):
-        raise KeyError(f"adapter state mismatch: missing {missing[:4]} unexpected {unexpected[:4]}")
-    with torch.no_grad():
-        for n, p in own.items():
-            if n in sd:
-                if sd[n].shape != p.shape:
-                    raise ValueError(f"{n}: shape {tuple(sd[n].shape)} != model {tuple(p.shape)}")
-                p.copy_(sd[n])
-
-
-def allreduce_sequence_parallel_grads(model: nn.Module, group: Optional[object] = None) -> None:
-    """Sum grads of params marked sequence_parallel across TP (when not using megatron's DDP)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    grads = [p.grad for p in model.parameters()
-             if p.requires_grad and getattr(p, "sequence_parallel", False) and p.grad is not None]
-    if not grads:
-        return
-    group = group or ps.get_tensor_model_parallel_group()
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()

@@ -1,0 +1,67 @@
+"""The epilogue for norm-fed linears (trainer.lora.epilogue_norm): the adapter path also owns the norm that
+Transformer Engine fuses into qkv and fc1 (LayerNormLinear), so their adapters get the epilogue's passes too.
+
+With TE's LayerNormLinear the adapter reads the norm output that TE returns (`return_layernorm_output`), and TE adds
+the adapter's input gradient to its own dgrad in a separate pass before the norm's backward (read both, write one).
+This path runs the norm itself (torch's F.rms_norm / F.layer_norm, with TE's weight, eps and zero-centred gamma)
+and then:
+
+    qkv (a whole linear):   the GEMM epilogue node on the norm output (trainer.model.lora.epilogue): y = s h B^T
+                            written once, the base GEMM adds into it; dx_a written once, the dgrad GEMM adds into it
+    fc1 folded by the SwiGLU (forward_parts: the base output and h, B applied by the SwiGLU kernels): the fused path's
+                            tap (trainer.model.lora.fused) on the norm output, so dh A is added in place into the
+                            base's dgrad
+
+and autograd runs the norm's backward on the summed gradient. Against TE's LayerNormLinear + the unfused adapter
+this saves, per linear and step, the separate sum and one write of the adapter's input gradient ([tokens, in]), and
+for qkv the forward's second pass over its output (primus_contract/plan/adapter_passes.py: design epilogue-all).
+
+Numerics: the norm is torch's, not TE's kernel (both compute in fp32 and round the output once; on CPU the test
+stand-in's norm is torch's, so the CPU tests compare the same ops: tests/test_norm_epilogue.py). Runs where the
+epilogue does (16/32-bit base GEMMs, TP 1; the contract refuses FP8/FP4 and TP > 1) on a LayerNormLinear without a
+GEMM bias whose norm is RMSNorm or LayerNorm; elsewhere the linear keeps its path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainer.model.lora.drop import draw
+from trainer.model.lora.epilogue import epilogue_adapter, owns_base_gemm
+from trainer.model.lora.fused import fused_adapter
+
+
+def owns_norm(base) -> bool:
+    """`base` is a norm-fused linear whose norm torch can run: TE's LayerNormLinear with a tensor norm weight, RMSNorm
+    or LayerNorm, and a plain base GEMM this path can own (trainer.model.lora.epilogue.owns_base_gemm)."""
+    weight = getattr(base, "layer_norm_weight", None)
+    return (isinstance(weight, torch.Tensor) and hasattr(base, "return_layernorm_output")
+            and getattr(base, "normalization", "LayerNorm") in ("RMSNorm", "LayerNorm") and owns_base_gemm(base))
+
+
+def norm(base, x: torch.Tensor) -> torch.Tensor:
+    """TE's input norm of `base` as torch ops: its weight (plus 1 with zero-centred gamma), eps and kind."""
+    gamma = base.layer_norm_weight
+    if getattr(base, "zero_centered_gamma", False):
+        gamma = gamma + 1
+    shape, eps = (x.shape[-1],), float(getattr(base, "eps", 1e-5))
+    if getattr(base, "normalization", "LayerNorm") == "RMSNorm":
+        return F.rms_norm(x, shape, gamma.to(x.dtype), eps)
+    bias = getattr(base, "layer_norm_bias", None)
+    return F.layer_norm(x, shape, gamma.to(x.dtype), None if bias is None else bias.to(x.dtype), eps)
+
+
+def norm_epilogue(lora, x: torch.Tensor, p: float, kernels: bool) -> torch.Tensor:
+    """base(x) + scale * drop_p(norm(x)) A^T B^T of a norm-fed LoRALinear, through the epilogue node on norm(x)."""
+    return epilogue_adapter(lora.base.weight, norm(lora.base, x), lora.lora_a, lora.lora_b, lora.scale, p,
+                            kernels=kernels, products=lora.triton_products)
+
+
+def norm_parts(lora, x: torch.Tensor, p: float, kernels: bool):
+    """(norm(x) W^T, drop_p(norm(x)) A^T) of a norm-fed LoRALinear whose consumer applies B itself (the SwiGLU fold),
+    dh A added in place into the base's dgrad by the fused path's tap."""
+    w = lora.base.weight
+    out, h = fused_adapter(lambda z: (F.linear(z, w), None), norm(lora.base, x), lora.lora_a, lora.lora_b, lora.scale,
+                           drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
+                           products=lora.triton_products, parts=True)[0]
+    return out, h
