@@ -222,6 +222,11 @@ def epilogue_norm_rules(t: Mapping, profile: str) -> None:
     if not _on_gpu(t, profile):
         fail("`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1, which only "
              "a GPU run has (its layer spec); set trainer.distributed.device: cuda, or epilogue_norm: false")
+    rec = t["recompute"]
+    if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "norm"):
+        fail("`trainer.lora.epilogue_norm` runs the norm-fed linears' norm before their adapters, and "
+             f"`trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} folds that norm into A instead; "
+             "set adapter_inputs_scope: fc2, or epilogue_norm: false")
     if not norm_fed_targets(t):
         fail("`trainer.lora.epilogue_norm` has no norm-fed linear to own: `trainer.lora.target_modules` names none of "
              "linear_qkv / linear_fc1; target one, or set epilogue_norm: false")

@@ -103,6 +103,8 @@ BAD = [
      "`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: true, epilogue_norm: "
      "true, target_modules: [linear_proj, linear_fc2]}}", "`trainer.lora.epilogue_norm` has no norm-fed linear"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: true, epilogue_norm: "
+     "true}, recompute: {adapter_inputs: true}}", "`trainer.recompute.adapter_inputs` scope all folds that norm"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
