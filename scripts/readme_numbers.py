@@ -102,9 +102,10 @@ def block(logged: dict[int, float], evals: dict[int, dict], base: tuple[str, dic
              "On the run of `make quickstart` (500 iterations; the Makefile puts one trainer thread, "
              "`OMP_NUM_THREADS=1`, and AVX2 kernels, `ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2`, "
              "into the run's `cluster.env`, so its `eval` and `generate` jobs use them too), measured on an x86-64 "
-             f"host whose CPU is `{host_cpu()}` (hosts of one CPU model give these digits; with the same pins an Intel "
-             "AVX-512 host gave 6.380055E-01 at 250, and a plain `primus-slurm submit recipes/quickstart.yaml`, each "
-             "host's own kernels, 6.706821E-01 or 6.828237E-01), `eval` gives "
+             f"host whose CPU is `{host_cpu()}` (hosts of one CPU model give these digits; at the code of 2026-12-03, "
+             "where this host gave 6.790187E-01 at 250, an Intel AVX-512 host gave 6.380055E-01 with the same pins, "
+             "and a plain `primus-slurm submit recipes/quickstart.yaml`, each host's own kernels, 6.706821E-01 or "
+             "6.828237E-01), `eval` gives "
              f"{evals[a]['eval_loss']:.6E} at iteration {a} and {evals[b]['eval_loss']:.6E} at {b} "
              f"({'both as logged' if same else f'logged: {logged[a]:.6E} and {logged[b]:.6E}'}; token accuracy "
              f"{evals[a]['token_accuracy']:.4f} and {evals[b]['token_accuracy']:.4f}).", "",
