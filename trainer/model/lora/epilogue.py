@@ -19,8 +19,9 @@ calls, so the same mask from the same RNG state) and folded into A: the masked i
 dx. Numerics against the unfused path (tests/test_lora_epilogue.py): h, dh, dB, dA identical ops on CPU; y and dx
 differ only in where the two GEMMs' sums are rounded (bitwise in fp32 on CPU, to rounding in bf16).
 
-Runs where the base GEMM is a plain 16/32-bit x W^T this node can own: TP 1, no bias, not a norm-fused linear, not an
-expert or duplicated linear, no FP8/FP4 (the contract refuses trainer.lora.epilogue with those; FP8 base GEMMs would
+Runs where the base GEMM is a plain 16/32-bit x W^T this node can own: TP 1, no bias, not a norm-fused linear (those
+with trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue runs their norm first), not an expert or duplicated
+linear, no FP8/FP4 (the contract refuses trainer.lora.epilogue with those; FP8 base GEMMs would
 need TE's quantized functional GEMMs). LoRALinear.uses_epilogue says where; the others keep their path.
 """
 from __future__ import annotations

@@ -38,7 +38,8 @@ Applies to a base whose adapter input is the base's own input x: linear_proj, li
 recomputed from fc1's output, trainer.model.lora.inputs), any non-norm linear, at any TP size with or without
 sequence parallelism (the same collectives as the unfused path, between A and B), with or without pre-dropout.
 Elsewhere (a LayerNormLinear whose adapter reads TE's returned norm output, the folded-norm adapter, post-dropout)
-LoRALinear keeps the unfused path.
+LoRALinear keeps the unfused path; with trainer.lora.epilogue_norm a LayerNormLinear's norm runs in torch and fc1's
+parts for the SwiGLU fold come through this path's tap (`parts`, trainer.model.lora.norm_epilogue).
 """
 from __future__ import annotations
 
