@@ -179,6 +179,8 @@ def epilogue_owners(t: Mapping, profile: str) -> list:
                 or any(pattern_matches(p, [name]) for p in lora["exclude_modules"])
                 or ".experts." in f".{name}" or short in REPLICATED):
             continue
+        if name.startswith("mlp.linear_") and _no_dense_mlp(t["model"]):
+            continue
         if name == "mlp.linear_fc1" and (folded or te):
             continue
         if te and short in te_norm:
@@ -199,14 +201,21 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
              "or fc1 folded by fused_swiglu; target linear_proj / linear_fc2, or set epilogue: false")
 
 
+def _no_dense_mlp(m: Mapping) -> bool:
+    """Every layer is MoE: the dense MLP's linears (which model_linear_names lists for MoE models too) exist nowhere."""
+    return bool(m["num_moe_experts"]) and m["moe_first_k_dense"] == 0 and m["moe_layer_freq"] == 1
+
+
 def norm_fed_targets(t: Mapping) -> list:
     """The targeted linears Transformer Engine fuses with their input norm on a GPU (trainer.lora.epilogue_norm's):
-    qkv, a dense MLP's fc1, MLA's up-projections (their latent norms)."""
+    qkv, a dense MLP's fc1 (where a dense layer exists; not a shared expert's, whose norm is the MLP's own), MLA's
+    up-projections (their latent norms)."""
     from primus_contract.rules_model import model_linear_names
 
-    lora, mla = t["lora"], t["model"]["multi_latent_attention"]
-    fused = ("linear_qkv", "linear_fc1") + (("linear_q_up_proj", "linear_kv_up_proj") if mla else ())
-    return [n for n in model_linear_names(t["model"]) if n.rsplit(".", 1)[-1] in fused and ".experts." not in f".{n}"
+    lora, m = t["lora"], t["model"]
+    fused = ("self_attention.linear_qkv",) + (() if _no_dense_mlp(m) else ("mlp.linear_fc1",)) + (
+        ("self_attention.linear_q_up_proj", "self_attention.linear_kv_up_proj") if m["multi_latent_attention"] else ())
+    return [n for n in model_linear_names(m) if n in fused
             and any(pattern_matches(p, [n]) for p in lora["target_modules"])
             and not any(pattern_matches(p, [n]) for p in lora["exclude_modules"])]
 
@@ -217,8 +226,9 @@ def epilogue_norm_rules(t: Mapping, profile: str) -> None:
     if not t["lora"]["epilogue_norm"]:
         return
     if t["lora"]["epilogue"] is not True:
+        shown = "null" if t["lora"]["epilogue"] is None else "false"
         fail("`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is "
-             f"{t['lora']['epilogue']}: set epilogue: true, or epilogue_norm: false")
+             f"{shown}: set epilogue: true, or epilogue_norm: false")
     if not _on_gpu(t, profile):
         fail("`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1, which only "
              "a GPU run has (its layer spec); set trainer.distributed.device: cuda, or epilogue_norm: false")

@@ -98,7 +98,7 @@ BAD = [
      "`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only"),
     ("trainer: {lora: {epilogue: true, dropout: 0.1, dropout_position: post}}", "fuses pre-dropout into A"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue_norm: true}}",
-     "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is False"),
+     "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is false"),
     ("trainer: {lora: {epilogue: true, epilogue_norm: true}}",  # quickstart's device is cpu: no TE norm-fused linear
      "`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: true, epilogue_norm: "

@@ -37,8 +37,7 @@ def _run(lora: LoRALinear, parts: bool = False, rng: int = 0):
     return y.detach(), x.grad, lora.lora_a.grad, lora.lora_b.grad
 
 
-@pytest.mark.parametrize("base_kw", [{}, {"normalization": "LayerNorm"}, {"zero_centered_gamma": True}],
-                         ids=["rmsnorm", "layernorm", "zero-centred"])
+@pytest.mark.parametrize("base_kw", [{}, {"normalization": "LayerNorm"}], ids=["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("parts", [False, True], ids=["linear", "swiglu-parts"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_norm_epilogue_matches_the_layernorm_linear_path(base_kw, parts, dropout):
@@ -60,6 +59,9 @@ def test_where_it_applies():
     lora.base.normalization = "ScaleNorm"  # a norm torch is not told how to run: the linear keeps its path
     assert not lora.uses_norm_epilogue()
     lora = _lora(True)
+    lora.base.zero_centered_gamma = True  # TE adds its 1 in fp32: not taken (our models never set it)
+    assert not lora.uses_norm_epilogue()
+    lora = _lora(True)
     lora.epilogue = False  # an extension of the epilogue only
     assert not lora.uses_norm_epilogue()
     lora = _lora(True, dropout=0.1)
@@ -78,3 +80,41 @@ def test_the_planner_prices_the_norm_fed_linears_too():
     assert design_of({"epilogue": True, "epilogue_norm": True}, tp=2) == "fused"
     assert passes("epilogue-all", norm_fed=True, short="linear_qkv") == (3.0, 3.0)
     assert passes("epilogue", norm_fed=True, short="linear_qkv") == (6.0, 4.0)
+    # fc1 folded into the SwiGLU goes through the fused path's tap (norm_parts), not the epilogue node
+    assert passes("epilogue-all", norm_fed=True, short="linear_fc1", swiglu=True) == (4.0, 2.0)
+
+
+@pytest.mark.parametrize("recipe, sets, refused", [
+    ("bench/recipes/llama3_8b_h200.yaml", (), None),  # qkv and fc1: accepted
+    ("bench/recipes/llama3_8b_h200.yaml", ("trainer.lora.target_modules=[linear_fc1]",), None),
+    # every layer MoE: no dense fc1 anywhere, and a shared expert's fc1 is a plain linear (its norm is the MLP's)
+    ("recipes/qwen3_30b_a3b_bf16.yaml", ("trainer.lora.target_modules=[linear_fc1]",), "no norm-fed linear"),
+    ("recipes/qwen3_30b_a3b_bf16.yaml", ("trainer.lora.target_modules=[linear_qkv]",), None),
+])
+def test_the_contract_counts_only_linears_that_are_norm_fed(recipe, sets, refused):
+    """Validation and the trainer agree on what epilogue_norm can take: a recipe validate accepts has a norm-fed
+    target the trainer builds (else the trainer would refuse in the queue)."""
+    from primus_contract.errors import ContractError
+    from primus_slurm.config.recipe import load_recipe
+
+    sets = ("cluster.env_profile=h200", "trainer.distributed.device=cuda", "trainer.lora.epilogue=true",
+            "trainer.lora.epilogue_norm=true", "trainer.precision.fp8=null", "trainer.precision.fp8_param=false",
+            *sets)
+    if refused is None:
+        load_recipe(recipe, list(sets))
+    else:
+        with pytest.raises(ContractError, match=refused):
+            load_recipe(recipe, list(sets))
+
+
+def test_the_epilogue_finds_no_dense_mlp_in_an_all_moe_model():
+    """epilogue true on an all-MoE model's linear_fc2 only: no dense MLP exists there (its fc2 was counted before,
+    and the trainer would have refused in the queue)."""
+    from primus_contract.errors import ContractError
+    from primus_slurm.config.recipe import load_recipe
+
+    with pytest.raises(ContractError, match="has no linear to own"):
+        load_recipe("recipes/qwen3_30b_a3b_bf16.yaml", [
+            "cluster.env_profile=h200", "trainer.distributed.device=cuda", "trainer.lora.epilogue=true",
+            "trainer.precision.fp8=null", "trainer.precision.fp8_param=false",
+            "trainer.lora.target_modules=[linear_fc2]"])

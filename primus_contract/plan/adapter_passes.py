@@ -12,7 +12,7 @@ outputs (the rank-sized tensors and the factors are noise). Per wrapped linear, 
             the one-read Triton kernel took 2.2-2.5x their time, H100 2026-12-05), dx_a written once for the base
             dgrad GEMM to add into                                                                   -> (3, 3)
   epilogue-all  the same for every linear, the norm-fed too (trainer.lora.epilogue_norm: torch runs the norm,
-                trainer/model/lora/norm_epilogue.py; fc1 under the SwiGLU fold by the fused path's tap)   -> (3, 3)
+                trainer/model/lora/norm_epilogue.py; fc1 under the SwiGLU fold: the fused path's tap, 4 in) -> (3, 3)
 Norm-fed linears (qkv, dense fc1, MLA's q/kv up-projections: their adapter reads TE's returned norm output, or folds
 the norm) stay unfused under fused/epilogue. MLA's q_proj and down-projections follow a separate norm: plain linears,
 fused; the down-projections are duplicated over TP, which the epilogue refuses (LoRALinear.uses_epilogue): fused.
@@ -35,6 +35,8 @@ def passes(design: str, norm_fed: bool, short: str = "", swiglu: bool = False,
         raise ValueError(f"unknown adapter design {design!r} ({', '.join(DESIGNS)})")
     path = design if design == "epilogue-all" or not norm_fed else "unfused"
     if path.startswith("epilogue") and short in REPLICATED:  # MLA's duplicated down-projections: the fused path
+        path = "fused"
+    if path == "epilogue-all" and swiglu and short == "linear_fc1":  # folded fc1: norm_epilogue's parts, the tap
         path = "fused"
     p_in, p_out = {"unfused": (6.0, 4.0), "fused": (4.0, 4.0), "epilogue": (3.0, 3.0), "epilogue-all": (3.0, 3.0)}[path]
     if swiglu and short == "linear_fc1":

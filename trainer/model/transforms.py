@@ -146,7 +146,9 @@ def _epilogue(model, ctx: BuildContext) -> str:
     if not taken:
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
-    if ctx.cfg.trainer.lora.epilogue_norm and not normed:
+    # a rank whose layers hold no norm-fed target (a pipeline stage of MoE layers only) has nothing to take; one
+    # that holds some the path cannot take refuses (the contract checked the model has norm-fed targets)
+    if ctx.cfg.trainer.lora.epilogue_norm and not normed and any(m.fused_norm for m in wrapped):
         raise ConfigError("trainer.lora.epilogue_norm: no wrapped norm-fused linear here whose norm and GEMM this "
                           "path can own (TE's LayerNormLinear, RMSNorm/LayerNorm, 16/32-bit, no bias); set "
                           "epilogue_norm: false")

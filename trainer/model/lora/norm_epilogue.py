@@ -3,8 +3,7 @@ Transformer Engine fuses into qkv and fc1 (LayerNormLinear), so their adapters g
 
 With TE's LayerNormLinear the adapter reads the norm output that TE returns (`return_layernorm_output`), and TE adds
 the adapter's input gradient to its own dgrad in a separate pass before the norm's backward (read both, write one).
-This path runs the norm itself (torch's F.rms_norm / F.layer_norm, with TE's weight, eps and zero-centred gamma)
-and then:
+This path runs the norm itself (torch's F.rms_norm / F.layer_norm, with TE's weight and eps) and then:
 
     qkv (a whole linear):   the GEMM epilogue node on the norm output (trainer.model.lora.epilogue): y = s h B^T
                             written once, the base GEMM adds into it; dx_a written once, the dgrad GEMM adds into it
@@ -32,18 +31,21 @@ from trainer.model.lora.fused import fused_adapter
 
 
 def owns_norm(base) -> bool:
-    """`base` is a norm-fused linear whose norm torch can run: TE's LayerNormLinear with a tensor norm weight, RMSNorm
-    or LayerNorm, and a plain base GEMM this path can own (trainer.model.lora.epilogue.owns_base_gemm)."""
+    """`base` is a norm-fused linear whose norm torch runs as TE does: TE's LayerNormLinear with a tensor norm weight,
+    LayerNorm, or RMSNorm where torch has its fused kernel (one rounding of the output, as TE's; older torch rounds
+    the normalised value before the weight and keeps fp32 intermediates), no zero-centred gamma (TE adds its 1 in
+    fp32; our models never set it), and a plain base GEMM this path can own (trainer.model.lora.epilogue)."""
     weight = getattr(base, "layer_norm_weight", None)
+    kind = getattr(base, "normalization", "LayerNorm")
+    fused_rms = hasattr(torch.ops.aten, "_fused_rms_norm")
     return (isinstance(weight, torch.Tensor) and hasattr(base, "return_layernorm_output")
-            and getattr(base, "normalization", "LayerNorm") in ("RMSNorm", "LayerNorm") and owns_base_gemm(base))
+            and (kind == "LayerNorm" or (kind == "RMSNorm" and fused_rms))
+            and not getattr(base, "zero_centered_gamma", False) and owns_base_gemm(base))
 
 
 def norm(base, x: torch.Tensor) -> torch.Tensor:
-    """TE's input norm of `base` as torch ops: its weight (plus 1 with zero-centred gamma), eps and kind."""
+    """TE's input norm of `base` as torch ops: its weight, eps and kind."""
     gamma = base.layer_norm_weight
-    if getattr(base, "zero_centered_gamma", False):
-        gamma = gamma + 1
     shape, eps = (x.shape[-1],), float(getattr(base, "eps", 1e-5))
     if getattr(base, "normalization", "LayerNorm") == "RMSNorm":
         return F.rms_norm(x, shape, gamma.to(x.dtype), eps)
