@@ -1,0 +1,59 @@
+"""Adapter paths against the real Transformer Engine module they stand in for (the CPU tests use a torch stand-in of
+TE's LayerNormLinear, so only a GPU with TE shows whether TE's attributes and numerics are the ones assumed).
+
+trainer.lora.epilogue_norm (trainer/model/lora/norm_epilogue.py) runs a LayerNormLinear's RMSNorm with torch and the
+base GEMM in its epilogue node: on the 8B's qkv widths in BF16 it must take TE's module (its attribute names, a
+plain weight) and give TE's default path's outputs and gradients to BF16 rounding. Seconds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lifecycle_support as ls
+
+if ls.device() != "cuda":
+    pytest.skip("needs a CUDA device with Transformer Engine", allow_module_level=True)
+te = pytest.importorskip("transformer_engine.pytorch")
+pytestmark = pytest.mark.gpu
+
+HIDDEN, OUT, TOKENS = 4096, 6144, 4096  # the 8B's qkv, half a micro-batch
+
+
+class _MegatronReturn(te.LayerNormLinear):
+    """TE's LayerNormLinear returning as megatron's wrapper does: ((out, ln_out), None) or (out, None)."""
+
+    def forward(self, x):
+        return super().forward(x), None
+
+
+def _run(norm_epilogue: bool):
+    from trainer.model.lora.layers import LoRALinear
+
+    torch.manual_seed(0)
+    base = _MegatronReturn(HIDDEN, OUT, bias=False, normalization="RMSNorm", eps=1e-5, params_dtype=torch.bfloat16,
+                           device="cuda")
+    with torch.no_grad():
+        base.layer_norm_weight.uniform_(0.5, 1.5)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    lora = LoRALinear(base, "linear_qkv", dim=16, alpha=32, dropout=0.0, dropout_position="pre", a_init="kaiming",
+                      b_init="zero", tp_size=1, tp_rank=0, sequence_parallel=False, seed=2, epilogue=norm_epilogue,
+                      epilogue_norm=norm_epilogue)
+    with torch.no_grad():  # (drawn on the host: the same values for both runs)
+        lora.lora_b.copy_(torch.randn(lora.lora_b.shape, generator=torch.Generator().manual_seed(4)) * 0.02)
+    taken = lora.uses_norm_epilogue()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(TOKENS, 1, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    up = torch.randn(TOKENS, 1, OUT, device="cuda", dtype=torch.bfloat16, generator=g)
+    y, _ = lora(x)
+    y.backward(up)
+    return taken, [t.float() for t in (y.detach(), x.grad, lora.lora_a.grad, lora.lora_b.grad)]
+
+
+def test_norm_epilogue_takes_te_layernormlinear_and_matches_it(record):
+    ref_taken, ref = _run(False)
+    taken, got = _run(True)
+    errors = [float((g - r).norm() / r.norm()) for g, r in zip(got, ref)]
+    record(relative_errors_y_dx_da_db=[round(e, 5) for e in errors])
+    assert not ref_taken and taken, "epilogue_norm did not take TE's LayerNormLinear (its attributes or weight type)"
+    assert all(e < 2e-2 for e in errors), errors  # BF16: the norm's and the sums' roundings
