@@ -63,3 +63,39 @@ def test_signal_during_teardown_of_a_finished_worker(tmp_path):
             proc.kill()
     assert proc.returncode == 0, out
     assert "stopped by SIGTERM; workers exited with code 0" in out
+
+
+def test_a_second_signal_inside_a_log_call_prints_no_traceback():
+    """The second SIGTERM of a cancel can land while torchrun's agent logs the first: the signal handler raises
+    inside the log call. After the launcher's setting, logging drops that record without a traceback (a fresh
+    interpreter: the setting is process-wide)."""
+    import subprocess
+    import sys
+
+    code = """
+import logging, signal, sys
+from trainer.runtime.launch import quiet_logging_errors
+class Stop(Exception):
+    pass
+def handler(signum, frame):
+    raise Stop(signum)
+signal.signal(signal.SIGTERM, handler)
+class Raising(logging.Formatter):
+    def format(self, record):
+        signal.raise_signal(signal.SIGTERM)  # the second signal, inside the log call
+        return super().format(record)
+h = logging.StreamHandler(sys.stderr)
+h.setFormatter(Raising())
+log = logging.getLogger("agent")
+log.addHandler(h)
+if sys.argv[1] == "quiet":
+    quiet_logging_errors()
+log.warning("Received %s death signal, shutting down workers", 15)
+print("continued")
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=root,
+                                 timeout=60) for mode in ("loud", "quiet")}
+    assert "Traceback" in runs["loud"].stderr  # what the job output showed (the test can fail)
+    assert runs["quiet"].returncode == 0 and "continued" in runs["quiet"].stdout
+    assert "Traceback" not in runs["quiet"].stderr and "Logging error" not in runs["quiet"].stderr

@@ -80,11 +80,20 @@ def _drop_failed_line(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("failed (exitcode")
 
 
+def quiet_logging_errors() -> None:
+    """A second stop signal can land while torchrun's agent is logging the first ("Received SIGTERM death signal,
+    shutting down workers"): its handler raises SignalException inside the log call, and logging would print a
+    `--- Logging error ---` traceback into the job's output (seen in CI, 2026-12-05). The agent is already stopping
+    the workers then; the record is dropped without the traceback."""
+    logging.raiseExceptions = False
+
+
 def main(argv=None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import determine_local_world_size, parse_args, run
 
+    quiet_logging_errors()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_failed_line)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     folder = tempfile.mkdtemp(prefix="primus-exit-")
