@@ -236,15 +236,17 @@ class LoRALinear(nn.Module):
     def uses_epilogue(self) -> bool:
         """trainer.model.lora.epilogue applies: it can own the base GEMM (TP 1, a plain 16/32-bit weight, no bias;
         not an expert or duplicated linear) and the adapter reads the base's own input."""
-        return (self.epilogue and self.tp_size == 1 and not self.is_expert and not self.duplicated
-                and self._reads_own_input() and owns_base_gemm(self.base))
+        return self._epilogue_layout() and self._reads_own_input() and owns_base_gemm(self.base)
 
     def uses_norm_epilogue(self) -> bool:
-        """trainer.model.lora.norm_epilogue applies: the epilogue's conditions, on a norm-fused linear whose adapter
+        """trainer.model.lora.norm_epilogue applies: the epilogue's layout, on a norm-fused linear whose adapter
         reads the norm output (no folded norm, no post-dropout) and whose norm torch can run."""
-        return (self.epilogue and self.epilogue_norm and self.tp_size == 1 and not self.is_expert
-                and not self.duplicated and self.fused_norm and self.adapter_norm is None
+        return (self.epilogue_norm and self._epilogue_layout() and self.fused_norm and self.adapter_norm is None
                 and (self.dropout is None or self.dropout_position == "pre") and owns_norm(self.base))
+
+    def _epilogue_layout(self) -> bool:
+        """trainer.lora.epilogue on, and a layout its node can own: TP 1, not an expert or duplicated linear."""
+        return self.epilogue and self.tp_size == 1 and not self.is_expert and not self.duplicated
 
     def _kernels(self, x: torch.Tensor) -> bool:
         """The rank-r Triton passes run on x's device (the masked ones always there; the unmasked ones with

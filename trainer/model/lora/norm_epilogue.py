@@ -29,6 +29,8 @@ from trainer.model.lora.drop import draw
 from trainer.model.lora.epilogue import epilogue_adapter, owns_base_gemm
 from trainer.model.lora.fused import fused_adapter
 
+FUSED_RMS_NORM = hasattr(torch.ops.aten, "_fused_rms_norm")  # torch's one-kernel RMSNorm (looked up once)
+
 
 def owns_norm(base) -> bool:
     """`base` is a norm-fused linear whose norm torch runs as TE does: TE's LayerNormLinear with a tensor norm weight,
@@ -37,9 +39,8 @@ def owns_norm(base) -> bool:
     fp32; our models never set it), and a plain base GEMM this path can own (trainer.model.lora.epilogue)."""
     weight = getattr(base, "layer_norm_weight", None)
     kind = getattr(base, "normalization", "LayerNorm")
-    fused_rms = hasattr(torch.ops.aten, "_fused_rms_norm")
     return (isinstance(weight, torch.Tensor) and hasattr(base, "return_layernorm_output")
-            and (kind == "LayerNorm" or (kind == "RMSNorm" and fused_rms))
+            and (kind == "LayerNorm" or (kind == "RMSNorm" and FUSED_RMS_NORM))
             and not getattr(base, "zero_centered_gamma", False) and owns_base_gemm(base))
 
 
@@ -63,7 +64,6 @@ def norm_parts(lora, x: torch.Tensor, p: float, kernels: bool):
     """(norm(x) W^T, drop_p(norm(x)) A^T) of a norm-fed LoRALinear whose consumer applies B itself (the SwiGLU fold),
     dh A added in place into the base's dgrad by the fused path's tap."""
     w = lora.base.weight
-    out, h = fused_adapter(lambda z: (F.linear(z, w), None), norm(lora.base, x), lora.lora_a, lora.lora_b, lora.scale,
-                           drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
-                           products=lora.triton_products, parts=True)[0]
-    return out, h
+    return fused_adapter(lambda z: (F.linear(z, w), None), norm(lora.base, x), lora.lora_a, lora.lora_b, lora.scale,
+                         drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
+                         products=lora.triton_products, parts=True)[0]
