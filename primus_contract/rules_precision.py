@@ -135,7 +135,7 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
     if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
         return (f"`trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} recomputes fc2's input from "
                 "fc1's full output, which the fold never writes")
-    if m["num_moe_experts"] and m["moe_first_k_dense"] == 0 and m["moe_layer_freq"] == 1:
+    if _no_dense_mlp(m):
         return "every layer of the model is MoE (experts keep their grouped path)"
     # the dense MLP's fc1, as LoRA matches it (trainer/model/lora/layers.py: the full module name or its last part)
     fc1 = ["decoder.layers.0.mlp.linear_fc1", "mlp.linear_fc1"]
@@ -166,24 +166,16 @@ def epilogue_owners(t: Mapping, profile: str) -> list:
     from primus_contract.plan.shapes import REPLICATED
     from primus_contract.rules_model import model_linear_names
 
-    lora = t["lora"]
     te = _on_gpu(t, profile)
     folded = fused_swiglu_on(t, profile)
-    # TE's LayerNormLinear (megatron's TE layer spec): qkv; MLA's up-projections with their latent norms (on for MLA)
-    te_norm = ("linear_qkv",) + (("linear_q_up_proj", "linear_kv_up_proj") if t["model"]["multi_latent_attention"]
-                                 else ())
+    te_norm = _te_norm_linears(t["model"])
     owners = []
     for name in model_linear_names(t["model"]):
-        short = name.rsplit(".", 1)[-1]
-        if (not any(pattern_matches(p, [name]) for p in lora["target_modules"])
-                or any(pattern_matches(p, [name]) for p in lora["exclude_modules"])
-                or ".experts." in f".{name}" or short in REPLICATED):
+        if not _targeted(t, name) or ".experts." in f".{name}" or name.rsplit(".", 1)[-1] in REPLICATED:
             continue
         if name.startswith("mlp.linear_") and _no_dense_mlp(t["model"]):
             continue
-        if name == "mlp.linear_fc1" and (folded or te):
-            continue
-        if te and short in te_norm:
+        if (name == "mlp.linear_fc1" and folded) or (te and name in te_norm):
             continue
         owners.append(name)
     return owners
@@ -206,18 +198,27 @@ def _no_dense_mlp(m: Mapping) -> bool:
     return bool(m["num_moe_experts"]) and m["moe_first_k_dense"] == 0 and m["moe_layer_freq"] == 1
 
 
+def _te_norm_linears(m: Mapping) -> tuple:
+    """The linears megatron's TE layer spec builds as LayerNormLinear (their input norm fused): qkv, a dense MLP's fc1
+    (where a dense layer exists; not a shared expert's, whose norm is the MLP's own), MLA's up-projections (their
+    latent norms)."""
+    mla = ("self_attention.linear_q_up_proj", "self_attention.linear_kv_up_proj") if m["multi_latent_attention"] else ()
+    return ("self_attention.linear_qkv",) + (() if _no_dense_mlp(m) else ("mlp.linear_fc1",)) + mla
+
+
+def _targeted(t: Mapping, name: str) -> bool:
+    """trainer.lora.target_modules matches the linear `name` and exclude_modules does not."""
+    lora = t["lora"]
+    return (any(pattern_matches(p, [name]) for p in lora["target_modules"])
+            and not any(pattern_matches(p, [name]) for p in lora["exclude_modules"]))
+
+
 def norm_fed_targets(t: Mapping) -> list:
-    """The targeted linears Transformer Engine fuses with their input norm on a GPU (trainer.lora.epilogue_norm's):
-    qkv, a dense MLP's fc1 (where a dense layer exists; not a shared expert's, whose norm is the MLP's own), MLA's
-    up-projections (their latent norms)."""
+    """The targeted linears Transformer Engine fuses with their input norm on a GPU (trainer.lora.epilogue_norm's)."""
     from primus_contract.rules_model import model_linear_names
 
-    lora, m = t["lora"], t["model"]
-    fused = ("self_attention.linear_qkv",) + (() if _no_dense_mlp(m) else ("mlp.linear_fc1",)) + (
-        ("self_attention.linear_q_up_proj", "self_attention.linear_kv_up_proj") if m["multi_latent_attention"] else ())
-    return [n for n in model_linear_names(m) if n in fused
-            and any(pattern_matches(p, [n]) for p in lora["target_modules"])
-            and not any(pattern_matches(p, [n]) for p in lora["exclude_modules"])]
+    te_norm = _te_norm_linears(t["model"])
+    return [n for n in model_linear_names(t["model"]) if n in te_norm and _targeted(t, n)]
 
 
 def epilogue_norm_rules(t: Mapping, profile: str) -> None:
