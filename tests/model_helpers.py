@@ -226,26 +226,23 @@ class FusedNormLinear(torch.nn.Module):
     zero_centered_gamma, return_layernorm_output) and return convention ((out, bias, ln_out) when
     return_layernorm_output, else (out, bias)); frozen like a LoRA base. RMSNorm, or LayerNorm with a norm bias."""
 
-    def __init__(self, hidden: int, out: int, seed: int, normalization: str = "RMSNorm",
-                 zero_centered_gamma: bool = False):
+    def __init__(self, hidden: int, out: int, seed: int, normalization: str = "RMSNorm"):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.weight = torch.nn.Parameter(torch.randn(out, hidden, generator=g) * 0.1, requires_grad=False)
-        gamma = torch.rand(hidden, generator=g) + 0.5 - (1.0 if zero_centered_gamma else 0.0)
-        self.layer_norm_weight = torch.nn.Parameter(gamma, requires_grad=False)
+        self.layer_norm_weight = torch.nn.Parameter(torch.rand(hidden, generator=g) + 0.5, requires_grad=False)
         if normalization == "LayerNorm":
             self.layer_norm_bias = torch.nn.Parameter(torch.randn(hidden, generator=g) * 0.1, requires_grad=False)
-        self.eps, self.normalization, self.zero_centered_gamma = 1e-5, normalization, zero_centered_gamma
+        self.eps, self.normalization, self.zero_centered_gamma = 1e-5, normalization, False
         self.return_layernorm_output, self.parallel_mode = False, "column"
 
     def forward(self, x):
         import torch.nn.functional as F
 
-        gamma = self.layer_norm_weight + 1 if self.zero_centered_gamma else self.layer_norm_weight
         if self.normalization == "RMSNorm":
-            ln = F.rms_norm(x, (x.shape[-1],), gamma, self.eps)
+            ln = F.rms_norm(x, (x.shape[-1],), self.layer_norm_weight, self.eps)
         else:
-            ln = F.layer_norm(x, (x.shape[-1],), gamma, self.layer_norm_bias, self.eps)
+            ln = F.layer_norm(x, (x.shape[-1],), self.layer_norm_weight, self.layer_norm_bias, self.eps)
         out = F.linear(ln, self.weight)
         return (out, None, ln) if self.return_layernorm_output else (out, None)
 
