@@ -27,15 +27,15 @@ LoRA adapter on a linear in -> out with rank r: forward 2*r*(in+out) per token; 
 2*r*(in+out) and weight-grad 2*r*(in+out): counted 3x. A module is adapted when its short name or its
 megatron path (decoder.layers.<i>.self_attention.linear_qkv, decoder.layers.<i>.mlp.linear_fc1,
 ...mlp.experts.linear_fc1, ...mlp.shared_experts.linear_fc1) matches a lora.target_modules pattern
-(fnmatch) and no lora.exclude_modules pattern. Routed-expert adapters count topk times per token.
+(primus_contract/targets.py) and no lora.exclude_modules pattern. Routed-expert adapters count topk times per token.
 
     step FLOPs = tokens * (2 * sum_layers F + 2 * 2*h*V + 3 * lora_fwd) + 3 * attention fwd
 """
 from __future__ import annotations
 
-from fnmatch import fnmatch
-from functools import lru_cache
 from typing import Iterable, Sequence
+
+from primus_contract.targets import targeted
 
 
 def _get(cfg, key, default=None):
@@ -111,18 +111,9 @@ def layer_linears(m, layer: int) -> list[tuple[str, str, int, int, int]]:
     return attn + mlp_linears(m, layer)
 
 
-@lru_cache(maxsize=8192)
-def _matches(name: str, patterns: tuple) -> bool:
-    return any(fnmatch(name, p) for p in patterns)
-
-
 def is_adapted(short: str, path: str, targets: Iterable[str], excludes: Iterable[str]) -> bool:
-    """(Cached per name and patterns: the planner asks it for every linear of every layout it tries.)"""
-    def hit(patterns):
-        patterns = tuple(patterns or ())
-        return _matches(short, patterns) or _matches(path, patterns)
-
-    return short != "router" and hit(targets) and not hit(excludes)
+    """LoRA wraps the linear at `path` (its last part `short`); never a MoE router (trainer/model/lora/layers.py)."""
+    return short != "router" and targeted((path,), targets, excludes)
 
 
 def base_linear_fwd_flops_per_token(m) -> float:

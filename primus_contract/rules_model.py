@@ -2,11 +2,10 @@
 by `validate`/`submit` and by the trainer at start)."""
 from __future__ import annotations
 
-import fnmatch
-
 from primus_contract.errors import fail
-from primus_contract.flops import is_moe_layer
+from primus_contract.flops import is_adapted, is_moe_layer, layer_linears
 from primus_contract.rules_shapes import linear_dims
+from primus_contract.targets import pattern_matches
 
 
 def model_linear_names(model: dict) -> list[str]:
@@ -14,8 +13,18 @@ def model_linear_names(model: dict) -> list[str]:
     return [name for name, _, _ in linear_dims(model, 1)]
 
 
-def pattern_matches(pattern: str, names: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n.rsplit(".", 1)[-1], pattern) for n in names)
+def layer_linear_paths(model: dict) -> list[tuple[str, str]]:
+    """(megatron name within a layer, full megatron name) of every LoRA-wrappable linear of every layer: the names
+    the trainer matches target_modules against (primus_contract/targets.py); never a router."""
+    return [(suffix, f"decoder.layers.{layer}.{suffix}") for layer in range(int(model["num_layers"]))
+            for short, suffix, *_ in layer_linears(model, layer) if short != "router"]
+
+
+def targeted_linears(model: dict, lora: dict) -> list[str]:
+    """The names within a layer (model_linear_names' form) of the linears LoRA wraps in at least one layer."""
+    hit = {suffix for suffix, path in layer_linear_paths(model)
+           if is_adapted(suffix.rsplit(".", 1)[-1], path, lora["target_modules"], lora["exclude_modules"])}
+    return [n for n in model_linear_names(model) if n in hit]
 
 
 def world_size(cluster: dict) -> int:
@@ -125,12 +134,13 @@ def lora_rules(lora: dict, model: dict) -> None:
     if not lora["enabled"]:  # (the base is frozen: the trainer stopped at its optimizer, in the queue, a traceback)
         fail("`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA adapters on a frozen base: nothing "
              "would train; set it to true (`primus-slurm generate RUN --base-only` answers from a run's base alone)")
-    names = model_linear_names(model)
+    paths = [path for _, path in layer_linear_paths(model)]
     for field in ("target_modules", "exclude_modules"):
         for i, pattern in enumerate(lora[field]):
-            if not pattern_matches(pattern, names):
+            if not pattern_matches(pattern, paths):
+                names = dict.fromkeys(n.rsplit('.', 1)[-1] for n in model_linear_names(model))
                 fail(f"`trainer.lora.{field}[{i}]` ({pattern!r:.60}) matches no linear layer of this model; "
-                     f"available: {', '.join(n.rsplit('.', 1)[-1] for n in names)}")
+                     f"available: {', '.join(names)} (or a dotted tail of decoder.layers.<i>.<module>.<name>)")
     if not lora["target_modules"]:
         fail("`trainer.lora.target_modules` is empty; name at least one linear layer (e.g. linear_qkv)")
 
@@ -152,8 +162,7 @@ def epilogue_rules(t: dict) -> None:
     if lora["dropout"] and lora["dropout_position"] == "post":
         fail("`trainer.lora.epilogue` fuses pre-dropout into A; `trainer.lora.dropout_position` post applies the "
              "mask to the adapter's output, which the base GEMM adds into: set dropout_position: pre or epilogue: false")
-    names = [n for n in model_linear_names(t["model"]) if any(pattern_matches(p, [n]) for p in lora["target_modules"])
-             and not any(pattern_matches(p, [n]) for p in lora["exclude_modules"])]
+    names = targeted_linears(t["model"], lora)
     if names and all(".experts." in f".{n}" for n in names):
         fail("`trainer.lora.epilogue` takes no expert linear (they keep their grouped path), and "
              "`trainer.lora.target_modules` names only experts: set epilogue: false")

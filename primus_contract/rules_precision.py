@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from primus_contract.errors import fail
-from primus_contract.rules_model import pattern_matches
 
 P = "trainer.precision"
 FP4_FLAGS = ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard")
@@ -137,10 +136,9 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
                 "fc1's full output, which the fold never writes")
     if _no_dense_mlp(m):
         return "every layer of the model is MoE (experts keep their grouped path)"
-    # the dense MLP's fc1, as LoRA matches it (trainer/model/lora/layers.py: the full module name or its last part)
-    fc1 = ["decoder.layers.0.mlp.linear_fc1", "mlp.linear_fc1"]
-    if not any(pattern_matches(p, fc1) for p in lora["target_modules"]) or any(
-            pattern_matches(p, fc1) for p in lora["exclude_modules"]):
+    from primus_contract.rules_model import targeted_linears
+
+    if "mlp.linear_fc1" not in targeted_linears(m, lora):  # a dense MLP's fc1, in some layer
         return "no adapter on a dense MLP's linear_fc1 (`trainer.lora.target_modules` / `exclude_modules`)"
     if known_device_only and run_device(t, profile) == "auto" and profile not in GPU_PROFILES:
         return None
@@ -164,16 +162,14 @@ def epilogue_owners(t: Mapping, profile: str) -> list:
     expert, not a replicated MLA down-projection, not fc1 folded into the SwiGLU, and on a GPU not a linear TE fuses
     with its norm)."""
     from primus_contract.plan.shapes import REPLICATED
-    from primus_contract.rules_model import model_linear_names
+    from primus_contract.rules_model import targeted_linears
 
     te = _on_gpu(t, profile)
     folded = fused_swiglu_on(t, profile)
     te_norm = _te_norm_linears(t["model"])
     owners = []
-    for name in model_linear_names(t["model"]):
-        if not _targeted(t, name) or ".experts." in f".{name}" or name.rsplit(".", 1)[-1] in REPLICATED:
-            continue
-        if name.startswith("mlp.linear_") and _no_dense_mlp(t["model"]):
+    for name in targeted_linears(t["model"], t["lora"]):
+        if ".experts." in f".{name}" or name.rsplit(".", 1)[-1] in REPLICATED:
             continue
         if (name == "mlp.linear_fc1" and folded) or (te and name in te_norm):
             continue
@@ -206,19 +202,12 @@ def _te_norm_linears(m: Mapping) -> tuple:
     return ("self_attention.linear_qkv",) + (() if _no_dense_mlp(m) else ("mlp.linear_fc1",)) + mla
 
 
-def _targeted(t: Mapping, name: str) -> bool:
-    """trainer.lora.target_modules matches the linear `name` and exclude_modules does not."""
-    lora = t["lora"]
-    return (any(pattern_matches(p, [name]) for p in lora["target_modules"])
-            and not any(pattern_matches(p, [name]) for p in lora["exclude_modules"]))
-
-
 def norm_fed_targets(t: Mapping) -> list:
     """The targeted linears Transformer Engine fuses with their input norm on a GPU (trainer.lora.epilogue_norm's)."""
-    from primus_contract.rules_model import model_linear_names
+    from primus_contract.rules_model import targeted_linears
 
     te_norm = _te_norm_linears(t["model"])
-    return [n for n in model_linear_names(t["model"]) if n in te_norm and _targeted(t, n)]
+    return [n for n in targeted_linears(t["model"], t["lora"]) if n in te_norm]
 
 
 def epilogue_norm_rules(t: Mapping, profile: str) -> None:

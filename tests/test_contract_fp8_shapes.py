@@ -98,3 +98,24 @@ def test_lora_targets_are_the_linears_this_model_builds():
     with pytest.raises(ContractError, match=r"target_modules\[0\]` \('linear_q_proj'\) matches no linear layer"):
         lora_rules({**mla["lora"], "target_modules": ["linear_q_proj"]}, mla["model"])
     lora_rules({**mla["lora"], "target_modules": ["linear_q_up_proj"]}, mla["model"])
+
+
+def test_lora_patterns_match_as_the_trainer_matches():
+    """The contract checks a pattern against every layer's full megatron name, as the trainer matches
+    (primus_contract/targets.py): dotted tails and layer-scoped patterns are accepted; a layer the model does not
+    have, the LM head and a router are refused (the trainer never wraps them)."""
+    from primus_contract.rules_model import lora_rules, targeted_linears
+
+    t = tiny_cfg().to_dict()["trainer"]
+    for ok in (["self_attention.linear_qkv"], ["decoder.layers.1.*"], ["layers.0.mlp.linear_fc2"], ["*"]):
+        lora_rules({**t["lora"], "target_modules": ok}, t["model"])
+    assert targeted_linears(t["model"], {"target_modules": ["layers.1.self_attention.*"],
+                                         "exclude_modules": ["linear_proj"]}) == ["self_attention.linear_qkv"]
+    for bad in ("decoder.layers.2.*", "output_layer", "linear_fc3"):
+        with pytest.raises(ContractError, match=r"target_modules\[0\]` \('%s'\) matches no linear layer of this "
+                                                r"model; available: linear_qkv, linear_proj, linear_fc1, linear_fc2"
+                                                % bad.replace("*", r"\*")):
+            lora_rules({**t["lora"], "target_modules": [bad]}, t["model"])
+    moe = tiny_cfg(trainer=arch_sections(QWEN3_MOE)).to_dict()["trainer"]
+    with pytest.raises(ContractError, match=r"\('router'\) matches no linear layer"):
+        lora_rules({**moe["lora"], "target_modules": ["router"]}, moe["model"])

@@ -152,7 +152,7 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
     lora = {"enabled": True, "fused_swiglu": None, "target_modules": ["linear_fc1"], "exclude_modules": [],
             "dropout": 0.0, "dropout_position": "pre", "dim": 16}
     t = {"lora": lora, "recompute": {"adapter_inputs": False, "adapter_inputs_scope": "all"},
-         "model": {"num_moe_experts": None, "moe_first_k_dense": 0, "moe_layer_freq": 1},
+         "model": tiny_cfg().to_dict()["trainer"]["model"],
          "precision": {"fp8_swiglu_input": False}, "distributed": {"device": "cuda"}}
     assert fused_swiglu_on(t, "h200")
     assert not fused_swiglu_on({**t, "recompute": {"adapter_inputs": True, "adapter_inputs_scope": "fc2"}}, "h200")
@@ -160,7 +160,8 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
                                   (["decoder.layers.*.mlp.linear_fc1"], [], True), (["linear_qkv"], [], False)):
         assert fused_swiglu_on({**t, "lora": {**lora, "target_modules": targets, "exclude_modules": excludes}},
                                "h200") is on, (targets, excludes)
-    moe = {**t, "model": {"num_moe_experts": 8, "moe_first_k_dense": 0, "moe_layer_freq": 1}}
+    moe = {**t, "model": {**t["model"], "num_moe_experts": 8, "moe_ffn_hidden_size": 32, "moe_router_topk": 2,
+                          "moe_first_k_dense": 0, "moe_layer_freq": 1}}
     assert not fused_swiglu_on(moe, "h200")  # experts keep their grouped path; no dense MLP
     assert fused_swiglu_on({**moe, "model": {**moe["model"], "moe_first_k_dense": 1}}, "h200")
     store = {**t, "precision": {"fp8_swiglu_input": True}}

@@ -3,7 +3,7 @@
     apply_lora(model, cfg.trainer.lora, tp_size, sequence_parallel, seed)
 
 freezes every base parameter and replaces each target linear (matched by fnmatch against the
-module's leaf name and its full dotted name; exclusions win) with `LoRALinear(base)`:
+module's leaf name and its full dotted name, primus_contract/targets.py; exclusions win) with `LoRALinear(base)`:
 
     y = base(x) + scale * B(A(drop(x))),     scale = alpha / dim
 
@@ -30,7 +30,6 @@ TE's LayerNormColumnParallelLinear fuses the input norm: the wrapper switches on
 """
 from __future__ import annotations
 
-import fnmatch
 import math
 import zlib
 from typing import Iterable, Optional
@@ -39,6 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from primus_contract.targets import targeted
 from trainer.model.lora.grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
 from trainer.model.adapter_grads import adapter_a
 from trainer.model.lora.drop import draw
@@ -287,21 +287,17 @@ class LoRALinear(nn.Module):
         return y.view(out.shape), bias
 
 
-def _matches(name: str, leaf: str, patterns: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(leaf, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
 def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]:
     """Dotted names of the linear modules LoRA wraps (parallel linears with a 2-D weight, TE grouped
-    expert linears; never a MoE router or an embedding)."""
+    expert linears; never a MoE router, an embedding or the LM head;
+    names matched as primus_contract/targets.py says)."""
     out = []
     for name, module in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
         if isinstance(module, (LoRALinear, GroupedLoRALinear)):
             raise ValueError("LoRA is already applied to this model")
         weight = getattr(module, "weight", None)
         if isinstance(getattr(module, "num_gemms", None), int) and not is_grouped_linear(module):
-            if _matches(name, leaf, target_modules):
+            if targeted((name,), target_modules):
                 raise NotImplementedError(f"LoRA on {name}: grouped linear without per-expert weights "
                                           "(moe_single_grouped_weight) is not supported")
             continue
@@ -309,7 +305,9 @@ def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]
             continue
         if any(k in type(module).__name__ for k in ("Router", "Embedding")):  # never: routers stay
             continue  # frozen whatever the patterns say; embeddings are lookups, not linears
-        if _matches(name, leaf, target_modules) and not _matches(name, leaf, exclude_modules or ()):
+        if name.rsplit(".", 1)[-1] == "output_layer":  # never the LM head either: the contract's table of
+            continue  # targets has none (a `*` pattern once wrapped it, and the chunked loss then stood down)
+        if targeted((name,), target_modules, exclude_modules):
             out.append(name)
     return out
 
