@@ -29,7 +29,7 @@ def check(r: dict) -> None:
     parallel_rules(t, c)
     fp8_shape_rules(t)
     device_rules(t, c["env_profile"])
-    lora_rules(t["lora"], t["model"])
+    lora_rules(t["lora"], t["model"], t["parallelism"]["pipeline"])
     epilogue_rules(t)
     epilogue_owner_rules(t, c["env_profile"])
     lever_rules(t, c["env_profile"])

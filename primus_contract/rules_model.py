@@ -130,7 +130,7 @@ def tp_comm_overlap_rules(par: dict, prec: dict, dist: dict) -> None:
         fail(f"{what} cannot be combined with `trainer.precision.first_last_layers_bf16`")
 
 
-def lora_rules(lora: dict, model: dict) -> None:
+def lora_rules(lora: dict, model: dict, pipeline: int = 1) -> None:
     if not lora["enabled"]:  # (the base is frozen: the trainer stopped at its optimizer, in the queue, a traceback)
         fail("`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA adapters on a frozen base: nothing "
              "would train; set it to true (`primus-slurm generate RUN --base-only` answers from a run's base alone)")
@@ -143,6 +143,14 @@ def lora_rules(lora: dict, model: dict) -> None:
                      f"available: {', '.join(names)} (or a dotted tail of decoder.layers.<i>.<module>.<name>)")
     if not lora["target_modules"]:
         fail("`trainer.lora.target_modules` is empty; name at least one linear layer (e.g. linear_qkv)")
+    per = int(model["num_layers"]) // max(pipeline, 1)
+    for stage in range(pipeline if per else 0):  # each stage trains its own adapters: none would leave it idle
+        first, last = stage * per, (stage + 1) * per - 1
+        if not any(is_adapted(suffix.rsplit(".", 1)[-1], path, lora["target_modules"], lora["exclude_modules"])
+                   for suffix, path in layer_linear_paths(model) if first <= int(path.split(".")[2]) <= last):
+            fail(f"`trainer.lora.target_modules` adapts no linear of pipeline stage {stage} (layers {first}-{last} "
+                 f"of `trainer.parallelism.pipeline` {pipeline}): that stage would have nothing to train; name "
+                 "linears in every stage, or lower pipeline")
 
 
 def epilogue_rules(t: dict) -> None:

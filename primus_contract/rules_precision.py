@@ -140,6 +140,9 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
 
     if "mlp.linear_fc1" not in targeted_linears(m, lora):  # a dense MLP's fc1, in some layer
         return "no adapter on a dense MLP's linear_fc1 (`trainer.lora.target_modules` / `exclude_modules`)"
+    if t["precision"]["fp8_swiglu_input"] and not t["precision"]["bf16"]:
+        return ("`trainer.precision.fp8_swiglu_input` keeps the FP8 copy in the fold's Triton kernels, which take "
+                "16-bit weights (`trainer.precision.bf16` is false: fp32)")
     if known_device_only and run_device(t, profile) == "auto" and profile not in GPU_PROFILES:
         return None
     nvidia = nvidia_run(t, profile)
@@ -157,14 +160,14 @@ def _on_gpu(t: Mapping, profile: str) -> bool:
     return device == "cuda" or (device == "auto" and profile in GPU_PROFILES)
 
 
-def epilogue_owners(t: Mapping, profile: str) -> list:
+def epilogue_owners(t: Mapping, profile: str, te: Optional[bool] = None) -> list:
     """The model's linears that trainer.lora.epilogue could own (trainer/model/lora/layers.py uses_epilogue: not an
     expert, not a replicated MLA down-projection, not fc1 folded into the SwiGLU, and on a GPU not a linear TE fuses
-    with its norm)."""
+    with its norm). te: whether the run builds TE's layer spec (default: as far as the recipe tells, _on_gpu)."""
     from primus_contract.plan.shapes import REPLICATED
     from primus_contract.rules_model import targeted_linears
 
-    te = _on_gpu(t, profile)
+    te = _on_gpu(t, profile) if te is None else te
     folded = fused_swiglu_on(t, profile)
     te_norm = _te_norm_linears(t["model"])
     owners = []
@@ -183,8 +186,11 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     epilogue_norm_rules(t, profile)
     if not t["lora"]["epilogue"]:
         return
-    if not epilogue_owners(t, profile) and not t["lora"]["epilogue_norm"]:
-        where = "on a GPU, where Transformer Engine fuses qkv and fc1 with their norms" if _on_gpu(t, profile) else "here"
+    # device auto without a GPU profile may land on a GPU, where TE's spec fuses qkv/fc1 with their norms: the
+    # owners must hold there too (the trainer refuses at its start otherwise)
+    maybe_gpu = run_device(t, profile) != "cpu"
+    if not epilogue_owners(t, profile, te=maybe_gpu) and not t["lora"]["epilogue_norm"]:
+        where = "on a GPU, where Transformer Engine fuses qkv and fc1 with their norms" if maybe_gpu else "here"
         fail(f"`trainer.lora.epilogue` has no linear to own {where}: its targets are experts, replicated, norm-fed "
              "or fc1 folded by fused_swiglu; target linear_proj / linear_fc2, or set epilogue: false")
 

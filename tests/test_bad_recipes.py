@@ -105,6 +105,12 @@ BAD = [
      "true, target_modules: [linear_proj, linear_fc2]}}", "`trainer.lora.epilogue_norm` has no norm-fed linear"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: true, epilogue_norm: "
      "true}, recompute: {adapter_inputs: true}}", "`trainer.recompute.adapter_inputs` scope all folds that norm"),
+    # device auto without a GPU profile may build TE's spec, where qkv is norm-fused: no owner there (audit 2026-12-06)
+    ("cluster: {env_profile: none}\ntrainer: {distributed: {device: auto}, lora: {epilogue: true, target_modules: "
+     "[linear_qkv]}}", "`trainer.lora.epilogue` has no linear to own on a GPU, where Transformer Engine fuses"),
+    # the fold's FP8 store is Triton's, which takes 16-bit weights only (the trainer refused in the queue)
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {bf16: false, "
+     "fp8_swiglu_input: true}, lora: {fused_swiglu: true}}", "which take 16-bit weights (`trainer.precision.bf16`"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),

@@ -153,7 +153,7 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
             "dropout": 0.0, "dropout_position": "pre", "dim": 16}
     t = {"lora": lora, "recompute": {"adapter_inputs": False, "adapter_inputs_scope": "all"},
          "model": tiny_cfg().to_dict()["trainer"]["model"],
-         "precision": {"fp8_swiglu_input": False}, "distributed": {"device": "cuda"}}
+         "precision": {"fp8_swiglu_input": False, "bf16": True}, "distributed": {"device": "cuda"}}
     assert fused_swiglu_on(t, "h200")
     assert not fused_swiglu_on({**t, "recompute": {"adapter_inputs": True, "adapter_inputs_scope": "fc2"}}, "h200")
     for targets, excludes, on in ((["linear_fc*"], [], True), (["*"], ["linear_fc1"], False),
@@ -164,10 +164,30 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
                           "moe_first_k_dense": 0, "moe_layer_freq": 1}}
     assert not fused_swiglu_on(moe, "h200")  # experts keep their grouped path; no dense MLP
     assert fused_swiglu_on({**moe, "model": {**moe["model"], "moe_first_k_dense": 1}}, "h200")
-    store = {**t, "precision": {"fp8_swiglu_input": True}}
+    store = {**t, "precision": {"fp8_swiglu_input": True, "bf16": True}}
     assert fused_swiglu_on(store, "h200") and not fused_swiglu_on(store, "mi300x")
     assert not fused_swiglu_on({**store, "lora": {**lora, "dim": 256}}, "h200")  # a rank above the kernels' tile
     assert fused_swiglu_on({**store, "distributed": {"device": "auto"}}, "h200")  # the recipes' default device
     assert not fused_swiglu_on({**store, "distributed": {"device": "auto"}}, "mi355x")
     assert not fused_swiglu_on({**store, "distributed": {"device": "cpu"}}, "cpu")
     assert fused_swiglu_on({**t, "lora": {**lora, "fused_swiglu": True, "target_modules": []}}, "h200")
+
+
+def test_adapter_inputs_all_keeps_fc1_unfolded_as_the_contract_says():
+    """recompute.adapter_inputs scope all|fc2 with fc1 targeted and fc2 not: the contract says no fold (so the
+    epilogue owns fc1 on CPU); the trainer folded there anyway (no fc2 adapter was rewired) and then refused the
+    epilogue at its start (audit, 2026-12-06). Now it keeps the unfused path and the epilogue takes fc1."""
+    from primus_contract.rules_precision import epilogue_owners, fused_swiglu_on
+    from tests.model_helpers import dist_session
+    from trainer.model import build
+
+    cfg = tiny_cfg(trainer={"lora": {"fused_swiglu": None, "epilogue": True, "target_modules": ["linear_fc1"]},
+                            "recompute": {"adapter_inputs": True}})
+    t = cfg.to_dict()["trainer"]
+    assert not fused_swiglu_on(t, "cpu") and epilogue_owners(t, "cpu") == ["mlp.linear_fc1"]
+    with dist_session(cfg) as info:
+        built = build(cfg, info.device)
+    lines = dict(built.lines)
+    assert "off: recompute.adapter_inputs scope all" in lines["fused swiglu"]
+    assert not any(hasattr(m, "_primus_megatron_forward") for m in built.model.modules())
+    assert "| 2 of 2 linears |" in lines["lora epilogue"]

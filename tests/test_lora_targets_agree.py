@@ -49,3 +49,74 @@ def test_trainer_wraps_what_the_planner_counts(arch):
             planned = _planned(m, targets, excludes)
             assert wrapped and wrapped == planned, (targets, excludes, sorted(wrapped ^ planned))
     assert "decoder.layers.1.self_attention.linear_proj" in wrapped
+
+
+PP_RUNS = {  # (model overrides, lora, what the contract checks first: load through the schema and check)
+    "scoped": ({}, {"target_modules": ["linear_proj", "layers.3.mlp.linear_fc1"],
+                    "exclude_modules": ["decoder.layers.0.*"]}),
+    # a 4-layer MoE model whose first layer is dense: stage 1 (layers 2-3) holds no dense MLP
+    "swiglu": ({**QWEN3_MOE, "moe_first_k_dense": 1}, {"target_modules": ["linear_qkv", "linear_fc1"],
+                                                       "fused_swiglu": True}),
+    "epilogue": ({**QWEN3_MOE, "moe_first_k_dense": 1}, {"target_modules": ["linear_fc2"], "epilogue": True}),
+}
+
+
+def _pp_cfg(run: str):
+    from tests.parallel_helpers import layout_cfg
+
+    model, lora = PP_RUNS[run]
+    return layout_cfg({"pipeline": 2}, model=model, lora=lora)
+
+
+def _contract(recipe: dict) -> None:
+    """The launcher's rules on the recipe as two ranks of one node run it."""
+    from primus_contract import check
+
+    recipe["cluster"].update(nproc_per_node=2, gpus_per_node=None, nodes=1)
+    recipe["trainer"]["data"]["train"]["hf_name"] = "tiny"  # (data and tokenizer are required; none is read here)
+    recipe["trainer"]["tokenizer"]["path"] = "hf://org/tiny"
+    check(recipe)
+
+
+def _pp_build(run: str, _par):
+    from trainer.model import build
+    from trainer.model.layout import namer
+    from trainer.model.lora.layers import lora_modules
+
+    cfg = _pp_cfg(run)
+    with dist_session(cfg) as info:
+        built = build(cfg, info.device)
+        rename = namer(built.model)
+        return sorted(canonical(rename(n)) for n in lora_modules(built.model)), dict(built.lines)
+
+
+def test_pipeline_stages_match_global_layer_names_and_strict_levers_ask_the_whole_model(tmp_path):
+    """PP=2 on two gloo ranks (4 layers): a stage numbers its layers from 0, and patterns name the model's global
+    layers (before, `decoder.layers.0.*` excluded layer 2 too on stage 1, and `layers.3.*` matched nothing).
+    fused_swiglu / epilogue true with a stage of MoE layers only: that stage says so and runs; the rank refused
+    before, in the queue, though the contract had accepted the recipe (audit, 2026-12-06)."""
+    from tests.parallel_helpers import run_on_ranks
+
+    for run in PP_RUNS:
+        _contract(_pp_cfg(run).to_dict())  # the contract accepts each (so the trainer must run it)
+    ranks = run_on_ranks(2, {run: None for run in PP_RUNS}, _pp_build, tmp_path / "out")
+    m = _pp_cfg("scoped").to_dict()["trainer"]["model"]
+    lora = PP_RUNS["scoped"][1]
+    wrapped = ranks[0]["scoped"][0] + ranks[1]["scoped"][0]
+    assert sorted(wrapped) == sorted(_planned(m, lora["target_modules"], lora["exclude_modules"])) == [
+        "decoder.layers.1.self_attention.linear_proj", "decoder.layers.2.self_attention.linear_proj",
+        "decoder.layers.3.mlp.linear_fc1", "decoder.layers.3.self_attention.linear_proj"]
+    assert "| 1 MLPs |" in ranks[0]["swiglu"][1]["fused swiglu"]
+    assert ranks[1]["swiglu"][1]["fused swiglu"].startswith("fused swiglu | no dense MLP with an fc1 adapter on")
+    assert "| 1 of 5 linears |" in ranks[0]["epilogue"][1]["lora epilogue"]
+    assert "no linear on this pipeline stage can own" in ranks[1]["epilogue"][1]["lora epilogue"]
+
+
+def test_the_contract_refuses_a_pipeline_stage_without_adapters():
+    from primus_contract.errors import ContractError
+
+    cfg = _pp_cfg("scoped").to_dict()
+    cfg["trainer"]["lora"]["target_modules"] = ["layers.3.*"]
+    with pytest.raises(ContractError, match=r"adapts no linear of pipeline stage 0 \(layers 0-1 of "
+                                            r"`trainer.parallelism.pipeline` 2\)"):
+        _contract(cfg)

@@ -102,17 +102,38 @@ def _fused_swiglu(model, ctx: BuildContext) -> str:
     from trainer.model.lora.swiglu import kernels_usable, wire_fused_swiglu
 
     strict = ctx.cfg.trainer.lora.fused_swiglu is True  # null: wherever it applies, and says where it did not
+    rec = ctx.cfg.trainer.recompute
+    if rec.adapter_inputs and rec.adapter_inputs_scope in ("all", "fc2"):  # as rules_precision.swiglu_blocker says
+        return (f"fused swiglu | off: recompute.adapter_inputs scope {rec.adapter_inputs_scope} recomputes fc2's input "
+                "from fc1's full output, which the fold never writes; the unfused path")  # (true: refused at submit)
     wired = wire_fused_swiglu(model, strict)
-    if not wired and not strict:
-        return "fused swiglu | auto (fused_swiglu null): no MLP here can fold its fc1 adapter; the unfused path"
-    if not wired:  # accepted and ignored would be a lie: no dense MLP here has an fc1 adapter it could fold
-        from trainer.config import ConfigError
+    if not strict:
+        if not wired:
+            return "fused swiglu | auto (fused_swiglu null): no MLP here can fold its fc1 adapter; the unfused path"
+    elif not _model_wide(wired, ctx):  # accepted and ignored would be a lie: no dense MLP of the model has an fc1
+        from trainer.config import ConfigError  # adapter it could fold
 
         raise ConfigError("trainer.lora.fused_swiglu: no dense gated-SiLU MLP with an adapter on linear_fc1 here "
                           "(targets, experts, bias or activation); set fused_swiglu: false")
+    elif not wired:  # a pipeline stage of MoE layers only
+        return "fused swiglu | no dense MLP with an fc1 adapter on this pipeline stage (folded on the others)"
     how = ("Triton kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "the unfused ops (no GPU Triton here: same numerics, no saving)")
     return f"fused swiglu | fc1 adapters folded into the activation | {wired} MLPs | {how}"
+
+
+def _model_wide(count: int, ctx: BuildContext) -> int:
+    """count summed over the pipeline stages (at PP > 1 one all-reduce at build; every rank of the group must ask):
+    a strict key is refused when the whole model has nothing for it, as the contract checks, not one stage."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return count
+    import torch
+
+    total = torch.tensor([float(count)], device=ctx.device)
+    torch.distributed.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+    return int(total.item())
 
 
 def _dtype(ctx: BuildContext):
@@ -143,6 +164,9 @@ def _epilogue(model, ctx: BuildContext) -> str:
             return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"
     normed = sum(m.uses_norm_epilogue() for m in wrapped)  # trainer.lora.epilogue_norm (lora/norm_epilogue.py)
     taken = sum(m.uses_epilogue() for m in wrapped) + normed
+    # (true: every rank of the stages' group asks once; auto reaches here only where some linear took the path)
+    if ctx.cfg.trainer.lora.epilogue is True and _model_wide(taken, ctx) and not taken:
+        return "lora epilogue | no linear on this pipeline stage can own its base GEMM (others' do)"
     if not taken:
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")

@@ -290,14 +290,18 @@ class LoRALinear(nn.Module):
 def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]:
     """Dotted names of the linear modules LoRA wraps (parallel linears with a 2-D weight, TE grouped
     expert linears; never a MoE router, an embedding or the LM head;
-    names matched as primus_contract/targets.py says)."""
+    names matched as primus_contract/targets.py says, on the global layer index: a pipeline stage numbers its
+    layers from 0, and `layers.3.*` means the model's fourth layer on any layout)."""
+    from trainer.model.layout import namer
+
+    global_name = namer(model)
     out = []
     for name, module in model.named_modules():
         if isinstance(module, (LoRALinear, GroupedLoRALinear)):
             raise ValueError("LoRA is already applied to this model")
         weight = getattr(module, "weight", None)
         if isinstance(getattr(module, "num_gemms", None), int) and not is_grouped_linear(module):
-            if targeted((name,), target_modules):
+            if targeted((global_name(name),), target_modules):
                 raise NotImplementedError(f"LoRA on {name}: grouped linear without per-expert weights "
                                           "(moe_single_grouped_weight) is not supported")
             continue
@@ -307,7 +311,7 @@ def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]
             continue  # frozen whatever the patterns say; embeddings are lookups, not linears
         if name.rsplit(".", 1)[-1] == "output_layer":  # never the LM head either: the contract's table of
             continue  # targets has none (a `*` pattern once wrapped it, and the chunked loss then stood down)
-        if targeted((name,), target_modules, exclude_modules):
+        if targeted((global_name(name),), target_modules, exclude_modules):
             out.append(name)
     return out
 
