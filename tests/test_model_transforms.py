@@ -26,8 +26,8 @@ def test_transforms_run_in_order_and_report_their_lines():
                                "(this rank)",
                                "adapter inputs | scope fc2 | fc2 2 | norm 0",
                                # on by default (null), but fc2's adapter recomputes from fc1's full output here
-                               "fused swiglu | auto (fused_swiglu null): no MLP here can fold its fc1 adapter; "
-                               "the unfused path",
+                               "fused swiglu | off: recompute.adapter_inputs scope fc2 recomputes fc2's input from "
+                               "fc1's full output, which the fold never writes; the unfused path",
                                "chunked loss | output layer + cross-entropy in token chunks, logits not kept | torch ops",
                                f"fp4 emulation | {prec.settings.fp4_recipe} quantize-dequantize on 8 linears"]
     assert built.line("hf import") is None and built.line("adapter inputs").startswith("adapter inputs | ")
