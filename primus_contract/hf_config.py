@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Optional
 
 from primus_contract.flops import is_moe_layer
 
@@ -163,20 +164,31 @@ def _rope_fields(hf: dict, mla: bool) -> dict:
         if [k for k in required if k not in scaling]:  # (transformers refuses them too)
             _refuse({**hf, "rope_scaling": scaling}, "rope_scaling",
                     f"{kind} scaling needs {', '.join(k for k in required if k not in scaling)}")
-        if kind == "llama3" and not mla:
-            off = [k for k, v in _LLAMA3.items() if not math.isclose(scaling.get(k, v), v)]
-            if off:
-                _refuse({**hf, "rope_scaling": scaling}, "rope_scaling",
-                        f"llama3 scaling with {off[0]} {scaling[off[0]]} (megatron-core implements 1 / 4 / 8192)")
-        elif kind == "yarn" and mla:
+        problem = rope_scaling_problem(scaling, mla)
+        if problem:
+            _refuse({**hf, "rope_scaling": scaling}, "rope_scaling", problem)
+        if kind == "yarn":
             for key, ok in (("truncate", 1.0), ("attention_factor", None)):
                 if key in scaling and scaling[key] != ok:
                     _refuse({**hf, "rope_scaling": scaling}, "rope_scaling",
                             f"yarn with {key} {scaling[key]} is not implemented by megatron-core")
-        else:
-            _refuse({**hf, "rope_scaling": scaling}, "rope_scaling", "implemented are llama3 (Llama) and yarn "
-                                                                    "(DeepSeek multi-latent attention)")
     return {"rotary_base": theta, "rope_scaling": scaling}
+
+
+def rope_scaling_problem(scaling, mla: bool) -> Optional[str]:
+    """Why the trainer cannot build this RoPE scaling (None: it can; trainer/model/arch.py rope_kwargs): llama3 with
+    megatron-core's 1 / 4 / 8192 on standard attention, yarn with original_max_position_embeddings on MLA."""
+    if not scaling:
+        return None
+    kind = scaling.get("type") or scaling.get("rope_type")
+    if kind == "llama3" and not mla:
+        off = [k for k, v in _LLAMA3.items() if not math.isclose(float(scaling.get(k, v)), v)]
+        return f"llama3 scaling with {off[0]} {scaling[off[0]]} (megatron-core implements 1 / 4 / 8192)" if off else None
+    if kind == "yarn" and mla:
+        return (None if scaling.get("original_max_position_embeddings") is not None
+                else "yarn scaling needs original_max_position_embeddings")
+    return (f"{kind or 'an untyped'} scaling: implemented are llama3 (Llama) and yarn (DeepSeek multi-latent "
+            "attention)")
 
 
 def moe_pattern(hf: dict) -> tuple[int, int]:

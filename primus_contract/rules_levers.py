@@ -33,13 +33,21 @@ def offload_rules(t: dict, profile: str) -> None:
 
 
 def layout_rules(t: dict) -> None:
-    """One document a row (packing false) runs [S, B] through megatron-core: sequence parallelism splits S itself."""
-    d, par = t["data"], t["parallelism"]
+    """Sequence parallelism splits the token dimension over the tensor-parallel ranks: one document a row (packing
+    false) runs [S, B] through megatron-core, packed rows run as one THD row of B x S tokens; megatron asserts either
+    divides. Full uniform recompute checkpoints chunks of recompute.num_layers layers of each stage, and indexes past
+    the stage's last layer where they do not tile it."""
+    d, par, rec = t["data"], t["parallelism"], t["recompute"]
     sample = sample_length(d["seq_length"], d["pad_to_multiple_of"])
-    if not d["packing"] and par["sequence_parallel"] and sample % par["tensor"]:
+    if par["sequence_parallel"] and sample % par["tensor"]:
         fail(f"`trainer.data.seq_length` ({sample} after pad_to_multiple_of) must be divisible by "
-             f"`trainer.parallelism.tensor` ({par['tensor']}) with packing false and sequence parallelism (each row "
-             "is split over the tensor-parallel ranks); set pad_to_multiple_of to a multiple of tensor")
+             f"`trainer.parallelism.tensor` ({par['tensor']}) with sequence parallelism (each row's tokens are split "
+             "over the tensor-parallel ranks); set pad_to_multiple_of to a multiple of tensor")
+    per = t["model"]["num_layers"] // par["pipeline"]
+    if rec["granularity"] == "full" and rec["method"] == "uniform" and per % rec["num_layers"]:
+        fail(f"`trainer.recompute.num_layers` ({rec['num_layers']}) must divide the {per} layers of each pipeline "
+             "stage with granularity full and method uniform (megatron-core recomputes chunks of that many layers "
+             "and would index past the stage's last); set a divisor, or method: block")
 
 
 def lever_rules(t: dict, profile: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from primus_contract.errors import fail
 from primus_contract.flops import is_adapted, is_moe_layer, layer_linears
+from primus_contract.hf_config import rope_scaling_problem
 from primus_contract.rules_shapes import linear_dims
 from primus_contract.targets import pattern_matches
 
@@ -42,6 +43,9 @@ def model_rules(m: dict, t: dict) -> None:
     if not m["kv_channels"] and not m["multi_latent_attention"] and m["hidden_size"] % heads:
         fail(f"`trainer.model.hidden_size` ({m['hidden_size']}) must be divisible by num_attention_heads ({heads})"
              " or set kv_channels")
+    problem = rope_scaling_problem(m["rope_scaling"], bool(m["multi_latent_attention"]))
+    if problem:
+        fail(f"`trainer.model.rope_scaling`: {problem}")
     seq = t["data"]["seq_length"]
     if seq > m["max_position_embeddings"]:
         fail(f"`trainer.data.seq_length` ({seq}) exceeds `trainer.model.max_position_embeddings` "

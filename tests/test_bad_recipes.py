@@ -111,6 +111,16 @@ BAD = [
     # the fold's FP8 store is Triton's, which takes 16-bit weights only (the trainer refused in the queue)
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {bf16: false, "
      "fp8_swiglu_input: true}, lora: {fused_swiglu: true}}", "which take 16-bit weights (`trainer.precision.bf16`"),
+    # accepted before, then a traceback in the queue (audit, 2026-12-06): megatron's uniform recompute indexed past
+    # the last layer; SP's split of a packed THD row; arch.rope_kwargs' NotImplementedError
+    ("trainer: {recompute: {granularity: full, method: uniform, num_layers: 3}}",
+     "`trainer.recompute.num_layers` (3) must divide the 2 layers of each pipeline stage"),
+    ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2, sequence_parallel: true}, data: "
+     "{seq_length: 255, pad_to_multiple_of: 1}}", "`trainer.data.seq_length` (255 after pad_to_multiple_of) must be"),
+    ("trainer: {model: {rope_scaling: {type: linear, factor: 2}}}", "`trainer.model.rope_scaling`: linear scaling: "
+     "implemented are llama3 (Llama) and yarn"),
+    ("trainer: {model: {rope_scaling: {type: llama3, factor: 8, low_freq_factor: 2}}}",
+     "`trainer.model.rope_scaling`: llama3 scaling with low_freq_factor 2"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),

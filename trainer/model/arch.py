@@ -18,7 +18,8 @@ parameters, no rope_scaling to plain RoPE.
 """
 from __future__ import annotations
 
-_LLAMA3 = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
+from primus_contract.hf_config import rope_scaling_problem
+
 _YARN_KEYS = {"factor": "rotary_scaling_factor", "original_max_position_embeddings": "original_max_position_embeddings",
               "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale", "mscale_all_dim": "mscale_all_dim"}
 
@@ -76,13 +77,10 @@ def rope_kwargs(mcfg) -> dict:
     mla = bool(mcfg.multi_latent_attention)
     if not rs:  # (MLATransformerConfig defaults to DeepSeek's YaRN factor 40: its softmax scale would keep mscale²)
         return {"rope_type": "rope", "rotary_scaling_factor": 1.0} if mla else {}
-    kind = rs.get("type") or rs.get("rope_type")
-    if kind == "yarn" and mla:
-        return {"rope_type": "yarn", **yarn_kwargs(rs)}
-    if kind == "llama3" and not mla and all(float(rs.get(k, v)) == float(v) for k, v in _LLAMA3.items()):
-        return {}  # applied by GPTModel (gpt_rope_kwargs)
-    raise NotImplementedError(f"rope_scaling {dict(rs)}: supported are llama3 (1/4/8192) on standard "
-                              "attention and yarn on multi-latent attention")
+    problem = rope_scaling_problem(rs, mla)  # the contract refused it at submit (rules_model.model_rules)
+    if problem:
+        raise NotImplementedError(f"rope_scaling {dict(rs)}: {problem}")
+    return {"rope_type": "yarn", **yarn_kwargs(rs)} if mla else {}  # llama3: applied by GPTModel (gpt_rope_kwargs)
 
 
 def yarn_kwargs(rs) -> dict:
