@@ -50,6 +50,30 @@ def layout_rules(t: dict) -> None:
              "and would index past the stage's last); set a divisor, or method: block")
 
 
+def adapter_inputs_rules(t: dict, profile: str) -> None:
+    """recompute.adapter_inputs rewires only adapters that read their base's own input (trainer/model/lora/inputs.py):
+    a dense MLP's fc2 (scope all|fc2) and, on TE's spec, the norm-fused linears (scope all|norm); where the recipe
+    leaves none, it is refused here rather than accepted and ignored (the trainer refuses it at build too)."""
+    from primus_contract.rules_model import targeted_linears
+    from primus_contract.rules_precision import norm_fed_targets
+
+    rec, lora = t["recompute"], t["lora"]
+    if not rec["adapter_inputs"]:
+        return
+    if lora["dropout"] and lora["dropout_position"] == "pre":
+        fail(f"`trainer.recompute.adapter_inputs` rewires adapters that read their base's own input, and with "
+             f"`trainer.lora.dropout` {lora['dropout']:g} (pre) every adapter reads its own dropped-out copy: it would "
+             "rewire nothing; set adapter_inputs: false")
+    scope = rec["adapter_inputs_scope"]
+    fc2 = scope in ("all", "fc2") and "mlp.linear_fc2" in targeted_linears(t["model"], lora)
+    norm = scope in ("all", "norm") and run_device(t, profile) != "cpu" and bool(norm_fed_targets(t))
+    if not (fc2 or norm):
+        fail(f"`trainer.recompute.adapter_inputs` scope {scope} would rewire nothing here: it takes a dense MLP's "
+             "linear_fc2 adapter (scope all|fc2) and, on a GPU, the norm-fused linears' (qkv, fc1; scope all|norm) "
+             "among `trainer.lora.target_modules`; set adapter_inputs: false")
+
+
 def lever_rules(t: dict, profile: str) -> None:
     layout_rules(t)
     offload_rules(t, profile)
+    adapter_inputs_rules(t, profile)

@@ -121,6 +121,11 @@ BAD = [
      "implemented are llama3 (Llama) and yarn"),
     ("trainer: {model: {rope_scaling: {type: llama3, factor: 8, low_freq_factor: 2}}}",
      "`trainer.model.rope_scaling`: llama3 scaling with low_freq_factor 2"),
+    # accepted and ignored before (audit, 2026-12-06): the build line said "fc2 0 | norm 0"
+    ("trainer: {recompute: {adapter_inputs: true}, lora: {dropout: 0.1}}",
+     "`trainer.recompute.adapter_inputs` rewires adapters that read their base's own input, and with"),
+    ("trainer: {recompute: {adapter_inputs: true, adapter_inputs_scope: norm}}",
+     "`trainer.recompute.adapter_inputs` scope norm would rewire nothing here"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),

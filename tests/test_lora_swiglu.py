@@ -176,7 +176,9 @@ def test_null_folds_wherever_it_applies_and_says_where_it_cannot():
 def test_adapter_inputs_all_keeps_fc1_unfolded_as_the_contract_says():
     """recompute.adapter_inputs scope all|fc2 with fc1 targeted and fc2 not: the contract says no fold (so the
     epilogue owns fc1 on CPU); the trainer folded there anyway (no fc2 adapter was rewired) and then refused the
-    epilogue at its start (audit, 2026-12-06). Now it keeps the unfused path and the epilogue takes fc1."""
+    epilogue at its start (audit, 2026-12-06). Now it keeps the unfused path and the epilogue takes fc1. (On CPU the
+    contract now refuses this recipe whole: adapter_inputs rewires nothing there. On a GPU, scope all rewires fc1's
+    norm and the recipe stands; the build here checks the trainer's side of the rule.)"""
     from primus_contract.rules_precision import epilogue_owners, fused_swiglu_on
     from tests.model_helpers import dist_session
     from trainer.model import build

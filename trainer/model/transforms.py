@@ -94,6 +94,7 @@ def _adapter_inputs(model, ctx: BuildContext) -> str:
     """What trainer.recompute.adapter_inputs rewired (zero: nothing eligible)."""
     scope = ctx.cfg.trainer.recompute.adapter_inputs_scope
     wired = wire_adapter_input_recompute(model, scope)
+    # (where it rewires nothing the contract refused the recipe: rules_levers.adapter_inputs_rules)
     return f"adapter inputs | scope {scope} | fc2 {wired['fc2']} | norm {wired['norm']}"
 
 
