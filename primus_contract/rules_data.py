@@ -33,6 +33,9 @@ def sample_length(seq_length: int, multiple: int) -> int:
     return -(-int(seq_length) // int(multiple)) * int(multiple)
 
 
+LINE_FILES = (".jsonl", ".ndjson", ".parquet")  # files without splits (primus_contract/data_paths.py FILE_EXTS)
+
+
 def data_and_schedule_rules(t: dict) -> None:
     d, s = t["data"], t["schedule"]
     if not d["train"]["path"] and not d["train"]["hf_name"]:
@@ -41,6 +44,12 @@ def data_and_schedule_rules(t: dict) -> None:
         if d[split]["path"] and d[split]["hf_name"]:
             fail(f"`trainer.data.{split}.hf_name` is set beside `trainer.data.{split}.path`; a source is one of them: "
                  "remove one")
+        # a .jsonl/.parquet file is read whole (trainer/data/sources.py): a split there would be accepted and ignored
+        path, wanted = str(d[split]["path"] or ""), d[split]["split"]
+        if d["format"] != "mlperf_npy" and path.endswith(LINE_FILES) and wanted != split:
+            fail(f"`trainer.data.{split}.split` is {wanted!r}, but `trainer.data.{split}.path` is one "
+                 f"{path.rsplit('.', 1)[-1]} file, read whole (a split selects a hub or save_to_disk dataset's split, "
+                 f"a directory's <split> file or a .json object's key); remove split or point path at that data")
     if d["format"] == "mlperf_npy" and not d["train"]["path"]:
         fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
     if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:

@@ -16,6 +16,7 @@ from primus_slurm.config.render import render_script
 from primus_slurm.resources import recipes_dir
 
 QS = str(recipes_dir() / "quickstart.yaml")
+QS_DATA = next((recipes_dir() / "data" / "quickstart").rglob("*.jsonl"))  # a real .jsonl (read whole)
 A_FILE, A_FOLDER = str(recipes_dir() / "quickstart.yaml"), str(recipes_dir().parent / "docs")  # exist, wrong kind
 
 # (recipe body appended to `extends: quickstart`, text the error must contain)
@@ -126,6 +127,8 @@ BAD = [
      "`trainer.recompute.adapter_inputs` rewires adapters that read their base's own input, and with"),
     ("trainer: {recompute: {adapter_inputs: true, adapter_inputs_scope: norm}}",
      "`trainer.recompute.adapter_inputs` scope norm would rewire nothing here"),
+    (f"trainer: {{data: {{validation: {{path: {QS_DATA}, split: 'test[:5%]'}}}}}}",
+     "`trainer.data.validation.split` is 'test[:5%]', but `trainer.data.validation.path` is one jsonl file"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
