@@ -297,6 +297,13 @@ def to_hf_config(m: dict) -> dict:
     return hf
 
 
+def norm_topk_prob(m: dict) -> bool:
+    """Whether the run renormalises the top-k routing weights: the recipe's moe_norm_topk_prob, null the family's
+    (Qwen3 does, DeepSeek-V2 does not; trainer.model.arch.moe_kwargs)."""
+    v = m.get("moe_norm_topk_prob")
+    return m.get("family") != "deepseek" if v is None else bool(v)
+
+
 def _effective(m: dict, key: str):
     """A recipe model value as the trainer uses it (nulls resolved the way trainer.model.build does)."""
     v = m.get(key)
@@ -304,8 +311,8 @@ def _effective(m: dict, key: str):
         return int(v or m["num_attention_heads"])
     if key == "kv_channels":
         return int(v or int(m["hidden_size"]) // int(m["num_attention_heads"]))
-    if key == "moe_norm_topk_prob" and v is None:
-        return m.get("family") != "deepseek"  # the family's routing (trainer.model.arch)
+    if key == "moe_norm_topk_prob":
+        return norm_topk_prob(m)
     if key == "moe_router_topk_scaling_factor" and v is None:
         return 1.0
     if key == "rope_scaling" and v:  # (a value that is no number stays as written: the comparison names it)

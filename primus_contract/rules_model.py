@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from primus_contract.errors import fail
 from primus_contract.flops import is_adapted, is_moe_layer, layer_linears
-from primus_contract.hf_config import rope_scaling_problem
+from primus_contract.hf_config import norm_topk_prob, rope_scaling_problem
 from primus_contract.rules_shapes import linear_dims
 from primus_contract.targets import pattern_matches
 
@@ -53,6 +53,10 @@ def model_rules(m: dict, t: dict) -> None:
     if m["num_moe_experts"]:
         if not m["moe_router_topk"] or m["moe_router_topk"] > m["num_moe_experts"]:
             fail(f"`trainer.model.moe_router_topk` must be between 1 and num_moe_experts ({m['num_moe_experts']})")
+        if m["moe_router_topk"] == 1 and norm_topk_prob(m):  # (audit, 2026-12-06: accepted and overridden)
+            fail("`trainer.model.moe_norm_topk_prob` (true, or null on this family) renormalises the top-k routing "
+                 "weights: at moe_router_topk 1 the one expert's weight is 1 (Hugging Face), where megatron-core "
+                 "weights it by its softmax probability over all experts; set moe_norm_topk_prob: false, or topk > 1")
         if not any(is_moe_layer(m, i) for i in range(m["num_layers"])):
             fail(f"`trainer.model.moe_first_k_dense` ({m['moe_first_k_dense']}) with moe_layer_freq "
                  f"({m['moe_layer_freq']}) leaves no MoE layer of num_layers ({m['num_layers']})")

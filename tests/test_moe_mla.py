@@ -158,3 +158,17 @@ def test_dense_mla_norms_its_kv_latent_as_the_moe_mla_does():
             assert not isinstance(attn.kv_layernorm, IdentityOp), label
             names[label] = sorted(n for n, _ in attn.named_parameters())
     assert names["dense"] == names["moe"] and any("kv_layernorm" in n for n in names["dense"]), names
+
+
+def test_top1_routing_with_renormalised_weights_is_refused():
+    """At moe_router_topk 1, Hugging Face's renormalised weight (norm_topk_prob, Qwen3's default) is 1 and megatron-
+    core's is the expert's softmax probability (trainer.model.arch forces pre-softmax there): refused, not run with
+    other numerics (audit, 2026-12-06); DeepSeek's family default (no renormalising) and an explicit false run."""
+    from primus_contract.errors import ContractError
+    from primus_contract.rules_model import model_rules
+
+    t = tiny_cfg(trainer={"model": {**QWEN3_MOE, "moe_router_topk": 1}}).to_dict()["trainer"]
+    with pytest.raises(ContractError, match=r"`trainer.model.moe_norm_topk_prob` \(true, or null on this family\)"):
+        model_rules(t["model"], t)
+    model_rules({**t["model"], "moe_norm_topk_prob": False}, t)
+    model_rules({**t["model"], "family": "deepseek"}, t)
