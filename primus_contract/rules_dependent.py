@@ -61,6 +61,13 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      "copies)", lambda r: bool(r["trainer"]["precision"]["fp8"] or r["trainer"]["precision"]["fp4"])),
     ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0",
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
+    ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "
+     "and runs sbhd)", lambda r: r["trainer"]["data"]["packing"]),
+    ("trainer.recompute.chunked_loss_kernel", "`trainer.recompute.chunked_loss: true`",
+     lambda r: r["trainer"]["recompute"]["chunked_loss"]),
+    ("trainer.distributed.nccl_eager_init", "NCCL (`trainer.distributed.backend` nccl, or auto on a GPU)",
+     lambda r: r["trainer"]["distributed"]["backend"] == "nccl" or (
+         r["trainer"]["distributed"]["backend"] == "auto" and r["trainer"]["distributed"]["device"] != "cpu")),
     ("trainer.data.validation.split", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.validation.limit", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.overlong", "a tokenized format (mlperf_npy packs are already tokenized and sized)", _tokenized),

@@ -91,6 +91,11 @@ def parallel_rules(t: dict, c: dict) -> None:
     par, m = t["parallelism"], t["model"]
     tp, pp, cp, ep = par["tensor"], par["pipeline"], par["context"], par["expert"]
     world = world_size(c)
+    lg = t["logging"]
+    outside = [r for r in lg["profile_ranks"] if not 0 <= r < world]
+    if lg["profile_start"] is not None and outside:  # (they profiled nothing and said nothing)
+        fail(f"`trainer.logging.profile_ranks` names rank {outside[0]}, and the job has ranks 0-{world - 1} "
+             f"({c['nodes']} node(s) x {nproc_per_node(c)})")
     heads, groups = m["num_attention_heads"], m["num_query_groups"] or m["num_attention_heads"]
     if heads % tp or (not m["multi_latent_attention"] and groups % tp):
         fail(f"`trainer.parallelism.tensor` ({tp}) must divide num_attention_heads ({heads}) and "

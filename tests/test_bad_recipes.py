@@ -129,6 +129,8 @@ BAD = [
      "`trainer.recompute.adapter_inputs` scope norm would rewire nothing here"),
     (f"trainer: {{data: {{validation: {{path: {QS_DATA}, split: 'test[:5%]'}}}}}}",
      "`trainer.data.validation.split` is 'test[:5%]', but `trainer.data.validation.path` is one jsonl file"),
+    ("trainer: {logging: {profile_start: 2, profile_ranks: [0, 3]}}",
+     "`trainer.logging.profile_ranks` names rank 3, and the job has ranks 0-0"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
@@ -335,6 +337,13 @@ def test_run_dir_behind_a_symlink_is_checked_after_resolving(tmp_path, capsys):
     (["trainer.precision.fp8_recipe=tensorwise"], 'note: `trainer.precision.fp8_recipe` is "tensorwise"'),
     (["trainer.logging.profile_trace=true"], "note: `trainer.logging.profile_trace` is true"),
     (["cluster.currency=EUR"], 'note: `cluster.currency` is "EUR" but does nothing without `cluster.gpu_hour_price`'),
+    # silent before (audit, 2026-12-06)
+    (["trainer.data.packing=false", "trainer.data.single_document_sbhd=false"],
+     "note: `trainer.data.single_document_sbhd` is false but does nothing without `trainer.data.packing: true`"),
+    (["trainer.recompute.chunked_loss=false", "trainer.recompute.chunked_loss_kernel=true"],
+     "note: `trainer.recompute.chunked_loss_kernel` is true but does nothing without `trainer.recompute.chunked_loss"),
+    (["trainer.distributed.nccl_eager_init=true"], "note: `trainer.distributed.nccl_eager_init` is true but does "
+                                                    "nothing without NCCL"),
 ])
 def test_a_key_whose_feature_is_off_is_a_note_never_silent(sets, note, capsys):
     """primus_contract/rules_dependent.py: accepted (turning a feature off with one override leaves its settings
