@@ -83,10 +83,25 @@ def _fixed_blocks(layers_per_stage: int) -> list[int]:
     return [k for k in (layers_per_stage // 4, layers_per_stage // 2) if 0 < k < layers_per_stage]
 
 
+def _adapter_inputs_options(resolved: dict) -> tuple:
+    """(False, True), or (False,) where recompute.adapter_inputs would rewire nothing (the contract refuses it:
+    pre-dropout adapters, no fc2 / norm-fed target), so that the floor of _none_can_fit is a setting that runs."""
+    from primus_contract.rules_levers import adapter_inputs_rules
+
+    t = resolved["trainer"]
+    try:
+        adapter_inputs_rules({**t, "recompute": {**t["recompute"], "adapter_inputs": True}},
+                             resolved["cluster"]["env_profile"])
+    except ContractError:
+        return (False,)
+    return (False, True)
+
+
 def _wants(resolved: dict):
     """Each layout to try, as {KEYS name: value}."""
     t, c = resolved["trainer"], resolved["cluster"]
     m = t["model"]
+    ais = _adapter_inputs_options(resolved)
     world = c["nodes"] * (c["nproc_per_node"] or c["gpus_per_node"] or 1)
     per_node = c["nproc_per_node"] or c["gpus_per_node"] or 1
     fp8 = bool(t["precision"]["fp8"])
@@ -98,7 +113,7 @@ def _wants(resolved: dict):
             eps = [d for d in _divisors(dp, dp) if m["num_moe_experts"] and m["num_moe_experts"] % d == 0] or [1]
             for ep in eps:
                 for gran, method, n in _recomputes(m["num_layers"] // pp):
-                    for ai in (False, True):
+                    for ai in ais:
                         for f8, cache in (((False, True), (False, False), (True, False)) if fp8 else ((False, None),)):
                             for mbs in (1, 2, 4):
                                 want = {"tensor": tp, "pipeline": pp, "expert": ep, "sequence_parallel": tp > 1,
@@ -221,9 +236,10 @@ def cheapest_fit_of(resolved: dict) -> Candidate | None:
 
 
 def _none_can_fit(resolved: dict, wants: list[dict]) -> bool:
-    """Each layout's most memory-saving setting (full recompute, adapter inputs recomputed, FP8 weights, micro-batch
+    """Each layout's most memory-saving setting (full recompute, adapter inputs recomputed where they can be, FP8 weights, micro-batch
     1) is accepted by the contract and does not fit: then no setting of any layout fits (memory only grows along
     those axes), and the search need not plan every layout."""
+    ai = _adapter_inputs_options(resolved)[-1]
     floor = [_try(resolved, w) for w in wants if w["granularity"] == "full" and w["method"] == "uniform"
-             and w["adapter_inputs"] and w["micro_batch_size"] == 1 and w.get("fp8_param", True)]
+             and w["adapter_inputs"] == ai and w["micro_batch_size"] == 1 and w.get("fp8_param", True)]
     return bool(floor) and all(c is not None for c in floor) and not any(c.plan.fits for c in floor)
