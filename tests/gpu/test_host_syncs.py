@@ -61,9 +61,15 @@ def test_the_grad_norm_and_clip_do_not_wait(record):
     params = []
     for i in range(256):
         p = torch.nn.Parameter(torch.zeros(16, 64, device="cuda"))
-        p.grad = torch.full((16, 64), 0.01 * (i % 7), device="cuda")
+        p.grad = torch.empty(16, 64, device="cuda")
         params.append(p)
-    norm, busy = _busy_after(lambda: clip_gradients(params, 1.0))
+
+    def step():  # the gradients as a backward leaves them (fill kernels), then the norm and clip: the warm-up call
+        for i, p in enumerate(params):  # clipped them to norm 1 (the H100, 2026-12-06: the second call read 1.0)
+            p.grad.fill_(0.01 * (i % 7))
+        return clip_gradients(params, 1.0)
+
+    norm, busy = _busy_after(step)
     record(stream_busy_after_clip=busy)
     ref = sum(float((0.01 * (i % 7)) ** 2) * 16 * 64 for i in range(256)) ** 0.5
     assert float(norm) == pytest.approx(ref, rel=1e-5)
