@@ -53,7 +53,8 @@ def layout_rules(t: dict) -> None:
 def adapter_inputs_rules(t: dict, profile: str) -> None:
     """recompute.adapter_inputs rewires only adapters that read their base's own input (trainer/model/lora/inputs.py):
     a dense MLP's fc2 (scope all|fc2) and, on TE's spec, the norm-fused linears (scope all|norm); where the recipe
-    leaves none, it is refused here rather than accepted and ignored (the trainer refuses it at build too)."""
+    leaves none, it is refused here rather than accepted and ignored (the trainer's build line counts what it
+    rewired)."""
     from primus_contract.rules_model import targeted_linears
     from primus_contract.rules_precision import norm_fed_targets
 

@@ -14,17 +14,20 @@ def model_linear_names(model: dict) -> list[str]:
     return [name for name, _, _ in linear_dims(model, 1)]
 
 
-def layer_linear_paths(model: dict) -> list[tuple[str, str]]:
-    """(megatron name within a layer, full megatron name) of every LoRA-wrappable linear of every layer: the names
-    the trainer matches target_modules against (primus_contract/targets.py); never a router."""
-    return [(suffix, f"decoder.layers.{layer}.{suffix}") for layer in range(int(model["num_layers"]))
+def layer_linear_paths(model: dict) -> list[tuple[int, str, str]]:
+    """(layer, megatron name within a layer, full megatron name) of every LoRA-wrappable linear of every layer: the
+    names the trainer matches target_modules against (primus_contract/targets.py); never a router."""
+    return [(layer, suffix, f"decoder.layers.{layer}.{suffix}") for layer in range(int(model["num_layers"]))
             for short, suffix, *_ in layer_linears(model, layer) if short != "router"]
+
+
+def _adapted(lora: dict, suffix: str, path: str) -> bool:
+    return is_adapted(suffix.rsplit(".", 1)[-1], path, lora["target_modules"], lora["exclude_modules"])
 
 
 def targeted_linears(model: dict, lora: dict) -> list[str]:
     """The names within a layer (model_linear_names' form) of the linears LoRA wraps in at least one layer."""
-    hit = {suffix for suffix, path in layer_linear_paths(model)
-           if is_adapted(suffix.rsplit(".", 1)[-1], path, lora["target_modules"], lora["exclude_modules"])}
+    hit = {suffix for _, suffix, path in layer_linear_paths(model) if _adapted(lora, suffix, path)}
     return [n for n in model_linear_names(model) if n in hit]
 
 
@@ -147,7 +150,8 @@ def lora_rules(lora: dict, model: dict, pipeline: int = 1) -> None:
     if not lora["enabled"]:  # (the base is frozen: the trainer stopped at its optimizer, in the queue, a traceback)
         fail("`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA adapters on a frozen base: nothing "
              "would train; set it to true (`primus-slurm generate RUN --base-only` answers from a run's base alone)")
-    paths = [path for _, path in layer_linear_paths(model)]
+    linears = layer_linear_paths(model)
+    paths = [path for _, _, path in linears]
     for field in ("target_modules", "exclude_modules"):
         for i, pattern in enumerate(lora[field]):
             if not pattern_matches(pattern, paths):
@@ -157,10 +161,10 @@ def lora_rules(lora: dict, model: dict, pipeline: int = 1) -> None:
     if not lora["target_modules"]:
         fail("`trainer.lora.target_modules` is empty; name at least one linear layer (e.g. linear_qkv)")
     per = int(model["num_layers"]) // max(pipeline, 1)
+    adapted_layers = {layer for layer, suffix, path in linears if _adapted(lora, suffix, path)}
     for stage in range(pipeline if per else 0):  # each stage trains its own adapters: none would leave it idle
         first, last = stage * per, (stage + 1) * per - 1
-        if not any(is_adapted(suffix.rsplit(".", 1)[-1], path, lora["target_modules"], lora["exclude_modules"])
-                   for suffix, path in layer_linear_paths(model) if first <= int(path.split(".")[2]) <= last):
+        if not adapted_layers & set(range(first, last + 1)):
             fail(f"`trainer.lora.target_modules` adapts no linear of pipeline stage {stage} (layers {first}-{last} "
                  f"of `trainer.parallelism.pipeline` {pipeline}): that stage would have nothing to train; name "
                  "linears in every stage, or lower pipeline")

@@ -237,8 +237,8 @@ def cheapest_fit_of(resolved: dict) -> Candidate | None:
 
 def _none_can_fit(resolved: dict, wants: list[dict]) -> bool:
     """Each layout's most memory-saving setting (full recompute, adapter inputs recomputed where they can be, FP8
-    weights, micro-batch 1) is accepted by the contract and does not fit: then no setting of any layout fits (memory only grows along
-    those axes), and the search need not plan every layout."""
+    weights, micro-batch 1) is accepted by the contract and does not fit: then no setting of any layout fits (memory
+    only grows along those axes), and the search need not plan every layout."""
     ai = _adapter_inputs_options(resolved)[-1]
     floor = [_try(resolved, w) for w in wants if w["granularity"] == "full" and w["method"] == "uniform"
              and w["adapter_inputs"] == ai and w["micro_batch_size"] == 1 and w.get("fp8_param", True)]

@@ -2,8 +2,8 @@
 
     apply_lora(model, cfg.trainer.lora, tp_size, sequence_parallel, seed)
 
-freezes every base parameter and replaces each target linear (matched by fnmatch against the
-module's leaf name and its full dotted name, primus_contract/targets.py; exclusions win) with `LoRALinear(base)`:
+freezes every base parameter and replaces each target linear (a pattern matches any dotted tail of the
+module's global name, primus_contract/targets.py; exclusions win) with `LoRALinear(base)`:
 
     y = base(x) + scale * B(A(drop(x))),     scale = alpha / dim
 
