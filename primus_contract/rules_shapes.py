@@ -9,8 +9,10 @@ the same way, so output dims are held to 16 too. Only the linears inside the tra
 from __future__ import annotations
 
 from primus_contract.errors import fail
+from primus_contract.rules_data import sample_length
 
 MULTIPLE = 16
+TOKEN_MULTIPLE = 8  # the input's leading dims (the tokens of a micro-batch), as TE's message above says
 
 
 def linear_dims(m: dict, tp: int) -> list:
@@ -45,9 +47,16 @@ def linear_dims(m: dict, tp: int) -> list:
 
 
 def fp8_shape_rules(t: dict) -> None:
-    """With fp8 set, every FP8 linear's shard dims are multiples of 16 (TE refuses the first forward otherwise)."""
+    """With fp8 set, every FP8 linear's shard dims are multiples of 16 and a micro-batch's tokens of 8 (TE refuses the
+    first forward otherwise)."""
     if not t["precision"]["fp8"]:
         return
+    d, mbs = t["data"], t["schedule"]["micro_batch_size"]
+    sample = sample_length(d["seq_length"], d["pad_to_multiple_of"])  # every row's length, packed or not
+    if (mbs * sample) % TOKEN_MULTIPLE:  # (sequence parallelism gathers them before each FP8 GEMM)
+        fail(f"`trainer.precision.fp8` needs the tokens of a micro-batch to be a multiple of {TOKEN_MULTIPLE} (TE's "
+             f"FP8 linears); `trainer.data.seq_length` {sample} (after pad_to_multiple_of) x micro_batch_size {mbs} "
+             f"is {mbs * sample}: set `trainer.data.pad_to_multiple_of: 16`")
     tp = t["parallelism"]["tensor"]
     for name, out_f, in_f in linear_dims(t["model"], tp):
         bad = [d for d in (out_f, in_f) if d % MULTIPLE]

@@ -131,6 +131,10 @@ BAD = [
      "`trainer.data.validation.split` is 'test[:5%]', but `trainer.data.validation.path` is one jsonl file"),
     ("trainer: {logging: {profile_start: 2, profile_ranks: [0, 3]}}",
      "`trainer.logging.profile_ranks` names rank 3, and the job has ranks 0-0"),
+    # TE's FP8 linears refuse a micro-batch whose tokens are no multiple of 8 in the first forward (its message, seen
+    # on the H200: rules_shapes.py); 255 x 2 tokens
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8: hybrid}, data: "
+     "{seq_length: 255}}", "`trainer.precision.fp8` needs the tokens of a micro-batch to be a multiple of 8"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
