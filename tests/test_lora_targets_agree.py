@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from primus_contract.flops import layer_linears
-from primus_contract.targets import canonical, targeted
+from primus_contract.flops import is_adapted, layer_linears
+from primus_contract.targets import canonical
 from trainer.config import Config
 from tests.model_helpers import DEEPSEEK_MLA, QWEN3_MOE, arch_sections, dist_session, tiny_cfg
 
@@ -26,13 +26,9 @@ PATTERNS = [
 
 def _planned(m: dict, targets, excludes) -> set:
     """The full names of the linears the planner's FLOPs/shapes count as adapted."""
-    names = set()
-    for layer in range(int(m["num_layers"])):
-        for short, suffix, *_ in layer_linears(m, layer):
-            path = f"decoder.layers.{layer}.{suffix}"
-            if short != "router" and targeted((path,), targets, excludes):
-                names.add(path)
-    return names
+    return {f"decoder.layers.{layer}.{suffix}" for layer in range(int(m["num_layers"]))
+            for short, suffix, *_ in layer_linears(m, layer)
+            if is_adapted(short, f"decoder.layers.{layer}.{suffix}", targets, excludes)}
 
 
 @pytest.mark.parametrize("arch", [None, QWEN3_MOE, DEEPSEEK_MLA], ids=["dense", "qwen3-moe", "mla"])
