@@ -85,10 +85,12 @@ def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[st
         if r["kind"] in SHARED_KINDS and job_nodes and (shared >= set(job_nodes) or r["node"] not in job_nodes):
             continue  # every node failed it (or a name that is none of the job's, as a container's hostname): not
             # a node's fault
-        out.setdefault(r["node"], f"{r['kind']}: {r.get('why', '')}")
+        if r["node"] not in out or out[r["node"]].startswith("slow:"):  # a failure outranks a slow rank
+            out[r["node"]] = f"{r['kind']}: {r.get('why', '')}"
     if not any(r["kind"] == "timeout" for r in faults):  # a peer named outright: no guess from who timed out
         for node, why in stopped(records, attempt).items():
-            out.setdefault(node, f"hang: {why}")
+            if node not in out or out[node].startswith("slow:"):  # (slow, then hung: it hung)
+                out[node] = f"hang: {why}"
     return out
 
 
@@ -164,7 +166,8 @@ def settle(run_dir, attempt: int, job: str, rc: int, job_nodes: list[str], ledge
         excluded = [*excluded, *node_ledger.excluded(ledger)]  # with what this attempt's strikes just excluded
     action, new, why = decide(records, attempt, job_nodes, rc, requeue, excluded, partition_nodes)
     why += problem
-    ended_by = sorted(named)[0] if named and rc else None  # (a finished attempt's suspects: slow ranks)
+    failed = sorted(n for n, w in named.items() if not w.startswith("slow:"))  # (a finished attempt's: slow ranks)
+    ended_by = (failed or sorted(named) or [None])[0] if rc else None
     done = (f"requeue excluding {','.join(new)}" if action == "requeue" else "finished" if rc == 0 else
             "stopped to be resumed (a time-limit requeue or `resume` continues it)" if rc == EXIT_STOPPED else "end")
     record(run_dir, "attempt", attempt=attempt, job=job, nodes=job_nodes, rc=rc, node=ended_by,

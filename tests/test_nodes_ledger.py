@@ -68,6 +68,10 @@ def test_a_hang_names_the_node_whose_ranks_never_timed_out():
     woken = waited + [{"event": "timeout", "attempt": 0, "rank": 3, "node": "n2", "t": 3.5}]
     assert list(node_faults.stopped(ranks + woken, 0)) == ["n2"]  # a stopped rank woken to be killed, seconds on
     assert node_faults.stopped(ranks, 0) == {}
+    # a rank named slow before it hung (CI under load, 2026-12-06): the hang is why the attempt ended, not the slowness
+    slow_then_hung = ranks + waited + [_fault("n1", "slow", why="rank 0: compute"), _fault("n2", "slow", why="rank 2")]
+    named = node_faults.suspects(slow_then_hung, 0, ["n1", "n2"])
+    assert named["n2"].startswith("hang: its ranks [2, 3] never timed out") and named["n1"] == "slow: rank 0: compute"
 
 
 def test_settle_writes_the_ledger_and_the_attempt(tmp_path):
@@ -80,6 +84,12 @@ def test_settle_writes_the_ledger_and_the_attempt(tmp_path):
     assert (last["event"], last["node"], last["action"]) == ("attempt", "n2", "requeue excluding n2")
     assert node_faults.settle(run_dir, 1, "7", 75, ["n1"], ledger, True, [], ["n1", "n2"]).startswith("end ")
     assert node_faults.read(run_dir)[-1]["action"].startswith("stopped to be resumed")
+    # the attempt names the node that failed it, not a slow one that sorts first
+    other = tmp_path / "run2"
+    node_faults.record(other, "fault", attempt=0, node="n1", kind="slow", why="rank 0: compute +53 %")
+    node_faults.record(other, "fault", attempt=0, node="n2", kind="device", why="CUDA error: ECC")
+    node_faults.settle(other, 0, "8", 1, ["n1", "n2"], None, False, [], ["n1", "n2"])
+    assert [node_faults.read(other)[-1][k] for k in ("node", "why")] == ["n2", "device: CUDA error: ECC"]
 
 
 def _report(node, gemm, device="cpu", gpu_name=None, **extra):
@@ -229,6 +239,7 @@ def test_a_cuda_error_names_the_node_and_a_timeout_is_recorded_as_waiting(tmp_pa
     record_error(str(tmp_path), RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))  # the recipe's
     record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms for recv operation to complete"))
     record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms"), stopping=True)  # woken to be killed
+    record_error(str(tmp_path), RuntimeError("Timed out waiting 6000ms"), stopping=lambda: True)  # (asked inside)
     got = [(r["event"], r.get("kind"), r["node"], r["attempt"]) for r in node_faults.read(tmp_path)]
     # the out-of-memory is the rank's own failure (`error`: its peers that lose it do not blame its node)
     assert got == [("fault", "device", "gpu7", 2), ("error", None, "gpu7", 2), ("timeout", None, "gpu7", 2)]

@@ -64,6 +64,7 @@ def test_rank_that_never_joins_fails_the_job_after_the_collective_timeout(local_
     records = [json.loads(line) for line in read(run_dir / "logs" / "nodes.jsonl").splitlines()]
     node_of = {r["rank"]: r["node"] for r in records if r["event"] == "rank"}
     end = [r for r in records if r["event"] == "attempt"][-1]
-    assert end["node"] == node_of[1] != node_of[0] and end["why"].startswith("hang: its ranks [1] never timed out")
+    assert end["node"] == node_of[1] != node_of[0] and end["why"].startswith("hang: its ranks [1] never timed out"), \
+        "\n".join(json.dumps(r) for r in records)
     print(f"collective timeout 6 s: error logged {waited:.0f} s after the last iteration, job ended {ended:.0f} s "
           "after the rank stopped")

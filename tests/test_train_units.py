@@ -15,7 +15,7 @@ from trainer.config import Config, ConfigError, load_config
 from trainer.observability.logger import TrainLogger, format_iteration, log_path
 from trainer.step.optim import build_optimizer, clip_gradients
 from trainer.step.schedule import LRSchedule
-from trainer.runtime.signals import StopSignal
+from trainer.runtime.signals import WOKEN_S, StopSignal
 
 
 def test_config_is_a_frozen_typed_tree_and_names_missing_keys(tmp_path):
@@ -141,6 +141,19 @@ def test_stop_signal_records_sigterm_and_sigusr2_only():
         assert stop.name == "SIGUSR2"  # first one wins
     finally:
         stop.uninstall()
+
+
+def test_stop_signal_knows_a_rank_woken_by_sigcont():
+    stop = StopSignal().install()
+    try:
+        assert not stop.woken
+        os.kill(os.getpid(), signal.SIGCONT)  # as Slurm ends a step: SIGCONT first (a stopped rank wakes), then SIGTERM
+        assert stop.woken and not stop.requested
+        stop.continued_at -= WOKEN_S + 1  # long ago: a later error is not the wake-up's
+        assert not stop.woken
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGCONT) == signal.SIG_DFL
 
 
 def test_log_files_per_attempt_and_line_format(tmp_path):

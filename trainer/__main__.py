@@ -142,7 +142,9 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
     except Exception as err:  # noqa: BLE001
         from trainer.observability.stragglers import record_error
 
-        record_error(run_dir, err, stop.requested)  # a CUDA/HIP error or a collective timeout: for the node ledger
+        # a CUDA/HIP error or a collective timeout, for the node ledger; `stopping` is read inside, once the signal
+        # handlers pending since the error (SIGCONT, SIGTERM) have run
+        record_error(run_dir, err, lambda: stop.requested or stop.woken)
         logger.outcome(f"error | {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", EXIT_ERROR)
         traceback.print_exc()
         return EXIT_ERROR

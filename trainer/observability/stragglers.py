@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -123,12 +124,14 @@ class RankTimes:
         node_faults.record(self.run_dir, "fault", attempt=self.attempt, node=node, kind="slow", why=why, rank=r)
 
 
-def record_error(run_dir: str, err: BaseException, stopping: bool = False) -> None:
+def record_error(run_dir: str, err: BaseException, stopping: bool | Callable[[], bool] = False) -> None:
     """A failure that names this rank's node (a CUDA/HIP error, not out-of-memory), a collective that timed out
     on this rank (primus_contract/node_faults.py: `settle` names the nodes whose ranks did not time out), or this
     rank's own failure (`error`: anything else that is not a lost peer). A timeout
     raised once the rank was told to stop (`stopping`: Slurm ending the step sends SIGCONT, then SIGTERM) is not a
-    rank that was waiting: it is the stopped rank, woken to be killed."""
+    rank that was waiting: it is the stopped rank, woken to be killed (a callable is asked here, after the call:
+    Python runs pending signal handlers at a call, so a SIGCONT/SIGTERM that came with the error has been seen)."""
+    stopping = stopping() if callable(stopping) else stopping
     text = f"{type(err).__name__}: {err}"
     low = text.lower()
     attempt = run_files.current_attempt()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Optional
 
 EXIT_OK = 0
@@ -33,6 +34,7 @@ EXIT_SAVE_FAILED = 4
 EXIT_PREEMPTED = 75
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+WOKEN_S = 5.0  # StopSignal.woken: an error this soon after a SIGCONT came from being stopped, not from waiting
 EXIT_DIR_ENV = "PRIMUS_EXIT_DIR"  # set by trainer/runtime/launch.py: one file per local rank, holding its exit code
 
 
@@ -49,22 +51,39 @@ def record_exit(code: int) -> None:
 
 
 class StopSignal:
-    """Records the first SIGTERM/SIGUSR2 received; restores previous handlers on uninstall()."""
+    """Records the first SIGTERM/SIGUSR2 received, and when the process was last continued (SIGCONT); restores
+    previous handlers on uninstall().
+
+    SIGCONT: Slurm ends a step with SIGCONT, then SIGTERM. A rank that was stopped (SIGSTOP: a hung rank, as
+    tests/test_reliability_stalls.py makes one) wakes on the SIGCONT, finds its collective's deadline long past and
+    raises a timeout, sometimes before its SIGTERM handler has run (CI under load, 2026-12-06). `woken` tells that
+    rank it was not one that waited (trainer/observability/stragglers.record_error). The kernel continues the process
+    whatever the handler; the handler only notes the time."""
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
+        self.continued_at: Optional[float] = None
         self._previous: dict[int, object] = {}
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         if self.received is None:
             self.received = signum
 
+    def _continued(self, signum, frame) -> None:  # noqa: ARG002
+        self.continued_at = time.monotonic()
+
     def install(self) -> "StopSignal":
         if threading.current_thread() is not threading.main_thread():
             return self  # signal handlers can only be set from the main thread
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handler)
+        self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continued)
         return self
+
+    @property
+    def woken(self) -> bool:
+        """Continued (SIGCONT) within the last WOKEN_S seconds: an error now is the wake-up's, not a wait's."""
+        return self.continued_at is not None and time.monotonic() - self.continued_at < WOKEN_S
 
     def uninstall(self) -> None:
         for sig, prev in self._previous.items():
