@@ -227,12 +227,14 @@ def offloaded_bytes(r: dict, lay: Layout) -> float:
 def lazy_communicators(lay: Layout, t: dict) -> int:
     """NCCL communicators a rank makes beyond its first (the world's) at world size > 1 with lazy init: the groups
     trainer/runtime/nccl_groups.py makes before the model (data-parallel with CP, model-parallel, TP, CP, the experts'
-    gradient-norm group, expert dispatch, FP8's amax group) and the pipeline's two point-to-point pairs. Groups of
-    the same ranks are distinct communicators. An estimate: only world size 1 was measured (none there)."""
+    gradient-norm group, the pipeline group, expert dispatch, the experts' data-parallel group, FP8's amax group) and
+    the pipeline's two point-to-point pairs. Groups of the same ranks are distinct communicators. An estimate: only
+    world size 1 was measured (none there)."""
     par, moe, fp8 = t["parallelism"], bool(t["model"]["num_moe_experts"]), bool(t["precision"]["fp8"])
     tp, pp, cp, ep = lay.tp, lay.pp, par["context"], lay.ep
-    return ((lay.dp * cp > 1) + (tp * pp > 1) + (tp > 1) + (cp > 1) + (ep * pp > 1) + (moe and ep > 1)
-            + (fp8 and tp * lay.dp * cp > 1) + 2 * (pp > 1))
+    expert_dp = lay.world // (ep * pp)  # (expert tensor parallelism is 1: trainer/runtime/distributed.py)
+    return ((lay.dp * cp > 1) + (tp * pp > 1) + (tp > 1) + (cp > 1) + (ep * pp > 1) + (pp > 1) + (moe and ep > 1)
+            + (moe and expert_dp > 1) + (fp8 and tp * lay.dp * cp > 1) + 2 * (pp > 1))
 
 
 def outside_torch_gib(resolved: dict, lay: Layout) -> float:

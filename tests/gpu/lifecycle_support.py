@@ -47,12 +47,14 @@ def precision_sets(precision: str) -> list[str]:
 
 def device_sets(dev: str, tmp: Path) -> list[str]:
     """Every run's overrides: the device, deterministic kernels (so a resume can be compared bit for bit), this
-    interpreter for the job, a short schedule with a checkpoint every SAVE_EVERY iterations, and LoRA pre-dropout
+    interpreter for the job, a short schedule with a checkpoint and an eval every SAVE_EVERY iterations (each resume
+    then starts from a checkpoint whose iteration also ran an eval: under FP8 delayed scaling the eval's amaxes must
+    be in the checkpoint, audit 2026-12-06), and LoRA pre-dropout
     (0.1, as the MLPerf recipes): a resume must restore every generator to continue bit for bit, and on the GPU the
     default fused path then runs its masked Triton kernel."""
     sets = [f"cluster.python={sys.executable}", f"trainer.data.cache_dir={tmp / 'cache'}", "trainer.lora.dropout=0.1",
             f"trainer.schedule.train_iters={ITERS}", f"trainer.checkpoint.save_interval={SAVE_EVERY}",
-            f"trainer.schedule.eval_interval={ITERS // 2}", "trainer.schedule.eval_iters=4",
+            f"trainer.schedule.eval_interval={SAVE_EVERY}", "trainer.schedule.eval_iters=4",
             "cluster.env.CUBLAS_WORKSPACE_CONFIG=:4096:8", "cluster.env.NVTE_ALLOW_NONDETERMINISTIC_ALGO=0"]
     if dev == "cuda":
         return sets + ["trainer.distributed.device=cuda", "trainer.distributed.backend=nccl",

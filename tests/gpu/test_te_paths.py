@@ -57,3 +57,20 @@ def test_norm_epilogue_takes_te_layernormlinear_and_matches_it(record):
     record(relative_errors_y_dx_da_db=[round(e, 5) for e in errors])
     assert not ref_taken and taken, "epilogue_norm did not take TE's LayerNormLinear (its attributes or weight type)"
     assert all(e < 2e-2 for e in errors), errors  # BF16: the norm's and the sums' roundings
+
+
+def test_a_te_linear_without_parallel_mode_is_whole_on_every_tp_rank(record):
+    """MLA's down projections on TE's spec: megatron's TELinear(parallel_mode="duplicated") builds TE's Linear with
+    parallel_mode None. The adapter must hold the whole B on every TP rank and, under SP, see the rank's own tokens
+    (audit, 2026-12-06: it took them for column shards, a shape error at the first forward with SP)."""
+    from trainer.model.lora.layers import LoRALinear
+
+    base = te.Linear(512, 256, bias=False, parallel_mode=None, params_dtype=torch.bfloat16, device="cuda")
+    assert base.parallel_mode is None  # what megatron hands TE for "duplicated"
+    lora = LoRALinear(base, "linear_kv_down_proj", dim=8, alpha=16, dropout=0.0, dropout_position="pre",
+                      a_init="kaiming", b_init="zero", tp_size=2, tp_rank=1, sequence_parallel=True, seed=2)
+    got = {"duplicated": lora.duplicated, "tp_size": lora.tp_size, "tokens_per_rank": lora.tokens_per_rank,
+           "b_shape": list(lora.lora_b.shape), "epilogue_refused": not lora.uses_epilogue()}
+    record(te_duplicated_linear=got)
+    assert got == {"duplicated": True, "tp_size": 1, "tokens_per_rank": True, "b_shape": [256, 8],
+                   "epilogue_refused": True}

@@ -66,7 +66,9 @@ def make_transformer_config(cfg, device: torch.device, use_te: bool, prec: Optio
         bias_activation_fusion=on_gpu, masked_softmax_fusion=False, persist_layer_norm=on_gpu,
         bias_dropout_fusion=on_gpu, apply_rope_fusion=use_te, gradient_accumulation_fusion=False,
         cross_entropy_loss_fusion=on_gpu,
-        cross_entropy_fusion_impl="te" if use_te else "native",
+        # megatron's own fused cross-entropy: 0.19 warns that TE's "has known stability issues" and Megatron-LM's
+        # argument check refuses it (audit, 2026-12-06); used only with trainer.recompute.chunked_loss false
+        cross_entropy_fusion_impl="native",
         # our objective is already divided by the global batch's loss tokens (trainer/step/loss.py):
         # megatron's pipeline schedule must not rescale it by micro-batch count or token count
         calculate_per_token_loss=True,

@@ -24,7 +24,7 @@ if triton is not None:
     @triton.jit
     def _qdq_rows_kernel(x_ptr, amax_ptr, out_ptr, n_blocks, N, stride_m, seed, ROWS: tl.constexpr,
                          BLOCK: tl.constexpr, MX: tl.constexpr, GLOBAL: tl.constexpr, STOCHASTIC: tl.constexpr):
-        b = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        b = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: offsets past 2**31 elements
         j = tl.arange(0, BLOCK)
         per_row = N // BLOCK
         row = b // per_row

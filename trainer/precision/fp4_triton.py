@@ -104,7 +104,7 @@ if triton is not None:
     @triton.jit
     def _tile(M, N, stride_m, TILE_M: tl.constexpr, WIDTH: tl.constexpr):
         """(pid_n, rows, in-bounds mask, element offsets) of this program's TILE_M x WIDTH tile."""
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        pid_m, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: offsets past 2**31 elements
         rows = pid_m * TILE_M + tl.arange(0, TILE_M)
         cols = pid_n * WIDTH + tl.arange(0, WIDTH)
         mask = (rows[:, None] < M) & (cols[None, :] < N)

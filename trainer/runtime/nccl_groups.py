@@ -20,7 +20,9 @@ USED = (
     ("get_tensor_model_parallel_group", {}, "always"),  # TP's all-gathers and reduce-scatters
     ("get_context_parallel_group", {}, "always"),
     ("get_expert_tensor_model_pipeline_parallel_group", {}, "always"),  # the experts' gradient norm
+    ("get_pipeline_model_parallel_group", {}, "always"),  # the pipeline's loss all-reduce (trainer/step/pipeline.py)
     ("get_expert_model_parallel_group", {}, "moe"),  # token dispatch
+    ("get_expert_data_parallel_group", {}, "moe"),  # the experts' gradient sums (trainer/step/optim.py)
     ("get_amax_reduction_group", {"with_context_parallel": True}, "fp8"),  # delayed scaling's amax
 )
 

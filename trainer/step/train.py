@@ -302,18 +302,20 @@ class Trainer:
                 if self.check_finite() is not None:
                     return self.finish(EXIT_DIVERGED, meter)
                 self.log_interval(meter)
-            if save_every and self.iteration % save_every == 0 and not last:
-                if self.check_finite() is not None:
-                    return self.finish(EXIT_DIVERGED, meter)
-                if (code := self.save(meter)) is not None:
-                    return self.finish(code, meter)
-            if eval_every and (self.iteration % eval_every == 0 or last):
-                loss = self.run_eval(meter)
-                if target is not None and loss <= float(target):
-                    self.log.line(f"target eval loss reached | iteration {self.iteration} | "
-                                  f"eval loss {fmt_sci(loss)} | target {fmt_sci(float(target))}")
-                    reason = "target"
-                    break
+            due_save = save_every and self.iteration % save_every == 0 and not last
+            if due_save and self.check_finite() is not None:
+                return self.finish(EXIT_DIVERGED, meter)
+            # the eval before the save: under FP8 delayed scaling an eval forward's amaxes enter TE's amax history,
+            # which the checkpoint holds, so a run resumed from it scales its next step as this run does (audit,
+            # 2026-12-06: saved before the eval, the resumed run's step differed)
+            loss = self.run_eval(meter) if eval_every and (self.iteration % eval_every == 0 or last) else None
+            if due_save and (code := self.save(meter)) is not None:
+                return self.finish(code, meter)
+            if loss is not None and target is not None and loss <= float(target):
+                self.log.line(f"target eval loss reached | iteration {self.iteration} | "
+                              f"eval loss {fmt_sci(loss)} | target {fmt_sci(float(target))}")
+                reason = "target"
+                break
         if self.check_finite() is not None:
             return self.finish(EXIT_DIVERGED, meter)
         if self.checked:  # a stop inside a log interval: its iterations are logged too (a partial interval)

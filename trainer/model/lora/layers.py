@@ -64,6 +64,18 @@ def _parallel_mode(module: nn.Module, leaf_name: str) -> str:
     return ROW if leaf_name in _ROW_NAMES else COLUMN
 
 
+def _duplicated(module: nn.Module) -> bool:
+    """A linear whose whole weight every TP rank holds (MLA's down projections). megatron's TELinear built with
+    parallel_mode "duplicated" hands TE parallel_mode None (megatron/core/extensions/transformer_engine.py, 0.16 and
+    0.19), so TE's module holds None, never "duplicated" (audit, 2026-12-06: the adapter took them for column shards
+    on the GPU). An expert's TE linear also holds None (explicit expert communication); experts are handled apart.
+    megatron's own linears have no parallel_mode: the local spec column-splits these projections."""
+    if getattr(module, "is_expert", False):
+        return False
+    mode = getattr(module, "parallel_mode", COLUMN)
+    return mode == "duplicated" or (mode is None and hasattr(module, "tp_size"))  # (TE's Linear keeps both)
+
+
 def _uses_fused_layernorm(module: nn.Module) -> bool:
     return hasattr(module, "return_layernorm_output") and hasattr(module, "layer_norm_weight")
 
@@ -103,7 +115,8 @@ class LoRALinear(nn.Module):
         # MoE experts are never tensor-parallel (trainer.model.arch: expert_tensor_parallel_size 1);
         # TE's "duplicated" linears (MLA's down projections) hold the whole weight on every TP rank
         self.is_expert = bool(getattr(base, "is_expert", False))
-        whole = self.is_expert or getattr(base, "parallel_mode", None) == "duplicated"
+        self.duplicated = _duplicated(base)
+        whole = self.is_expert or self.duplicated
         # a duplicated linear under SP sees its rank's sequence shard: both factors' grads sum over TP
         shard_fed = whole and not self.is_expert and sequence_parallel and tp_size > 1
         # a whole linear under SP sees this TP rank's own tokens (its sequence shard, or the tokens it routed)
@@ -123,7 +136,6 @@ class LoRALinear(nn.Module):
         self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
         self.epilogue = bool(epilogue)  # trainer.lora.epilogue: trainer.model.lora.epilogue where it owns the GEMM
         self.epilogue_norm = bool(epilogue_norm)  # trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue
-        self.duplicated = getattr(base, "parallel_mode", None) == "duplicated"
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
 
         weight = base.weight

@@ -60,7 +60,8 @@ if triton is not None:
     @triton.jit
     def _fwd_kernel(u_ptr, h_ptr, b_ptr, o_ptr, T, N, R, su, sh, sb, so, scale,
                     BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
-        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        # int64 rows: rows x the row stride passes 2**31 at ~75k tokens of the 8B's fc1 (audit, 2026-12-06; kernels.py)
+        rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
         act = g * tl.sigmoid(g) * v
@@ -70,7 +71,8 @@ if triton is not None:
     @triton.jit
     def _bwd_kernel(u_ptr, h_ptr, b_ptr, d_ptr, du_ptr, T, N, R, su, sh, sb, sd, sdu, scale,
                     BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
-        rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        # int64 rows: rows x the row stride passes 2**31 at ~75k tokens of the 8B's fc1 (audit, 2026-12-06; kernels.py)
+        rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
         m = (rt < T)[:, None] & (rn < N)[None, :]
