@@ -185,6 +185,9 @@ def rope_scaling_problem(scaling, mla: bool) -> Optional[str]:
         off = [k for k, v in _LLAMA3.items() if not math.isclose(float(scaling.get(k, v)), v)]
         return f"llama3 scaling with {off[0]} {scaling[off[0]]} (megatron-core implements 1 / 4 / 8192)" if off else None
     if kind == "yarn" and mla:
+        if scaling.get("mscale_all_dim") and not scaling.get("mscale"):  # (audit, 2026-12-06: logits differed)
+            return ("yarn with mscale_all_dim but no mscale: transformers then scales cos/sin by the factor alone "
+                    "and the softmax by mscale_all_dim; megatron-core derives both from mscale and mscale_all_dim")
         return (None if scaling.get("original_max_position_embeddings") is not None
                 else "yarn scaling needs original_max_position_embeddings")
     return (f"{kind or 'an untyped'} scaling: implemented are llama3 (Llama) and yarn (DeepSeek multi-latent "
@@ -244,13 +247,15 @@ def model_fields(hf: dict) -> dict:
     if mt in MOE_TYPES:
         name = next((k for k in EXPERT_COUNTS if k in hf), "num_experts")
         ffn = int(_need(hf, "moe_intermediate_size"))
-        shared = int(hf.get("n_shared_experts") or 0) * ffn
+        # DeepSeek's fields only: transformers' Qwen3-MoE reads neither (audit, 2026-12-06: they were applied)
+        deepseek = mt == "deepseek_v2"
+        shared = int(hf.get("n_shared_experts") or 0) * ffn if deepseek else 0
         out.update(num_moe_experts=int(_need(hf, name)), moe_router_topk=int(_need(hf, "num_experts_per_tok")),
                    moe_ffn_hidden_size=ffn,
                    moe_shared_expert_intermediate_size=shared or None,
                    **dict(zip(("moe_first_k_dense", "moe_layer_freq"), moe_pattern(hf))),
                    moe_norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-                   moe_router_topk_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0))
+                   moe_router_topk_scaling_factor=float((deepseek and hf.get("routed_scaling_factor")) or 1.0))
     else:
         out.update(num_moe_experts=None)
     return out

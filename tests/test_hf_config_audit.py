@@ -85,6 +85,9 @@ FLIPS = {
     "rope_yarn_beta_slow": (MLA, {"rope_parameters": {**YARN, "beta_slow": 2.0}}, None, "equal"),
     "rope_yarn_mscale": (MLA, {"rope_parameters": {**YARN, "mscale": 1.0}}, None, "equal"),
     "rope_yarn_mscale_all_dim": (MLA, {"rope_parameters": {**YARN, "mscale_all_dim": 0.0}}, None, "equal"),
+    # transformers: cos/sin by the factor alone, the softmax by mscale_all_dim; megatron cannot split them
+    "rope_yarn_mscale_all_dim_alone": (MLA, {"rope_parameters": {**without(YARN, "mscale"), "mscale_all_dim": 0.707}},
+                                       None, "refused rope_scaling"),
     "rope_yarn_no_mscale": (MLA, {"rope_parameters": without(without(YARN, "mscale"), "mscale_all_dim")}, None, "equal"),
     "rope_yarn_original": (MLA, {"rope_parameters": {**YARN, "original_max_position_embeddings": 8}}, None, "equal"),
     "rope_yarn_no_original": (MLA, {"rope_parameters": YARN, "max_position_embeddings": 64},
@@ -134,6 +137,10 @@ FLIPS = {
     "mlp_only_layers": (MOE, {"mlp_only_layers": [0]}, None, "equal"),
     "mlp_only_layers_every_2nd": (MOE, {"num_hidden_layers": 3, "mlp_only_layers": [1]}, None, "equal"),
     "mlp_only_layers_last": (MOE, {"num_hidden_layers": 3, "mlp_only_layers": [2]}, None, "refused mlp_only_layers"),
+    # DeepSeek's router fields on a Qwen3-MoE config.json: transformers reads neither (they were applied: audit,
+    # 2026-12-06)
+    "routed_scaling_factor_qwen3_moe": (MOE, None, {"routed_scaling_factor": 2.5}, "inert"),
+    "n_shared_experts_qwen3_moe": (MOE, None, {"n_shared_experts": 1}, "inert"),
     "router_aux_loss": (MOE, None, {"router_aux_loss_coef": 0.5, "output_router_logits": True}, "inert"),
     "q_lora_rank": (MLA, {"q_lora_rank": 24}, None, "equal"),
     "drop_q_lora_rank": (MLA, None, {"q_lora_rank": DROP}, "refused q_lora_rank"),

@@ -26,12 +26,16 @@ CASES = {  # id: (hf family, hf overrides, recipe model, lora targets or None fo
     "qwen3_moe": ("qwen3_moe", {}, QWEN3_MOE, None),
     "deepseek_v2": ("deepseek_v2", {}, DEEPSEEK, MLA_TARGETS),
     "deepseek_v2_q_lora": ("deepseek_v2", {"q_lora_rank": 24}, Q_LORA, Q_LORA_TARGETS),
+    # one layer's experts adapt gate/up only: peft wraps both fused parameters in every layer (audit, 2026-12-06)
+    "qwen3_moe_uneven": ("qwen3_moe", {}, QWEN3_MOE, None),
 }
+EXCLUDE = {"qwen3_moe_uneven": ["decoder.layers.0.mlp.experts.linear_fc2"]}
 
 
 def family_cfg(case: str, hf_dir, **trainer):
     _, _, model, targets = CASES[case]
-    lora = {"dim": 4, "alpha": 8, **({"target_modules": targets} if targets else {})}
+    lora = {"dim": 4, "alpha": 8, **({"target_modules": targets} if targets else {}),
+            **({"exclude_modules": EXCLUDE[case]} if case in EXCLUDE else {})}
     return tiny_cfg(trainer={"model": dict(model), "lora": lora, "checkpoint": {"pretrained": str(hf_dir)},
                              **trainer})
 
@@ -59,6 +63,9 @@ def test_export_loads_in_peft_and_matches_trainer(tmp_path, case):
         assert tensors["base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight"].shape == (4 * 4, 64)
         assert tensors["base_model.model.model.layers.1.mlp.experts.lora_B.weight"].shape == (64, 4 * 4)
         assert conf["lora_dropout"] == 0.0
+    if case in EXCLUDE:  # layer 0's down_proj: zero factors where peft looks for them
+        assert not tensors["base_model.model.model.layers.0.mlp.experts.lora_B.weight"].any()
+        assert tensors["base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight"].any()
     # and the merged checkpoint of that adapter = the trainer's logits
     merge_adapter(base, tmp_path / "adapter", tmp_path / "merged")
     from transformers import AutoModelForCausalLM

@@ -161,4 +161,4 @@ def _gpt_model(config, m, device, seed: int):
         vocab_size=int(m.vocab_size), max_sequence_length=int(m.max_position_embeddings),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         parallel_output=True, share_embeddings_and_output_weights=not bool(m.untie_embeddings),
-        position_embedding_type="rope", rotary_base=int(m.rotary_base), **arch.gpt_rope_kwargs(m))
+        position_embedding_type="rope", rotary_base=float(m.rotary_base), **arch.gpt_rope_kwargs(m))

@@ -89,21 +89,26 @@ def _hf_pieces(idx: str, path: str, b: torch.Tensor, heads: int, groups: int) ->
 
 
 def _fuse_experts(per_expert: dict, experts: int, out: dict) -> set[str]:
-    """Routed experts' factors {(layer, leaf): {j: (A, B)}} -> ParamWrapper keys (module docstring)."""
-    params: set[str] = set()
+    """Routed experts' factors {(layer, leaf): {j: (A, B)}} -> ParamWrapper keys (module docstring). peft wraps
+    every layer's experts in every parameter of target_parameters, which is one list for the model: the nesting
+    (gate_up_proj inside down_proj when both are targeted) is the model's, and a layer that adapts one of the two
+    gets zero factors for the other (audit, 2026-12-06: decided per layer, such an adapter did not load)."""
+    roles = {leaf for _, leaf in per_expert}
+    fused: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for (idx, leaf), by_j in sorted(per_expert.items()):
         if sorted(by_j) != list(range(experts)):
             raise ValueError(f"layer {idx} {leaf}: adapters of experts {sorted(by_j)}, expected all {experts}")
-        params.add(f"mlp.experts.{_FUSED_ROLE[leaf]}")
-    for (idx, leaf), by_j in sorted(per_expert.items()):
-        both = {lf for (i, lf) in per_expert if i == idx} == set(_FUSED_ROLE)
-        inner = both and leaf == "linear_fc1"
-        pre = f"{_PREFIX}.{idx}.mlp.experts" + (".base_layer" if inner else "")
         a = torch.cat([by_j[j][0] for j in range(experts)], dim=0)       # [E*r, in]
         b = torch.stack([by_j[j][1] for j in range(experts)], dim=2)     # [out, r, E]
-        out[f"{pre}.lora_A.weight"] = a
-        out[f"{pre}.lora_B.weight"] = b.reshape(b.shape[0], -1)          # column k*E + e = B_e[:, k]
-    return params
+        fused[(idx, leaf)] = a, b.reshape(b.shape[0], -1)                 # column k*E + e = B_e[:, k]
+    shape = {leaf: fused[key] for key in sorted(fused) for leaf in [key[1]]}
+    for idx in sorted({i for i, _ in per_expert}):
+        for leaf in sorted(roles):
+            a, b = fused.get((idx, leaf)) or tuple(torch.zeros_like(t) for t in shape[leaf])
+            inner = leaf == "linear_fc1" and roles == set(_FUSED_ROLE)
+            pre = f"{_PREFIX}.{idx}.mlp.experts" + (".base_layer" if inner else "")
+            out[f"{pre}.lora_A.weight"], out[f"{pre}.lora_B.weight"] = a, b
+    return {f"mlp.experts.{_FUSED_ROLE[leaf]}" for leaf in roles}
 
 
 def to_peft_tensors(adapters: dict[str, torch.Tensor], config) -> tuple[dict[str, torch.Tensor], list, list]:
