@@ -47,7 +47,9 @@ def _opt(kind: str, **kw) -> Field:
     return Field(kind, None, nullable=True, **kw)
 
 
-SIGNALS = ("USR2", "TERM", "INT", "URG", "XCPU")  # never USR1: NCCL uses it
+# the time-limit warning's signal: never USR1 (NCCL uses it), nor TERM or INT, which a cancel, a preemption or a
+# Ctrl-C also sends (the job script requeues on this signal: audit, 2026-12-06)
+SIGNALS = ("USR2", "URG", "XCPU")
 RUNTIMES = ("none", "docker", "podman", "pyxis", "apptainer")
 PROFILES = ("none", "cpu", "mi300x", "mi355x", "h100", "h200", "b200")
 

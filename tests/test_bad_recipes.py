@@ -163,6 +163,16 @@ BAD = [
     ("cluster: {account: 'a b'}", "`cluster.account`"),
     ("cluster: {time: 'tomorrow'}", "`cluster.time`"),
     ("cluster: {signal: USR1}", "`cluster.signal`"),
+    # audit, 2026-12-06: TERM as the warning made a cancel requeue the job; an image that is an option; a secret in
+    # the container's arguments; job-shaping sbatch options that pipeline steps inherit
+    ("cluster: {signal: TERM}", "`cluster.signal`"),
+    ("cluster: {container: {runtime: podman, image: '-v/:/host'}}", "`cluster.container.image`"),
+    ("cluster: {container: {runtime: podman, image: 'img:1', extra_args: ['--env=HF_TOKEN=hf_x']}}",
+     "`cluster.container.extra_args[0]`"),
+    ("cluster: {container: {runtime: docker, image: 'img:1', extra_args: ['--privileged', '-e', 'A=1']}}",
+     "`cluster.container.extra_args[1]`"),
+    ("cluster: {extra_sbatch: ['--array=0-3']}", "`cluster.extra_sbatch[0]` sets --array"),
+    ("cluster: {extra_sbatch: ['--mail-type=END', '--dependency=singleton']}", "`cluster.extra_sbatch[1]`"),
     ("cluster: {extra_sbatch: ['--comment=$(id)']}", "`cluster.extra_sbatch[0]`"),
     ("cluster: {extra_sbatch: ['--output=/tmp/x']}", "`cluster.extra_sbatch[0]`"),
     ("cluster: {container: {runtime: docker}}", "`cluster.container.image`"),

@@ -84,6 +84,10 @@ def read_yaml(path: Path) -> dict:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"recipe {str(path)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except UserError:  # (_StrictLoader's own; a ValueError)
+        raise
+    except (ValueError, RecursionError) as exc:  # an integer past Python's 4300 digits; thousands of nested [
+        raise UserError(f"recipe {str(path)!r} cannot be read: {_unreadable(exc)}") from None
     if loaded is None:
         raise UserError(f"recipe {str(path)!r} is empty; a recipe is a YAML mapping (see `primus-slurm recipes` "
                         "for examples)")
@@ -174,7 +178,7 @@ def interpolate(node: Any, env: Mapping[str, str], secrets: set, where: str = ""
     if whole:  # a value that is one ${...} takes the type of what it expands to: ${TP:2} -> 2
         try:
             typed = yaml.safe_load(text) if text.strip() else text
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, RecursionError):  # (kept as text; a field's own check judges it)
             return text
         return typed if isinstance(typed, (int, float, bool)) or typed is None else text
     return text
@@ -192,7 +196,18 @@ def parse_set(item: str) -> tuple[str, Any, str]:
         value = yaml.load(text, Loader=_StrictLoader) if text.strip() else ""  # noqa: S506
     except yaml.YAMLError:
         value = text
+    except UserError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"--set {key}: the value cannot be read: {_unreadable(exc)}") from None
     return key, value, text
+
+
+def _unreadable(exc: BaseException) -> str:
+    """Why YAML could not build a value (audit, 2026-12-06: these were tracebacks with exit 1)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0].split(": value has")[0]
 
 
 def _as_text(value: Any, text: str) -> Any:

@@ -12,12 +12,18 @@ from primus_slurm.errors import UserError, from_contract
 SBATCH_FLAG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@%/+=&|\[\]*!-]+)?$")
 CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,&|\[\]*()!:-]+$")
 MOUNT_RE = re.compile(r"^/[^:,\s]*:/[^:,\s]*(:(ro|rw))?$")
-IMAGE_RE = re.compile(r"^[A-Za-z0-9_./:@+#-]+$")
+# (the first character: never '-', which the runtime would take for an option: audit, 2026-12-06)
+IMAGE_RE = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9_./:@+#-]*$")
+# container options that set the environment: values there land in the job script and the container's config
+ENV_ARG_RE = re.compile(r"^(--env|-e)")
 WORKSPACE_RE = re.compile(r"^/[A-Za-z0-9_./+@=-]*$")  # (no comma: container mount lists are comma-separated)
 # sbatch options the job script sets itself; sbatch also takes any unambiguous prefix (--sig=, --out=)
 MANAGED_SBATCH = ("job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "mem", "partition",
                   "account", "qos", "reservation", "constraint", "time", "exclusive", "requeue", "no-requeue", "signal",
-                  "output", "error", "open-mode", "export")
+                  "output", "error", "open-mode", "export",
+                  # the job's shape, which pipeline steps inherit (audit, 2026-12-06): `sweep` makes the arrays,
+                  # --then the dependencies
+                  "array", "dependency", "kill-on-invalid-dep", "wrap", "chdir", "parsable")
 # variables the job script itself sets or relies on, and shell variables that change how it parses
 RESERVED_ENV = ("BIND", "CHILD", "CONTAINER", "JOB_ID", "LAUNCH", "MASTER_ADDR", "MASTER_PORT", "NNODES",
                 "NODE_WRAPPER", "REQUEUE", "RUN_DIR", "SRUN", "TRAIN", "PYTHONPATH", "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
@@ -86,6 +92,11 @@ def _cluster(c: dict, exp: dict) -> None:
     if cont["runtime"] == "apptainer" and cont["image"] and not cont["image"].startswith(("/", "docker://", "oras://")):
         fail(f"`cluster.container.image` is {cont['image']!r:.80}; apptainer needs a .sif path or a "
              "docker://registry/image (or oras://) reference")
+    for i, arg in enumerate(cont["extra_args"]):
+        if ENV_ARG_RE.match(str(arg)):
+            fail(f"`cluster.container.extra_args[{i}]` is {str(arg)!r:.40}: the environment goes in through "
+                 "cluster.env, and secrets through cluster.secrets (a value here is written into the job script and "
+                 "the container's configuration)")
     for i, m in enumerate(cont["mounts"]):
         if not MOUNT_RE.match(m):
             fail(f"`cluster.container.mounts[{i}]` is {m!r:.60}; expected '/host/path:/container/path[:ro|rw]'")
