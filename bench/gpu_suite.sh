@@ -155,10 +155,14 @@ case "${1:-}" in
             # (lora.triton_products), the epilogue's auto (BF16 only: in FP8 epilogue-on equals default), the epilogue
             # with the norm-fed linears too (norm-on: lora.epilogue_norm; FP8 refuses it, one error row). A lever goes
             # on by default when its variant is kept against `default` (its median above default's max)
-            # VARIANTS="default ce-on all-on" keeps only those (a short call).
+            # VARIANTS="default ce-on all-on" keeps only those (a short call). ainorm-on: the RMSNorm-fed adapters norm
+            # x themselves (recompute.adapter_inputs scope norm), so TE no longer returns its norm output: in FP8 TE then
+            # fuses the norm with the quantize (TE's layernorm_linear.py: with_quantized_norm needs
+            # return_layernorm_output false), and no BF16 copy of the norm output is written or kept
     picked=()
     for v in default= ce-on=trainer.recompute.chunked_loss_kernel=true products-on=trainer.lora.triton_products=true \
         epilogue-on=trainer.lora.epilogue=null norm-on=trainer.lora.epilogue=true,trainer.lora.epilogue_norm=true \
+        ainorm-on=trainer.recompute.adapter_inputs=true,trainer.recompute.adapter_inputs_scope=norm \
         all-on=trainer.recompute.chunked_loss_kernel=true,trainer.lora.triton_products=true,trainer.lora.epilogue=null; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done
