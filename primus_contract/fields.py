@@ -13,7 +13,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # protected whatever cluster.secrets lists (HUGGING_FACE_HUB_TOKEN: the name huggingface_hub also reads the token from)
 ALWAYS_SECRET = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
-TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$", re.ASCII)
+# (minutes and seconds 00-59, at most 8 digits of minutes or 4 of days: sbatch refuses 99:99 and 20-digit limits,
+# which validate accepted: audit, 2026-12-06)
+TIME_RE = re.compile(r"^(\d{1,4}-)?\d{1,2}(:[0-5]\d){0,2}$|^\d{1,8}$", re.ASCII)
 MAX_STR = 4096
 WANDB_NAME_RE = re.compile(r"^[^/\\#?%:\s]{1,128}$")  # W&B refuses these characters in project and entity names
 FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$", re.ASCII)

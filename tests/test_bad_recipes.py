@@ -166,6 +166,8 @@ BAD = [
     # audit, 2026-12-06: TERM as the warning made a cancel requeue the job; an image that is an option; a secret in
     # the container's arguments; job-shaping sbatch options that pipeline steps inherit
     ("cluster: {signal: TERM}", "`cluster.signal`"),
+    ("cluster: {time: '99:99'}", "`cluster.time`"),
+    ("cluster: {time: '99999999999999999999'}", "`cluster.time`"),
     ("cluster: {container: {runtime: podman, image: '-v/:/host'}}", "`cluster.container.image`"),
     ("cluster: {container: {runtime: podman, image: 'img:1', extra_args: ['--env=HF_TOKEN=hf_x']}}",
      "`cluster.container.extra_args[0]`"),
