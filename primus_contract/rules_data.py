@@ -52,9 +52,6 @@ def data_and_schedule_rules(t: dict) -> None:
                  f"a directory's <split> file or a .json object's key); remove split or point path at that data")
     if d["format"] == "mlperf_npy" and not d["train"]["path"]:
         fail("`trainer.data.train.path` must be the MLPerf packed .npy directory when format is mlperf_npy")
-    if d["format"] == "mlperf_npy" and not d["packing"]:  # (the loader refused it in the queue, trainer/data/mlperf.py)
-        fail("`trainer.data.packing` is false, but format mlperf_npy is packed in its file (its rows hold several "
-             "documents, which packing false cannot undo); set packing: true")
     if d["format"] != "mlperf_npy" and not t["tokenizer"]["path"]:
         fail(f"`trainer.tokenizer.path` is required (a local tokenizer directory or {HUB_PREFIX}org/name)")
     if str(t["tokenizer"]["path"] or "").startswith(HUB_PREFIX):

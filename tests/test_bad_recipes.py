@@ -136,9 +136,6 @@ BAD = [
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8: hybrid}, data: "
      "{seq_length: 255}}", "`trainer.precision.fp8` needs the tokens of a micro-batch to be a multiple of 8"),
     ("trainer: {lora: {enabled: false}}", "`trainer.lora.enabled` is false, but this trainer fine-tunes LoRA"),
-    # the loader refused it in the queue (trainer/data/mlperf.py): the file's rows hold several documents
-    ("trainer: {data: {format: mlperf_npy, packing: false, train: {path: /data/packs}}}",
-     "`trainer.data.packing` is false, but format mlperf_npy is packed in its file"),
     ("trainer: {precision: {fp8: hybrid, bf16: false}}", "`trainer.precision.fp8`"),
     ("trainer: {precision: {fp4_recipe: nvfp8, fp4: e2m1}}", "`trainer.precision.fp4_recipe`"),
     ("cluster: {nproc_per_node: 3}\ntrainer: {parallelism: {tensor: 3}}", "`trainer.parallelism.tensor`"),
