@@ -193,6 +193,11 @@ class LocalExecutor(Executor):
                 return
             time.sleep(0.1)
         _signal_all(tree, signal.SIGKILL)
+        # a KILL takes effect when the process next runs (later on a loaded machine, CI 2026-12-06): return once the
+        # processes are gone, so that a `resume` right after cannot run beside them
+        deadline = time.monotonic() + 10.0
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stdout_path(self, run_dir: Path, info: dict) -> Path:
         return run_dir / LOCAL_OUT
