@@ -111,49 +111,44 @@ def _two_trials_past_a_checkpoint(job_env, tmp_path, name: str, iters: int):
     return data, first, second
 
 
-def test_sweep_task_cancelled_is_resumed_alone(local_slurm, job_env, tmp_path):
-    """Trial 0 cancelled mid-run: trial 1 goes on; `resume SWEEP` restarts trial 0 alone, from its checkpoint."""
-    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep2", iters=300)
-    assert cli(job_env, "cancel", first["run_id"]).returncode == 0
-    rows = wait_board(job_env, data["sweep_id"], lambda rows: rows and any(r["state"] == "CANCELLED" for r in rows))
-    assert {r["run_id"]: r["state"] for r in rows}[second["run_id"]] == "RUNNING"
-    out = cli(job_env, "resume", data["sweep_id"])
-    assert out.returncode == 0 and out.stdout.count("resumed run") == 1 and first["run_id"] in out.stdout, out
-    assert "not resumed" in out.stdout and second["run_id"] in out.stdout  # running: left alone
-    events = Path(first["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
-    end = time.monotonic() + 120
-    while not (events.is_file() and '"event": "metrics"' in events.read_text()):
-        assert time.monotonic() < end, "the resumed trial never trained"
-        time.sleep(1)
-    start = json.loads(events.read_text().splitlines()[0])
-    assert start["event"] == "start" and start["resumed_from"], start  # from its own checkpoint
-    assert cli(job_env, "cancel", data["sweep_id"]).returncode == 0  # every unfinished trial
-    rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
-    assert {r["run_id"]: r["state"] for r in rows}[first["run_id"]] == "CANCELLED"
-    resumed = next(r for r in rows if r["run_id"] == first["run_id"])
-    assert resumed["job_id"] != first["job_id"] and "_" not in resumed["job_id"]  # its own job now
-    assert next(r for r in rows if r["run_id"] == second["run_id"])["attempts"] == 1
-
-
-def test_sweep_task_requeued_alone(local_slurm, job_env, tmp_path):
-    """The time-limit warning (USR2, as slurmctld sends it) reaches trial 0's task only: that task checkpoints and
-    requeues itself (its own job id, SLURM_RESTART_COUNT 1), resumes, and completes; trial 1 runs once."""
+def test_sweep_tasks_cancelled_and_requeued_alone(local_slurm, job_env, tmp_path):
+    """One two-trial sweep (one sweep for both cases since 2026-12-06, for CI time):
+    - trial 0 is cancelled mid-run while trial 1 goes on; `resume SWEEP` restarts trial 0 alone, from its
+      checkpoint, as a job of its own;
+    - the time-limit warning (USR2, as slurmctld sends it) reaches trial 1's task only: that task checkpoints and
+      requeues itself (its own job id, SLURM_RESTART_COUNT 1), resumes, and completes; trial 0 is left alone."""
     # 300 iterations (~10 s at ~30 ms each): at 60 the trial had finished on an idle machine before the warning landed
-    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep3", iters=300)
-    subprocess.run(["scancel", "--batch", "--signal=USR2", first["job_id"]], check=True)
-    wait_board(job_env, data["sweep_id"],
-               lambda rows: {r["run_id"]: r["state"] for r in rows}[first["run_id"]] in ("PENDING", "REQUEUED"))
-    # a requeued job waits ~2.5 min for its begin time here; the test need not
-    subprocess.run(["scontrol", "update", f"JobId={first['job_id']}", "StartTime=now"], check=True)
-    rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
-    assert all(r["state"] == "COMPLETED" and r["iteration"] == 300 for r in rows), rows
-    by_run = {r["run_id"]: r for r in rows}
-    assert by_run[first["run_id"]]["attempts"] == 2 and by_run[second["run_id"]]["attempts"] == 1
-    assert by_run[first["run_id"]]["job_id"] == first["job_id"]  # the same task, requeued
-    out = (Path(first["run_dir"]) / "logs" / f"slurm-{first['job_id']}.out").read_text()
-    assert "requeueing job" in out and "attempt 1" in out
-    events = Path(first["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
-    assert json.loads(events.read_text().splitlines()[0])["resumed_from"]
+    data, first, second = _two_trials_past_a_checkpoint(job_env, tmp_path, "sweep2", iters=300)
+    try:
+        assert cli(job_env, "cancel", first["run_id"]).returncode == 0
+        rows = wait_board(job_env, data["sweep_id"], lambda rows: rows and any(r["state"] == "CANCELLED" for r in rows))
+        assert {r["run_id"]: r["state"] for r in rows}[second["run_id"]] == "RUNNING"
+        subprocess.run(["scancel", "--batch", "--signal=USR2", second["job_id"]], check=True)
+        wait_board(job_env, data["sweep_id"],
+                   lambda rows: {r["run_id"]: r["state"] for r in rows}[second["run_id"]] in ("PENDING", "REQUEUED"))
+        # the requeue of trial 1 leaves trial 0 as it was (the task that starts last keeps the array's own id, which
+        # names every task: the job script requeued and signalled the whole array by it until 2026-12-06)
+        assert {r["run_id"]: r["state"] for r in board(job_env, data["sweep_id"])}[first["run_id"]] == "CANCELLED"
+        out = cli(job_env, "resume", data["sweep_id"])
+        assert out.returncode == 0 and out.stdout.count("resumed run") == 1 and first["run_id"] in out.stdout, out
+        assert "not resumed" in out.stdout and second["run_id"] in out.stdout  # requeued by Slurm: left alone
+        # a requeued job waits ~2.5 min for its begin time here; the test need not
+        subprocess.run(["scontrol", "update", f"JobId={second['job_id']}", "StartTime=now"], check=True)
+        rows = wait_board(job_env, data["sweep_id"], lambda rows: all(r["state"] in ENDED for r in rows))
+        assert all(r["state"] == "COMPLETED" and r["iteration"] == 300 for r in rows), rows
+        by_run = {r["run_id"]: r for r in rows}
+        resumed, requeued = by_run[first["run_id"]], by_run[second["run_id"]]
+        assert resumed["job_id"] != first["job_id"] and "_" not in resumed["job_id"]  # its own job now
+        events = Path(first["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
+        start = json.loads(events.read_text().splitlines()[0])
+        assert start["event"] == "start" and start["resumed_from"], start  # from its own checkpoint
+        assert requeued["attempts"] == 2 and requeued["job_id"] == second["job_id"]  # the same task, requeued
+        out = (Path(second["run_dir"]) / "logs" / f"slurm-{second['job_id']}.out").read_text()
+        assert "requeueing job" in out and "attempt 1" in out
+        events = Path(second["run_dir"]) / "logs" / "rank-0" / "events.attempt-1.jsonl"
+        assert json.loads(events.read_text().splitlines()[0])["resumed_from"]
+    finally:  # this sweep's unfinished trials only, by id
+        cli(job_env, "cancel", data["sweep_id"])
 
 
 def test_cancel_settles_tasks_that_never_started(local_slurm, job_env, job_recipe):

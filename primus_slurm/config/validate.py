@@ -26,7 +26,7 @@ MANAGED_SBATCH = ("job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus
                   "array", "dependency", "kill-on-invalid-dep", "wrap", "chdir", "parsable")
 # variables the job script itself sets or relies on, and shell variables that change how it parses
 RESERVED_ENV = ("BIND", "CHILD", "CONTAINER", "JOB_ID", "LAUNCH", "MASTER_ADDR", "MASTER_PORT", "NNODES",
-                "NODE_WRAPPER", "REQUEUE", "RUN_DIR", "SRUN", "TRAIN", "PYTHONPATH", "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
+                "NODE_WRAPPER", "REQUEUE", "RUN_DIR", "SELF_ID", "SRUN", "TRAIN", "PYTHONPATH", "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
                 "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND", "PATH")  # (PATH: scontrol and srun; values are literal)
 RESERVED_ENV_PREFIXES = ("SLURM_", "PRIMUS_RUN_")
 
