@@ -117,7 +117,7 @@ def step_job(step: dict, run_id: str, run_dir: Path, resolved: dict, executor: s
             job.copies["prompts.jsonl"] = step["prompts"]
             job.args += ["--prompts", str(job.post_dir / "prompts.jsonl")]
         else:
-            job.args += ["--prompt", step["prompt"]]
+            job.args += [f"--prompt={step['prompt']}"]  # (one word: a prompt that starts with '-' stays the value)
         job.args += ["--max-new-tokens", step["max_new_tokens"]]
     return job
 
