@@ -68,7 +68,8 @@ def test_a_te_linear_without_parallel_mode_is_whole_on_every_tp_rank(record):
     base = te.Linear(512, 256, bias=False, parallel_mode=None, params_dtype=torch.bfloat16, device="cuda")
     assert base.parallel_mode is None  # what megatron hands TE for "duplicated"
     lora = LoRALinear(base, "linear_kv_down_proj", dim=8, alpha=16, dropout=0.0, dropout_position="pre",
-                      a_init="kaiming", b_init="zero", tp_size=2, tp_rank=1, sequence_parallel=True, seed=2)
+                      a_init="kaiming", b_init="zero", tp_size=2, tp_rank=1, sequence_parallel=True, seed=2,
+                      epilogue=True)  # (asked for: a duplicated linear's node is refused)
     got = {"duplicated": lora.duplicated, "tp_size": lora.tp_size, "tokens_per_rank": lora.tokens_per_rank,
            "b_shape": list(lora.lora_b.shape), "epilogue_refused": not lora.uses_epilogue()}
     record(te_duplicated_linear=got)
