@@ -100,7 +100,8 @@ SCHEMA: dict = {
         "name": Field("str", "run", pattern=NAME_RE, help="letters, digits, '.', '_', '-'; at most 64"),
         "workspace": Field("str", "./runs"),
         "seed": Field("int", 1234, min=0, max=2**31 - 1),
-        "description": Field("str", ""),
+        "description": Field("str", "", help="informational: kept in recipe.resolved.yaml, and the W&B run's notes "
+                             "with trainer.logging.wandb"),
     },
     "cluster": {
         "executor": Field("str", "auto", choices=("auto", "slurm", "local")),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, nvidia_run
 from primus_contract.schema import field_at
 
 
@@ -33,6 +34,35 @@ def _has_validation(r: dict) -> bool:
 
 def _tokenized(r: dict) -> bool:
     return r["trainer"]["data"]["format"] != "mlperf_npy"
+
+
+def _moe(r: dict) -> bool:
+    return bool(r["trainer"]["model"]["num_moe_experts"])
+
+
+def _mla(r: dict) -> bool:
+    return bool(r["trainer"]["model"]["multi_latent_attention"])
+
+
+def _container(r: dict) -> bool:
+    return r["cluster"]["container"]["runtime"] != "none"
+
+
+def _nvidia_16bit(r: dict) -> bool:
+    """Where the LoRA and loss Triton kernels run (trainer/model/lora/kernels.py kernels_usable, ce_kernel_usable):
+    an NVIDIA GPU and BF16 (FP32 takes the torch ops: tl.dot would run it in TF32)."""
+    return nvidia_run(r["trainer"], r["cluster"]["env_profile"]) and r["trainer"]["precision"]["bf16"]
+
+
+def _lora_kernels(r: dict) -> bool:
+    lora = r["trainer"]["lora"]
+    return (_nvidia_16bit(r) and lora["dim"] <= LORA_KERNEL_MAX_RANK
+            and bool(lora["fused"] or lora["epilogue"] is not False))
+
+
+def _single_document_switch(r: dict) -> bool:  # (trainer/model/inputs.py batch_layout: THD under PP or CP)
+    par = r["trainer"]["parallelism"]
+    return r["trainer"]["data"]["packing"] and par["pipeline"] == 1 and par["context"] == 1
 
 
 DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
@@ -62,9 +92,21 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
     ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0",
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "
-     "and runs sbhd)", lambda r: r["trainer"]["data"]["packing"]),
-    ("trainer.recompute.chunked_loss_kernel", "`trainer.recompute.chunked_loss: true`",
-     lambda r: r["trainer"]["recompute"]["chunked_loss"]),
+     "and runs sbhd), pipeline 1 and context 1 (those run THD)", _single_document_switch),
+    ("trainer.recompute.chunked_loss_kernel", "`trainer.recompute.chunked_loss: true`, an NVIDIA GPU and BF16 (the "
+     "torch ops run elsewhere)", lambda r: r["trainer"]["recompute"]["chunked_loss"] and _nvidia_16bit(r)),
+    ("trainer.lora.triton_products", f"an NVIDIA GPU, BF16, `trainer.lora.dim` up to {LORA_KERNEL_MAX_RANK} and the "
+     "fused or epilogue adapter path (the torch ops run elsewhere)", _lora_kernels),
+    *((f"trainer.model.{key}", "`trainer.model.num_moe_experts`", _moe)
+      for key in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                  "moe_norm_topk_prob", "moe_router_topk_scaling_factor")),
+    *((f"trainer.model.{key}", "`trainer.model.multi_latent_attention: true`", _mla)
+      for key in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")),
+    ("trainer.model.family", "`trainer.model.num_moe_experts` or `trainer.checkpoint.pretrained` (a dense model "
+     "without a checkpoint is built from the other model keys alone)",
+     lambda r: _moe(r) or bool(r["trainer"]["checkpoint"]["pretrained"])),
+    *((f"cluster.container.{key}", "`cluster.container.runtime` other than none", _container)
+      for key in ("image", "mounts", "workdir", "extra_args")),
     ("trainer.distributed.nccl_eager_init", "NCCL (`trainer.distributed.backend` nccl, or auto on a GPU)",
      lambda r: r["trainer"]["distributed"]["backend"] == "nccl" or (
          r["trainer"]["distributed"]["backend"] == "auto" and r["trainer"]["distributed"]["device"] != "cpu")),

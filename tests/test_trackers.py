@@ -110,7 +110,8 @@ def events(run_dir: Path, attempt: int = 0) -> list[dict]:
 
 def test_quickstart_logs_to_wandb_offline_and_tensorboard_without_network(tmp_path):
     sets = [*WANDB_OFFLINE, "trainer.schedule.train_iters=60", "trainer.schedule.eval_interval=30",
-            "trainer.checkpoint.save_interval=null", "trainer.checkpoint.export_peft=false"]
+            "trainer.checkpoint.save_interval=null", "trainer.checkpoint.export_peft=false",
+            "experiment.description=the tracker test"]
     no_net = subprocess.run([*NO_NETWORK, sys.executable, "-c",
                              "import socket; socket.create_connection(('1.1.1.1', 443), timeout=3)"],
                             capture_output=True, text=True)
@@ -125,7 +126,7 @@ def test_quickstart_logs_to_wandb_offline_and_tensorboard_without_network(tmp_pa
     run_id = (run_dir / "wandb" / "run-id").read_text().strip()
     (run,) = [r["run"] for r in records if r["type"] == "run"]
     assert run["run_id"] == run_id and run["project"] == "primus-tests" and run["tags"] == ["quickstart", "ci"]
-    assert run["display_name"] == run_dir.name
+    assert run["display_name"] == run_dir.name and run["notes"] == "the tracker test"  # experiment.description
     assert f"] wandb | run {run_id} | project primus-tests | mode offline | attempt 0 | dir wandb" in log
     config = {k: v for k, v in run["config"]["update"].items() if k != "_wandb"}
     assert config == yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())

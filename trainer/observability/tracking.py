@@ -88,7 +88,8 @@ class WandB:
         self.wandb, self.say = wandb, say
         self.run_id = wandb_run_id(run_dir)
         self.init = dict(project=w.project, entity=w.entity, name=w.name or os.path.basename(run_dir),
-                         tags=list(w.tags), group=w.group, mode=mode, dir=run_dir, id=self.run_id, resume="allow",
+                         tags=list(w.tags), group=w.group, notes=cfg.experiment.description or None, mode=mode,
+                         dir=run_dir, id=self.run_id, resume="allow",
                          config=cfg.to_dict(), settings=wandb.Settings(console="off", silent=True))
         self.history: list[tuple[int, dict[str, float]]] = []  # this attempt's, for a new service (see above)
         self.run: Any = wandb.init(**self.init)
