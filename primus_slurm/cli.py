@@ -31,16 +31,20 @@ def main() -> None:
     """Fine-tune LLMs with LoRA on Slurm: recipe -> validated config -> sbatch script -> torchrun -> trainer."""
 
 
-@main.command()
+@main.command(cls=pipeline.ThenCommand)
 @click.argument("recipe")
 @set_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
 @click.option("--skip-memory-check", is_flag=True, help="as submit's: accept a recipe the plan predicts will not fit")
 @click.option("--executor", type=click.Choice(["slurm", "local"]), default=None,
               help="as submit's: judge the recipe for this executor (default: the recipe's)")
-def validate(recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bool, executor: str | None) -> None:
+@click.option("--then", "then", multiple=True, metavar="STEP [OPTIONS]", help="as submit's: the steps after training")
+@click.pass_context
+def validate(ctx, recipe: str, overrides: tuple, as_json: bool, skip_memory_check: bool, executor: str | None,
+             then) -> None:
     """Check RECIPE (path or name under recipes/) as `submit --dry-run` does (the same verdict) and print a
     summary, or the resolved recipe the job reads with --json; lists the checks only the job's nodes can make."""
+    overrides = (*overrides, *pipeline.override(ctx.meta.get("then") or []))  # (as submit: the same verdict)
     prepared = submit_mod.prepare(recipe, overrides, executor, dry_run=True)
     planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's verdict, in its order
     unchecked = submit_mod.check(prepared)

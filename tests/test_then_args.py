@@ -18,3 +18,15 @@ def test_a_generate_prompt_that_looks_like_an_option_stays_the_prompt(tmp_path):
     args = parser().parse_args(["generate", "--run", str(tmp_path), "--out", str(tmp_path / "o"),
                                 *map(str, job.args)])
     assert (args.prompt, args.max_new_tokens, args.seed) == ("--seed", 5, 0)
+
+
+def test_validate_takes_then_and_gives_submits_verdict(tmp_path, capsys):
+    """`validate` and `submit` give one verdict: with --then steps too (validate had no --then; audit, 2026-12-06)."""
+    from primus_slurm.cli import run
+
+    qs = str(ROOT / "recipes" / "quickstart.yaml")
+    missing = ["--then", "eval", "--then", "generate", "--prompts", str(tmp_path / "none.jsonl")]
+    assert run(["validate", qs, *missing]) == 2 == run(["submit", qs, "--dry-run", *missing])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == err[1] and err[0].startswith("error: `after[1].prompts`")
+    assert run(["validate", qs, "--then", "eval", "--then", "export", "--merged"]) == 0
