@@ -81,16 +81,18 @@ def suspects(records: list[dict], attempt: int, job_nodes: list[str]) -> dict[st
               and r.get("kind") in KINDS and isinstance(r.get("node"), str)]
     shared = {r["node"] for r in faults if r["kind"] in SHARED_KINDS}
     out: dict[str, str] = {}
+
+    def name(node: str, why: str) -> None:  # the first reason a node is named, but a failure outranks a slow rank
+        if node not in out or out[node].startswith("slow:"):
+            out[node] = why
     for r in faults:
         if r["kind"] in SHARED_KINDS and job_nodes and (shared >= set(job_nodes) or r["node"] not in job_nodes):
             continue  # every node failed it (or a name that is none of the job's, as a container's hostname): not
             # a node's fault
-        if r["node"] not in out or out[r["node"]].startswith("slow:"):  # a failure outranks a slow rank
-            out[r["node"]] = f"{r['kind']}: {r.get('why', '')}"
+        name(r["node"], f"{r['kind']}: {r.get('why', '')}")
     if not any(r["kind"] == "timeout" for r in faults):  # a peer named outright: no guess from who timed out
         for node, why in stopped(records, attempt).items():
-            if node not in out or out[node].startswith("slow:"):  # (slow, then hung: it hung)
-                out[node] = f"hang: {why}"
+            name(node, f"hang: {why}")  # (slow, then hung: it hung)
     return out
 
 
