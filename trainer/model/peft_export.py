@@ -94,14 +94,14 @@ def _fuse_experts(per_expert: dict, experts: int, out: dict) -> set[str]:
     (gate_up_proj inside down_proj when both are targeted) is the model's, and a layer that adapts one of the two
     gets zero factors for the other (audit, 2026-12-06: decided per layer, such an adapter did not load)."""
     roles = {leaf for _, leaf in per_expert}
-    fused: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    fused: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
     for (idx, leaf), by_j in sorted(per_expert.items()):
         if sorted(by_j) != list(range(experts)):
             raise ValueError(f"layer {idx} {leaf}: adapters of experts {sorted(by_j)}, expected all {experts}")
         a = torch.cat([by_j[j][0] for j in range(experts)], dim=0)       # [E*r, in]
         b = torch.stack([by_j[j][1] for j in range(experts)], dim=2)     # [out, r, E]
         fused[(idx, leaf)] = a, b.reshape(b.shape[0], -1)                 # column k*E + e = B_e[:, k]
-    shape = {leaf: fused[key] for key in sorted(fused) for leaf in [key[1]]}
+    shape = {leaf: tensors for (_, leaf), tensors in fused.items()}  # (the same in every MoE layer)
     for idx in sorted({i for i, _ in per_expert}):
         for leaf in sorted(roles):
             a, b = fused.get((idx, leaf)) or tuple(torch.zeros_like(t) for t in shape[leaf])
