@@ -13,6 +13,7 @@
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
 #   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
 #                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
+#   bash bench/gpu_suite.sh kernels-realtext   the same for the kernels levers on by default since 2026-12-06
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh adapter-gemms   each LoRA adapter product at the 8B widths against its memory bound (~20 s)
 #   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
@@ -167,26 +168,16 @@ case "${1:-}" in
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done
     interleaved_call kernels "${picked[@]}" ;;
-  swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default: recipes/compare_realtext.yaml (200
-                    # iterations, real English text) per precision (PRECISIONS, default "bf16 fp8") three runs side by
-                    # side: the default (a), fused_swiglu (b), the default with another seed (spread); bench/loss_match.py
-                    # says whether b stays as close to a as the reseeded a does (tail mean of the lm loss, last eval)
-    W=/tmp/swr; rm -rf "$W"
-    for p in ${PRECISIONS:-bf16 fp8}; do
-      set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)
-      pid=$([ "$p" = fp8 ] && echo 0f08 || echo 0b16)  # the precision in the run ids: one registry holds all six
-      for v in a:false:1234 b:true:1234 c:false:4321; do
-        IFS=: read -r k f seed <<<"$v"
-        timeout 240 python3 -m primus_slurm submit recipes/compare_realtext.yaml --executor local --follow \
-          --run-id "20261205-000000-${pid}0$k" --set experiment.workspace="$W/$p" \
-          --set trainer.precision.bf16=true --set trainer.distributed.device=cuda --set trainer.distributed.backend=nccl \
-          --set cluster.env_profile=h200 --set trainer.lora.fused_swiglu=$f --set experiment.seed=$seed "${set_p[@]}" \
-          > "$OUT/swr-$p-$k.log" 2>&1 &
-      done
-      wait
-      d="$W/$p/compare_realtext/20261205-000000-${pid}0"
-      python3 bench/loss_match.py --a "${d}a" --b "${d}b" --spread "${d}c" --label "realtext-$p"
-    done | tee -a "$OUT/swiglu-realtext.jsonl" ;;
+  swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default (bench/realtext_ab.sh): the
+                    # unfused SwiGLU (a, c: another seed) against fused_swiglu (b), per precision
+    bash bench/realtext_ab.sh swiglu-realtext trainer.lora.fused_swiglu=false trainer.lora.fused_swiglu=true \
+      trainer.lora.fused_swiglu=true ;;
+  kernels-realtext)  # the kernels levers kept on 2026-12-06 (H100) against them off: BF16 the chunked loss's Triton
+                     # passes + the Triton products + the epilogue; FP8 the chunked loss's passes
+    bash bench/realtext_ab.sh kernels-realtext \
+      "trainer.recompute.chunked_loss_kernel=false trainer.lora.triton_products=false trainer.lora.epilogue=false" \
+      "trainer.recompute.chunked_loss_kernel=true trainer.lora.triton_products=true trainer.lora.epilogue=null" \
+      trainer.recompute.chunked_loss_kernel=true ;;
   adapter-gemms)  # issue 37: which of the adapters' skinny GEMMs is furthest from its bytes' bound (~20 s)
     python3 bench/adapter_gemms.py 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/adapter-gemms.jsonl" ;;
   swiglu-profile)  # issue 37: why fused_swiglu gave nothing in FP8 single-document (2026-12-04, one run a cell): the

@@ -30,8 +30,10 @@ def _run(norm_epilogue: bool):
     from trainer.model.lora.layers import LoRALinear
 
     torch.manual_seed(0)
+    # parallel_mode "column", as megatron's TELayerNormColumnParallelLinear builds it: TE's default (None) is what
+    # megatron's duplicated linears hand TE, which the adapter treats as whole and keeps off the epilogue
     base = _MegatronReturn(HIDDEN, OUT, bias=False, normalization="RMSNorm", eps=1e-5, params_dtype=torch.bfloat16,
-                           device="cuda")
+                           device="cuda", parallel_mode="column")
     with torch.no_grad():
         base.layer_norm_weight.uniform_(0.5, 1.5)
     for p in base.parameters():
