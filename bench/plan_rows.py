@@ -73,6 +73,11 @@ KNOWN_MISSES = {
 TRANSPOSES_RELEASED = 1796236901  # e87f5d3's commit time
 SWIGLU_AUTO = 1796477400  # trainer.lora.fused_swiglu null (wherever it applies) by default from here (2026-12-05)
 NCCL_LAZY = 1796484700  # trainer.distributed.nccl_eager_init false by default from here (after 23eecf0, 2026-12-05)
+# trainer.recompute.chunked_loss_kernel and trainer.lora.triton_products true, trainer.lora.epilogue null (auto) by
+# default from here (after 28e0737, 2026-12-06: the kernels levers timed and kept)
+KERNELS_ON = 1796537900
+KERNELS_OFF = ["trainer.recompute.chunked_loss_kernel=false", "trainer.lora.triton_products=false",
+               "trainer.lora.epilogue=false"]
 
 
 @dataclass
@@ -163,6 +168,8 @@ def match(row: Row):
     nproc = int(d.get("nproc") or 1)
     if _added_before(row.file, SWIGLU_AUTO):  # measured when fused_swiglu was off by default
         era_overrides = ["trainer.lora.fused_swiglu=false", *era_overrides]
+    if _added_before(row.file, KERNELS_ON):  # measured when the kernels levers were opt-in
+        era_overrides = [*KERNELS_OFF, *era_overrides]
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [

@@ -233,11 +233,12 @@ SCHEMA: dict = {
             "fused": Field("bool", True, help="two autograd nodes per adapter, its input gradient added in place "
                            "into the frozen base's (trainer/model/lora/fused.py): linear_proj/linear_fc2 and other "
                            "non-norm linears, any TP/SP layout, pre-dropout fused into A; elsewhere the unfused path"),
-            "triton_products": Field("bool", False, help="the fused and epilogue paths' unmasked rank-r products "
-                                     "(y += s h B^T, dx += dh A) as one Triton pass each on NVIDIA GPUs instead of "
-                                     "cuBLAS's addmm_ (trainer/model/lora/kernels.py masked_product: 21-27 % faster "
-                                     "in isolation at the 8B's widths, H100 2026-12-05; not yet timed in training: "
-                                     "off until it is); elsewhere torch's GEMMs"),
+            "triton_products": Field("bool", True, help="the fused and epilogue paths' unmasked rank-r products "
+                                     "(y += s h B^T, dx += dh A) as one Triton pass each on NVIDIA GPUs in BF16 "
+                                     "instead of cuBLAS's addmm_ (trainer/model/lora/kernels.py masked_product); "
+                                     "elsewhere torch's GEMMs (H100 8B, 2026-12-06, median of 3: +0.4 % "
+                                     "single-document, +0.3 % packed in BF16; FP8 not separated, +0.03 % / +0.1 %; "
+                                     "real-text loss within the reseeded run's spread)"),
             # trainer/model/lora/swiglu.py: fc1's output + s h B^T is never written (Triton on a GPU, the unfused
             # ops on CPU); not with recompute.adapter_inputs scope all|fc2; with precision.fp8_swiglu_input its
             # kernels keep fc1's output in FP8
@@ -247,19 +248,20 @@ SCHEMA: dict = {
                                   "(H200 8B, 2026-12-05: +2.4 % BF16 single-document, +2.9 % packed, +3.0 % / +1.3 % "
                                   "FP8; median of 3; real-text loss within the reseeded run's spread, H100)"),
             # trainer/model/lora/epilogue.py: not with fp8/fp4, tensor > 1, post-dropout (primus_contract/rules_model.py)
-            "epilogue": Field("bool", False, nullable=True, help="one node owns each non-norm linear's frozen base "
+            "epilogue": Field("bool", None, nullable=True, help="one node owns each non-norm linear's frozen base "
                               "GEMM: it adds into the adapter's product (beta 1), pre-dropout is fused into A "
                               "(trainer/model/lora/epilogue.py); TP 1, 16/32-bit base GEMMs only; true: refused where "
-                              "it cannot run; null: on for BF16 on NVIDIA GPUs where a linear can take it, off "
-                              "elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-05, with the one-read "
-                              "dh/dB kernel it no longer uses: +0.9 % single-document, +0.5 % packed on top of "
-                              "fused_swiglu; real-text loss within the reseeded run's spread)"),
+                              "it cannot run; null (default): on for BF16 on NVIDIA GPUs where a linear can take it, "
+                              "off elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-06, median of 3: "
+                              "+1.3 % single-document, +1.2 % packed; real-text loss within the reseeded run's "
+                              "spread)"),
             "epilogue_norm": Field("bool", False, help="with epilogue: true, the epilogue also owns the norm-fed "
                                    "linears (qkv; fc1, folded or not): torch runs Transformer Engine's fused input "
                                    "norm, then the epilogue node (fc1 under the SwiGLU fold: the fused path's tap), so "
                                    "the adapter's input gradient is added in the dgrad GEMM, not in a separate pass "
-                                   "(trainer/model/lora/norm_epilogue.py); GPU runs only; not yet timed: off until "
-                                   "it is"),
+                                   "(trainer/model/lora/norm_epilogue.py); GPU runs only (H100 8B BF16, 2026-12-06, "
+                                   "median of 3 over the other levers: +0.9 % single-document, +0.8 % packed; its "
+                                   "real-text loss not yet run: off until it is)"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),
@@ -272,11 +274,12 @@ SCHEMA: dict = {
                                   "the input gradient computed in forward (frozen output layer): the [tokens, "
                                   "vocab] logits are never kept (Llama-3-8B at 8192 tokens: 53.7 -> 50.4 GiB, "
                                   "~3 % slower)"),
-            "chunked_loss_kernel": Field("bool", False, help="with chunked_loss, each chunk's softmax cross-entropy "
+            "chunked_loss_kernel": Field("bool", True, help="with chunked_loss, each chunk's softmax cross-entropy "
                                          "and its logit gradient in two Triton passes over the bf16 logits "
                                          "(trainer/model/ce_kernel.py) instead of ~10 fp32 torch passes, on NVIDIA "
-                                         "GPUs (elsewhere torch's ops); ~0.9 ms less a chunk of 523 rows in isolation "
-                                         "(H200, 2026-12-05); not yet timed in training: off until it is"),
+                                         "GPUs in BF16 (elsewhere torch's ops) (H100 8B, 2026-12-06, median of 3: "
+                                         "+2.5 % BF16, +2.7 % / +3.1 % FP8 single-document / packed; real-text loss "
+                                         "within the reseeded run's spread)"),
             # megatron-core's layer-level cpu_offloading (TE's offload context, both 0.16.1 and 0.19.2): the saved
             # tensors of the first N layers go to pinned host memory in forward and come back in backward
             "activation_offload_layers": Field("int", 0, min=0, max=1 << 20, help="offload the activations of "

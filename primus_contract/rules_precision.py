@@ -217,14 +217,17 @@ def norm_fed_targets(t: Mapping) -> list:
 
 
 def epilogue_norm_rules(t: Mapping, profile: str) -> None:
-    """trainer.lora.epilogue_norm: an extension of epilogue true, on a GPU (where TE fuses the norms), with a norm-fed
+    """trainer.lora.epilogue_norm: an extension of the epilogue (true, or null where it is on), on a GPU (where TE fuses the norms), with a norm-fed
     linear among the targets; refused otherwise, never accepted and ignored."""
     if not t["lora"]["epilogue_norm"]:
         return
-    if t["lora"]["epilogue"] is not True:
-        shown = "null" if t["lora"]["epilogue"] is None else "false"
+    if t["lora"]["epilogue"] is False:
         fail("`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is "
-             f"{shown}: set epilogue: true, or epilogue_norm: false")
+             "false: set epilogue: null or true, or epilogue_norm: false")
+    if t["lora"]["epilogue"] is None and not epilogue_on(t, profile):
+        fail("`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue null "
+             "stays off for this run (it runs BF16 on an NVIDIA GPU at TP 1, where a non-norm linear can own its "
+             "GEMM): set epilogue: true, or epilogue_norm: false")
     if not _on_gpu(t, profile):
         fail("`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1, which only "
              "a GPU run has (its layer spec); set trainer.distributed.device: cuda, or epilogue_norm: false")

@@ -98,8 +98,12 @@ BAD = [
     ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2}, lora: {epilogue: true}}",
      "`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only"),
     ("trainer: {lora: {epilogue: true, dropout: 0.1, dropout_position: post}}", "fuses pre-dropout into A"),
-    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue_norm: true}}",
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: false, "
+     "epilogue_norm: true}}",
      "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is false"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {bf16: true, fp8: hybrid}, "
+     "lora: {epilogue_norm: true}}",  # epilogue null (the default) is off under FP8
+     "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue null stays off"),
     ("trainer: {lora: {epilogue: true, epilogue_norm: true}}",  # quickstart's device is cpu: no TE norm-fused linear
      "`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: true, epilogue_norm: "
@@ -356,8 +360,8 @@ def test_run_dir_behind_a_symlink_is_checked_after_resolving(tmp_path, capsys):
     # silent before (audit, 2026-12-06)
     (["trainer.data.packing=false", "trainer.data.single_document_sbhd=false"],
      "note: `trainer.data.single_document_sbhd` is false but does nothing without `trainer.data.packing: true`"),
-    (["trainer.recompute.chunked_loss=false", "trainer.recompute.chunked_loss_kernel=true"],
-     "note: `trainer.recompute.chunked_loss_kernel` is true but does nothing without `trainer.recompute.chunked_loss"),
+    (["trainer.recompute.chunked_loss=false", "trainer.recompute.chunked_loss_kernel=false"],
+     "note: `trainer.recompute.chunked_loss_kernel` is false but does nothing without `trainer.recompute.chunked_loss"),
     (["trainer.distributed.nccl_eager_init=true"], "note: `trainer.distributed.nccl_eager_init` is true but does "
                                                     "nothing without NCCL"),
 ])

@@ -1,5 +1,5 @@
-"""trainer.lora.epilogue null (auto; the default is false until the present form is timed): on for BF16 on an NVIDIA GPU where a linear can own its base GEMM, off
-elsewhere; the contract (rules_precision.epilogue_on, which the planner prices) and the trainer
+"""trainer.lora.epilogue null (auto, the default since it was timed on 2026-12-06): on for BF16 on an NVIDIA GPU
+where a linear can own its base GEMM, off elsewhere; the contract (rules_precision.epilogue_on, which the planner prices) and the trainer
 (trainer/model/lora/epilogue.py auto_blocker, at build) decide alike; true / false as written."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ AUTO = "trainer.lora.epilogue=null"
 
 
 @pytest.mark.parametrize("sets, profile, on", [
-    ((), "h200", False),                                                  # the default: false until timed again
+    ((), "h200", True),                                                   # the default: null
     ((AUTO,), "h200", True),                                              # BF16 on an H200: the 8B shape
     ((AUTO,), "h100", True),
     ((AUTO, "trainer.precision.fp8=hybrid"), "h200", False),              # TE's quantized GEMMs
@@ -38,6 +38,18 @@ AUTO = "trainer.lora.epilogue=null"
 ])
 def test_the_contract_resolves_null(sets, profile, on):
     assert epilogue_on(*_t(*sets, profile=profile)) is on
+
+
+def test_epilogue_norm_rides_the_auto_epilogue_where_it_is_on():
+    """epilogue_norm with the default epilogue (null): accepted where the auto epilogue runs (BF16 on an NVIDIA GPU),
+    refused where it stays off (FP8), so it never sits accepted and idle."""
+    from primus_contract.errors import ContractError
+
+    r = load_recipe(R8, ["cluster.env_profile=h200", "trainer.lora.epilogue_norm=true"]).resolved
+    assert r["trainer"]["lora"]["epilogue"] is None and epilogue_on(r["trainer"], "h200")
+    with pytest.raises(ContractError, match="epilogue null stays off"):
+        load_recipe(R8, ["cluster.env_profile=h200", "trainer.lora.epilogue_norm=true",
+                         "trainer.precision.fp8=hybrid"])
 
 
 def test_the_trainer_decides_auto_by_the_same_conditions():

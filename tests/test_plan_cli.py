@@ -138,8 +138,8 @@ def test_the_loss_kernel_keeps_one_16_bit_chunk_in_the_plan():
         r = load_recipe(ROOT / "bench/recipes/llama3_8b_h200.yaml", list(sets)).resolved
         return plan(r).breakdown["logits+loss"]
 
-    on = "trainer.recompute.chunked_loss_kernel=true"
-    assert term("cluster.env_profile=h200") == pytest.approx(0.5)  # 2 x 256 MiB of fp32 logits
-    assert term("cluster.env_profile=h200", on) == pytest.approx(0.125)
+    on, off = "trainer.recompute.chunked_loss_kernel=true", "trainer.recompute.chunked_loss_kernel=false"
+    assert term("cluster.env_profile=h200", off) == pytest.approx(0.5)  # 2 x 256 MiB of fp32 logits
+    assert term("cluster.env_profile=h200") == term("cluster.env_profile=h200", on) == pytest.approx(0.125)
     assert term("cluster.env_profile=mi300x", on) == pytest.approx(0.5)
     assert term("cluster.env_profile=h200", on, "trainer.precision.bf16=false") == pytest.approx(0.5)
