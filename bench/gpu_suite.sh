@@ -9,7 +9,7 @@
 #   bash bench/gpu_suite.sh swiglu    trainer.lora.fused_swiglu vs the default, single + packed, BF16/FP8, anchor + ceiling,
 #                                     3 interleaved repeats (bench/interleaved.py), spread + verdicts (bench/spread.py)
 #   bash bench/gpu_suite.sh epilogue  the ladder: both off, fused_swiglu alone, the defaults today (bench/README.md)
-#   bash bench/gpu_suite.sh kernels   the defaults against each lever since bb00b53 switched on (bench/README.md)
+#   bash bench/gpu_suite.sh kernels   the defaults against each lever of 2026-12-06 switched off, candidates on
 #   bash bench/gpu_suite.sh epilogue-70b   the 70B recipe, adapters unfused vs the fused path with dropout, 3 x A B
 #   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
 #                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
@@ -150,21 +150,22 @@ case "${1:-}" in
              # NVIDIA GPU fused_swiglu + the epilogue; in FP8 the epilogue stays off, so ours = swiglu there)
     interleaved_call epilogue --variant default=trainer.lora.fused_swiglu=false,trainer.lora.epilogue=false \
       --variant swiglu=trainer.lora.epilogue=false --variant ours= ${EXTRA_VARIANTS:-} ;;
-  kernels)  # issue 37: the levers landed after bb00b53, off by default until timed in training, each switched on
-            # against the defaults (`default`), and all three together, interleaved (see interleaved_call): the chunked
-            # loss's Triton passes (chunked_loss_kernel), the unmasked adapter products in Triton
-            # (lora.triton_products), the epilogue's auto (BF16 only: in FP8 epilogue-on equals default), the epilogue
-            # with the norm-fed linears too (norm-on: lora.epilogue_norm; FP8 refuses it, one error row). A lever goes
-            # on by default when its variant is kept against `default` (its median above default's max)
-            # VARIANTS="default ce-on all-on" keeps only those (a short call). ainorm-on: the RMSNorm-fed adapters norm
-            # x themselves (recompute.adapter_inputs scope norm), so TE no longer returns its norm output: in FP8 TE then
-            # fuses the norm with the quantize (TE's layernorm_linear.py: with_quantized_norm needs
-            # return_layernorm_output false), and no BF16 copy of the norm output is written or kept
+  kernels)  # issue 37: the levers timed on 2026-12-06 (H100) and on by default since, each switched OFF against the
+            # defaults (`default`), and all three off together, interleaved (see interleaved_call): the chunked loss's
+            # Triton passes (ce-off: chunked_loss_kernel), the unmasked adapter products in Triton (products-off:
+            # lora.triton_products), the epilogue's auto (epilogue-off; BF16 only: in FP8 it equals default); and the
+            # candidates still opt-in switched ON: the epilogue with the norm-fed linears too (norm-on:
+            # lora.epilogue_norm; FP8 refuses it, one error row) and ainorm-on (the RMSNorm-fed adapters norm x
+            # themselves, recompute.adapter_inputs scope norm: in FP8 TE then fuses its norm with the quantize; lost
+            # 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB). `default` kept against an -off variant: that lever still
+            # pays; an -on variant kept against `default`: it goes on by default (its median above default's max).
+            # VARIANTS="default all-off norm-on" keeps only those (a short call)
     picked=()
-    for v in default= ce-on=trainer.recompute.chunked_loss_kernel=true products-on=trainer.lora.triton_products=true \
-        epilogue-on=trainer.lora.epilogue=null norm-on=trainer.lora.epilogue=true,trainer.lora.epilogue_norm=true \
+    for v in default= ce-off=trainer.recompute.chunked_loss_kernel=false \
+        products-off=trainer.lora.triton_products=false epilogue-off=trainer.lora.epilogue=false \
+        norm-on=trainer.lora.epilogue_norm=true \
         ainorm-on=trainer.recompute.adapter_inputs=true,trainer.recompute.adapter_inputs_scope=norm \
-        all-on=trainer.recompute.chunked_loss_kernel=true,trainer.lora.triton_products=true,trainer.lora.epilogue=null; do
+        all-off=trainer.recompute.chunked_loss_kernel=false,trainer.lora.triton_products=false,trainer.lora.epilogue=false; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done
     interleaved_call kernels "${picked[@]}" ;;
