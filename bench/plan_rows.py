@@ -54,18 +54,11 @@ ERAS = [
 # the README table shows them)
 KNOWN_MISSES = {
     ("2026-11-30_h200x2_moe_proxies.jsonl", "qwen3_30b_a3b_proxy"):
-        "tokens/s (planned 27,475 against 18,197): the same proxy at DP=1 (s6 moe-fp8.jsonl, same per-micro-batch "
+        "tokens/s (planned 28,894 against 18,197): the same proxy at DP=1 (s6 moe-fp8.jsonl, same per-micro-batch "
         "work) ran 145 ms a micro-batch and is planned within 3 %; this first-session DP=2, EP=1 run took 225 ms a "
         "micro-batch. DP=2 adds one coalesced all-reduce of 53 M adapter gradients a step (a few ms), and the "
         "Qwen3-235B proxy of the same file and session (EP=2) is planned within 3 %, so no term of the model "
         "(expert GEMMs, dispatch, router) is off by the 300 ms a step missing: cause not found (not profiled)",
-    ("2026-12-02_h200_70b_1gpu/8b_plan_variations.jsonl", "8b-plan-fp8param"):
-        "tokens/s (a variation kept out of the fit; planned 18,723 against 15,557, +20.4 %, current scaling's "
-        "amax passes included): the same shape and recipe with adapter_inputs true (s3 8bmem.jsonl "
-        "8b-fp8-packed-fp8param-tensorwise) ran 448 ms a step, planned within 5 %; this run (adapters keeping "
-        "their inputs, per-linear transpose release e87f5d3) took 527 ms, though keeping inputs is 8 % faster under "
-        "FP8 otherwise (mem_v2: 391 vs 424 ms). The 80 ms come from no work the plan counts (same GEMMs, casts and "
-        "activations as the s3 row): not profiled",
 }
 # fp8_param rows measured before each transpose was freed right after its linear's backward (e87f5d3, committed
 # 2026-12-02 18:41 UTC): result files git added before that ran the code that kept every layer's transpose to the

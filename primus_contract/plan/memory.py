@@ -36,6 +36,17 @@ GIB = float(1 << 30)
 CHUNK_BYTES = 256 * (1 << 20)  # trainer/model/chunked_loss.py
 
 
+def chunked_loss_path(r: dict) -> str | None:
+    """How the loss runs: "kernel" (trainer.recompute.chunked_loss_kernel's Triton passes: chunked_loss on, an NVIDIA
+    GPU, BF16), "torch" (chunked_loss's fp32 torch ops), None (no chunked loss: megatron's output layer and loss)."""
+    t = r["trainer"]
+    rec = t["recompute"]
+    if not (rec["chunked_loss"] and t["lora"]["enabled"]):
+        return None
+    kernel = rec["chunked_loss_kernel"] and t["precision"]["bf16"] and nvidia_run(t, r["cluster"]["env_profile"])
+    return "kernel" if kernel else "torch"
+
+
 def _model_bytes(t: dict) -> float:
     return 2.0 if t["precision"]["bf16"] or t["precision"]["fp8"] else 4.0
 
@@ -189,10 +200,10 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
     if offloaded:  # one offloaded layer's activations on the GPU while its copy is in flight
         terms["activations (offload in flight)"] = in_flight_layers * sum(biggest.values())
     if last:
-        if rec["chunked_loss"] and t["lora"]["enabled"]:
-            # the Triton passes (trainer/model/ce_kernel.py) keep only the GEMM's 16-bit logits of a chunk
-            kernel = rec["chunked_loss_kernel"] and p["bf16"] and nvidia_run(t, r["cluster"]["env_profile"])
-            terms["logits+loss"] = (0.5 if kernel else 2.0) * min(float(CHUNK_BYTES), tokens * vocab / lay.tp * 4)
+        path = chunked_loss_path(r)
+        if path:  # the Triton passes (trainer/model/ce_kernel.py) keep only the GEMM's 16-bit logits of a chunk
+            terms["logits+loss"] = (0.5 if path == "kernel" else 2.0) * min(float(CHUNK_BYTES),
+                                                                            tokens * vocab / lay.tp * 4)
         else:
             terms["logits+loss"] = tokens * vocab / lay.tp * 4
     widest = max((lin.out_local for lin in layer_linears_local(m, t["lora"], lay, layers[0])), default=h)

@@ -6,11 +6,12 @@ The work comes from the recipe and primus_contract.flops: base-linear GEMM FLOPs
 and the forward again for recomputed layers), the BF16 output layer, the attention core, the adapters (below),
 elementwise volume per layer (tokens x hidden: norms, casts; by precision, with adapter_inputs' recompute and LoRA
 dropout as their own), FP8 tensorwise (current) scaling's amax pass (a read of every FP8 GEMM operand before its
-cast, which delayed scaling fuses into the cast), kernel launches per layer and micro-batch, per local expert and
-MoE layer, routed-expert FLOPs, and tensor-parallel bytes over the link. The costs are calibration.COST (seconds per
-unit on the H200, refitted by scripts/plan_calibrate.py from calibration.CALIBRATION_ROWS); on another GPU, FLOP
-costs scale by its vendor peak ratio, memory-bound costs (elementwise, adapters) by its HBM bandwidth and link costs
-by its link's. FLOPs are split evenly over TP and PP ranks; 1F1B's bubble is (pp - 1) / micro-batches.
+cast, which delayed scaling fuses into the cast), the chunked loss's passes over the logits (below), kernel launches
+per layer and micro-batch, per local expert and MoE layer, routed-expert FLOPs, and tensor-parallel bytes over the
+link. The costs are calibration.COST (seconds per unit on the H200, refitted by scripts/plan_calibrate.py from
+calibration.CALIBRATION_ROWS); on another GPU, FLOP costs scale by its vendor peak ratio, memory-bound costs
+(elementwise, the loss's passes, adapters) by its HBM bandwidth and link costs by its link's. FLOPs are split
+evenly over TP and PP ranks; 1F1B's bubble is (pp - 1) / micro-batches.
 
 Adapters: A [r, in] and B [out, r] are skinny GEMMs (rank 16-64 against widths of thousands: r FLOPs a byte, far
 under the ~200 a BF16 GEMM needs to be compute-bound), so their time follows the activations they stream, tokens x
@@ -19,6 +20,15 @@ whatever the rank. That traffic is the feature `adapter`; their FLOPs (2 r (in +
 gemm_bf16 at the base GEMMs' rate, which is what a larger rank adds. trainer.lora.epilogue and fused_swiglu scale a
 linear's traffic by their pass counts over the default path's, of which the share measured on the H200 shows
 (adapter_passes.traffic_ratio, REALIZED; null fused_swiglu planned as it will run).
+
+Chunked loss (trainer.recompute.chunked_loss, trainer/model/chunked_loss.py): besides the output layer's two GEMMs
+(gemm_bf16), elementwise passes over each chunk's logits, tokens x vocab / TP on the last stage (split over PP like
+the rest). The feature `loss_elementwise` is the bytes they move, LOSS_BYTES_PER_LOGIT by the path that runs
+(memory.chunked_loss_path): the torch path casts the bf16 logits to fp32 and runs max, sub_, exp_, sum, div_ and the
+cast back (44 bytes a logit); chunked_loss_kernel (an NVIDIA GPU, BF16) reads the bf16 logits twice and writes the
+gradient over them once (trainer/model/ce_kernel.py: 6 bytes). One cost a byte, fitted on the H200's torch-path rows
+(the kernel's rows are all H100s': they test it), prices both. Without chunked_loss, megatron's own loss has no
+feature (its passes are in the other costs, as before).
 
 Packed sequences are assumed to hold documents like the benchmarks' GovReport-like packs (sum of squared lengths
 PACKED_ATTENTION_FILL x seq^2), unpacked one a sequence.
@@ -30,11 +40,13 @@ from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
 from primus_contract.rules_precision import epilogue_on, fused_swiglu_on
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
-from primus_contract.plan.memory import offloaded_bytes
+from primus_contract.plan.memory import chunked_loss_path, offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
 from primus_contract.plan.shapes import Layout, layer_linears_local, moe_layer
 
 PACKED_ATTENTION_FILL = 0.436
+# bytes the chunked loss's elementwise passes move per logit (trainer/model/chunked_loss.py, ce_kernel.py)
+LOSS_BYTES_PER_LOGIT = {"torch": 44.0, "kernel": 6.0}
 
 
 def precision_of(t: dict) -> str:
@@ -98,6 +110,9 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     scale = tokens / lay.pp * (1 + redo)
     if lora["enabled"] and lora["dropout"] > 0:
         f[f"dropout_{lora['dropout_position']}_elementwise"] = adapted_in * scale
+    loss = chunked_loss_path(r)  # bytes its elementwise passes stream over the logits (the GEMMs are in gemm_bf16)
+    if loss:
+        f["loss_elementwise"] = tokens * m["vocab_size"] / lay.tp / lay.pp * LOSS_BYTES_PER_LOGIT[loss]
     f["layer_calls"] = stage_layers * n_mb * (1 + redo)
     if m["num_moe_experts"]:
         moe_layers = sum(1 for i in range(layers) if moe_layer(m, i)) / lay.pp
