@@ -118,6 +118,12 @@ def test_cpu_without_the_interpreter_is_the_torch_path_bitwise(monkeypatch):
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not ce_kernel.ce_kernel_usable(torch.device("cpu"), torch.float32)
+    # a GPU's fp32 run keeps the torch path too (the contract: an NVIDIA GPU and BF16); its bf16 run takes the kernel
+    monkeypatch.setattr("trainer.model.lora.kernels.triton_runs_on", lambda device: True)
+    assert not ce_kernel.ce_kernel_usable(torch.device("cuda"), torch.float32)
+    assert ce_kernel.ce_kernel_usable(torch.device("cuda"), torch.bfloat16)
+    monkeypatch.undo()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
     def never(*_args):
         raise AssertionError("the CE kernel ran on CPU without the interpreter")

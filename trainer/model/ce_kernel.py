@@ -41,11 +41,16 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def ce_kernel_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """The CE passes run on `device` for logits of `dtype`: an NVIDIA GPU with Triton (never ROCm), or anywhere in
-    Triton's CPU interpreter. No tl.dot here, so fp32 logits are computed in fp32 as well (the GPU's bf16 logits are
-    the case that pays)."""
+    """The CE passes run on `device` for logits of `dtype`: 16-bit logits on an NVIDIA GPU with Triton (never ROCm),
+    or any of _DTYPES in Triton's CPU interpreter (the tests). A GPU's fp32 run keeps the torch path, as the contract
+    says (primus_contract rules_dependent: an NVIDIA GPU and BF16; the bf16 logits are the case that pays, and the
+    GPU's exp would not match torch's fp32 bit for bit; audit, 2026-12-06)."""
+    import os
+
     from trainer.model.lora.kernels import triton_runs_on
 
+    if dtype == torch.float32 and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
     return dtype in _DTYPES and triton_runs_on(device)
 
 

@@ -62,16 +62,11 @@ def auto_blocker(device: torch.device, settings) -> str | None:
 class _Epilogue(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, u, w, a, b, scale, p, act, kernels, products):
-        x2 = x.reshape(-1, x.shape[-1])
-        a_c, b_c = a.to(x.dtype), b.to(x.dtype)
-        xd2, keep = draw(x2, p) if p else (x2, None)
-        h = xd2.mm(a_c.t())
-        y = masked_product(h, b_c.t(), None, 0.0, kernels=kernels and products, scale=scale)  # s h B^T, written once
-        y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
+        y, x2, xd2, keep, h, a_c, b_c = _forward(x, w, a, b, scale, p, kernels and products)
         kept = u.detach() if u is not None else xd2
         ctx.save_for_backward(kept, keep, h, a_c, b_c, w)
         ctx.meta = (scale, p, act if u is not None else None, kernels, x.shape, a.dtype, b.dtype)
-        return y.view(*x.shape[:-1], w.shape[0])
+        return y
 
     @staticmethod
     def backward(ctx, dy):
@@ -100,9 +95,20 @@ def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch
     if u is not None and p:
         raise ValueError("the epilogue path recomputes x = act(u) only without dropout")
     if not (torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)):
+        # the node's own forward ops in its order (s h B^T first, then the base GEMM accumulates): megatron's
+        # recompute runs a layer's first forward without grad and its replay with grad, and in BF16 the other order
+        # rounds differently (audit, 2026-12-06: the two differed in 1 ulp, so recompute was not exact)
         with torch.no_grad():
-            x2 = x.reshape(-1, x.shape[-1])
-            xd2 = draw(x2, p)[0] if p else x2
-            y = torch.addmm(x2.mm(w.t()), xd2.mm(a.to(x.dtype).t()), b.to(x.dtype).t(), alpha=scale)
-            return y.view(*x.shape[:-1], w.shape[0])
+            return _forward(x, w, a, b, scale, p, kernels and products)[0]
     return _Epilogue.apply(x, u, w, a, b, scale, float(p), act, kernels, products)
+
+
+def _forward(x, w, a, b, scale, p, products):
+    """(y, x2, xd2, keep, h, a_c, b_c): x W^T + scale * drop_p(x) A^T B^T, the adapter's product written first."""
+    x2 = x.reshape(-1, x.shape[-1])
+    a_c, b_c = a.to(x.dtype), b.to(x.dtype)
+    xd2, keep = draw(x2, p) if p else (x2, None)
+    h = xd2.mm(a_c.t())
+    y = masked_product(h, b_c.t(), None, 0.0, kernels=products, scale=scale)  # s h B^T, written once
+    y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
+    return y.view(*x.shape[:-1], w.shape[0]), x2, xd2, keep, h, a_c, b_c
