@@ -217,8 +217,8 @@ def norm_fed_targets(t: Mapping) -> list:
 
 
 def epilogue_norm_rules(t: Mapping, profile: str) -> None:
-    """trainer.lora.epilogue_norm: an extension of the epilogue (true, or null where it is on), on a GPU (where TE fuses the norms), with a norm-fed
-    linear among the targets; refused otherwise, never accepted and ignored."""
+    """trainer.lora.epilogue_norm: an extension of the epilogue (true, or null where it is on), on a GPU (where TE
+    fuses the norms), with a norm-fed linear among the targets; refused otherwise, never accepted and ignored."""
     if not t["lora"]["epilogue_norm"]:
         return
     if t["lora"]["epilogue"] is False:

@@ -62,7 +62,7 @@ def auto_blocker(device: torch.device, settings) -> str | None:
 class _Epilogue(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, u, w, a, b, scale, p, act, kernels, products):
-        y, x2, xd2, keep, h, a_c, b_c = _forward(x, w, a, b, scale, p, kernels and products)
+        y, xd2, keep, h, a_c, b_c = _forward(x, w, a, b, scale, p, kernels and products)
         kept = u.detach() if u is not None else xd2
         ctx.save_for_backward(kept, keep, h, a_c, b_c, w)
         ctx.meta = (scale, p, act if u is not None else None, kernels, x.shape, a.dtype, b.dtype)
@@ -104,11 +104,11 @@ def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch
 
 
 def _forward(x, w, a, b, scale, p, products):
-    """(y, x2, xd2, keep, h, a_c, b_c): x W^T + scale * drop_p(x) A^T B^T, the adapter's product written first."""
+    """(y, xd2, keep, h, a_c, b_c): x W^T + scale * drop_p(x) A^T B^T, the adapter's product written first."""
     x2 = x.reshape(-1, x.shape[-1])
     a_c, b_c = a.to(x.dtype), b.to(x.dtype)
     xd2, keep = draw(x2, p) if p else (x2, None)
     h = xd2.mm(a_c.t())
     y = masked_product(h, b_c.t(), None, 0.0, kernels=products, scale=scale)  # s h B^T, written once
     y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
-    return y.view(*x.shape[:-1], w.shape[0]), x2, xd2, keep, h, a_c, b_c
+    return y.view(*x.shape[:-1], w.shape[0]), xd2, keep, h, a_c, b_c
