@@ -77,3 +77,45 @@ def test_a_te_linear_without_parallel_mode_is_whole_on_every_tp_rank(record):
     record(te_duplicated_linear=got)
     assert got == {"duplicated": True, "tp_size": 1, "tokens_per_rank": True, "b_shape": [256, 8],
                    "epilogue_refused": True}
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_the_epilogue_rounds_alike_with_and_without_grad_on_the_gpu(record, p):
+    """megatron's recompute runs a layer's first forward without grad and replays it with grad; with the Triton
+    products on (the default since 2026-12-06) both must give the same BF16 bits (audit, 2026-12-06: the grad-off
+    branch summed in the other order, 1 ulp apart; fixed and checked on the CPU, this is the GPU's kernels)."""
+    from trainer.model.lora.epilogue import epilogue_adapter
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(OUT, HIDDEN, device="cuda", generator=g) * 0.02).bfloat16()
+    x = torch.randn(TOKENS, HIDDEN, device="cuda", generator=g).bfloat16()
+    a = (torch.randn(16, HIDDEN, device="cuda", generator=g) * 0.02).requires_grad_(True)
+    b = (torch.randn(OUT, 16, device="cuda", generator=g) * 0.02).requires_grad_(True)
+    torch.manual_seed(5)
+    with_grad = epilogue_adapter(w, x, a, b, 2.0, p, kernels=True, products=True)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        without = epilogue_adapter(w, x, a, b, 2.0, p, kernels=True, products=True)
+    differing = int((with_grad.detach() != without).sum())
+    record(**{f"differing_p{p}": differing})
+    assert differing == 0
+
+
+def test_full_recompute_keeps_the_bf16_losses_with_the_default_levers(record):
+    """The tiny model on the GPU in BF16 with the defaults (the auto epilogue, the Triton products and the chunked
+    loss's kernel): 4 AdamW steps give the same losses, bit for bit, with full recompute as without."""
+    from tests.model_helpers import tiny_cfg, train_losses
+    from trainer.model.lora.layers import LoRALinear
+
+    def took(model):  # the levers really run: some linear on the epilogue
+        assert any(m.uses_epilogue() for m in model.modules() if isinstance(m, LoRALinear))
+
+    def losses(recompute):
+        cfg = tiny_cfg(trainer={"precision": {"bf16": True}, "recompute": recompute,
+                                "distributed": {"device": "cuda", "backend": "nccl"}})
+        return train_losses(cfg, 4, seed=3, check_model=took)
+
+    plain = losses({})
+    full = losses({"granularity": "full", "method": "uniform", "num_layers": 1})
+    record(plain=plain, full_recompute=full)
+    assert plain == full
