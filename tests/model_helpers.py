@@ -113,7 +113,8 @@ def train_losses(cfg, iters: int, seed: int, check_model=None) -> list[float]:
         for it in range(iters):
             batch = packed_batch(2, 32, [30, 9, 21], vocab=128, seed=it % 2)
             per_token = forward_losses(model, batch)
-            loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+            mask = batch["loss_mask"].to(per_token.device)
+            loss = (per_token * mask).sum() / mask.sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
