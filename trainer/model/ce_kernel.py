@@ -27,6 +27,8 @@ bench/kernel_check.py on the GPU at the 8B's widths.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 try:
@@ -45,8 +47,6 @@ def ce_kernel_usable(device: torch.device, dtype: torch.dtype) -> bool:
     or any of _DTYPES in Triton's CPU interpreter (the tests). A GPU's fp32 run keeps the torch path, as the contract
     says (primus_contract rules_dependent: an NVIDIA GPU and BF16; the bf16 logits are the case that pays, and the
     GPU's exp would not match torch's fp32 bit for bit; audit, 2026-12-06)."""
-    import os
-
     from trainer.model.lora.kernels import triton_runs_on
 
     if dtype == torch.float32 and os.environ.get("TRITON_INTERPRET") != "1":
