@@ -69,6 +69,9 @@ NCCL_LAZY = 1796484700  # trainer.distributed.nccl_eager_init false by default f
 # trainer.recompute.chunked_loss_kernel and trainer.lora.triton_products true, trainer.lora.epilogue null (auto) by
 # default from here (after 28e0737, 2026-12-06: the kernels levers timed and kept)
 KERNELS_ON = 1796537900
+# the epilogue's dh and dB by cuBLAS from here (0d8cd10, 2026-12-05 18:23): rows measured before ran its one-read
+# dh/dB kernel (dual_grad, 2.2-2.5x slower than cuBLAS's two products), whose time the plan no longer counts
+EPILOGUE_CUBLAS = 1796495022
 KERNELS_OFF = ["trainer.recompute.chunked_loss_kernel=false", "trainer.lora.triton_products=false",
                "trainer.lora.epilogue=false"]
 
@@ -145,6 +148,7 @@ def era(file: str) -> tuple[str, list | None]:
 
 def match(row: Row):
     """(resolved recipe, era description) or (None, the reason the row is not planned)."""
+    from primus_contract.rules_precision import epilogue_on
     from primus_slurm.errors import UserError
     from primus_slurm.config.recipe import load_recipe
 
@@ -181,6 +185,9 @@ def match(row: Row):
         return None, ("fp8_param with full recompute (or out of memory) measured before each FP8 transpose was freed "
                       "after its own backward (e87f5d3): every layer's transpose then lived to the end of the "
                       "backward and set the peak; the current code would not reproduce it")
+    if epilogue_on(r["trainer"], r["cluster"]["env_profile"]) and _added_before(row.file, EPILOGUE_CUBLAS):
+        return None, ("the epilogue measured with its one-read dh/dB kernel (dual_grad), replaced by cuBLAS's two "
+                      "products in 0d8cd10: the current code would not reproduce it")
     if p["fp8_param"] and era(row.file)[1] == SECOND[1] and int(d.get("global_batch_size") or 1) > 1:
         return None, ("fp8_param over several micro-batches measured when the transposes were dropped only after "
                       "the whole step's backward (kept across micro-batches)")

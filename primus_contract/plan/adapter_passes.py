@@ -59,9 +59,11 @@ def design_of(lora: dict, tp: int = 1) -> str:
 # cell): fused_swiglu 0.57 / 0.51 (BF16 packed / single-document), 0.20 / 0.49 (FP8), taken as 0.45; the epilogue
 # 0.15 / 0.09 (BF16), taken as 0.12. The pass counts above stay the bytes (bench/adapter_traffic.py); the rest of
 # the saving is what the kernels' own work and the GEMMs beside them hide.
-# The epilogue's 0.12 was fitted with its one-read dh/dB kernel and the pass counts (3, 2); since 2026-12-05 it reads
-# dy twice by cuBLAS (3, 3): provisional until the `kernels` device call times the present form.
-REALIZED = {"fused_swiglu": 0.45, "epilogue": 0.12}
+# The epilogue's present form (dy read twice by cuBLAS, pass counts (3, 3)) was timed on an H100 on 2026-12-06
+# (bench/results/2026-12-06b_h100_speed/, `kernels`: +1.31 % single-document, +1.20 % packed over the defaults then):
+# 0.5 plans +1.23 % / +1.34 % (0.12, fitted on the H200 with the one-read dh/dB kernel it no longer uses, planned
+# +0.29 % / +0.32 %). No H200 row of the present form exists yet.
+REALIZED = {"fused_swiglu": 0.45, "epilogue": 0.5}
 
 
 def _bytes(p: tuple[float, float], lin) -> float:
