@@ -255,13 +255,13 @@ SCHEMA: dict = {
                               "off elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-06, median of 3: "
                               "+1.3 % single-document, +1.2 % packed; real-text loss within the reseeded run's "
                               "spread)"),
-            "epilogue_norm": Field("bool", False, help="with epilogue: true, the epilogue also owns the norm-fed "
-                                   "linears (qkv; fc1, folded or not): torch runs Transformer Engine's fused input "
-                                   "norm, then the epilogue node (fc1 under the SwiGLU fold: the fused path's tap), so "
-                                   "the adapter's input gradient is added in the dgrad GEMM, not in a separate pass "
-                                   "(trainer/model/lora/norm_epilogue.py); GPU runs only (H100 8B BF16, 2026-12-06, "
-                                   "median of 3 over the other levers: +0.9 % single-document, +0.8 % packed; its "
-                                   "real-text loss not yet run: off until it is)"),
+            "epilogue_norm": Field("bool", False, help="with the epilogue on (true, or null where it runs), it "
+                                   "also owns the norm-fed linears (qkv; fc1, folded or not): torch runs Transformer "
+                                   "Engine's fused input norm, then the epilogue node (fc1 under the SwiGLU fold: the "
+                                   "fused path's tap), so the adapter's input gradient is added in the dgrad GEMM, "
+                                   "not in a separate pass (trainer/model/lora/norm_epilogue.py); GPU runs only (H100 "
+                                   "8B BF16, 2026-12-06, median of 3 over the other levers: +0.95 % single-document, "
+                                   "+0.84 % packed; its real-text loss not yet run: off until it is)"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),
