@@ -69,11 +69,11 @@ NCCL_LAZY = 1796484700  # trainer.distributed.nccl_eager_init false by default f
 # trainer.recompute.chunked_loss_kernel and trainer.lora.triton_products true, trainer.lora.epilogue null (auto) by
 # default from here (after 28e0737, 2026-12-06: the kernels levers timed and kept)
 KERNELS_ON = 1796537900
+KERNELS_OFF = ["trainer.recompute.chunked_loss_kernel=false", "trainer.lora.triton_products=false",
+               "trainer.lora.epilogue=false"]
 # the epilogue's dh and dB by cuBLAS from here (0d8cd10, 2026-12-05 18:23): rows measured before ran its one-read
 # dh/dB kernel (dual_grad, 2.2-2.5x slower than cuBLAS's two products), whose time the plan no longer counts
 EPILOGUE_CUBLAS = 1796495022
-KERNELS_OFF = ["trainer.recompute.chunked_loss_kernel=false", "trainer.lora.triton_products=false",
-               "trainer.lora.epilogue=false"]
 
 
 @dataclass

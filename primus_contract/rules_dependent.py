@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, nvidia_run
+from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, triton_kernels_run
 from primus_contract.schema import field_at
 
 
@@ -49,9 +49,7 @@ def _container(r: dict) -> bool:
 
 
 def _nvidia_16bit(r: dict) -> bool:
-    """Where the LoRA and loss Triton kernels run (trainer/model/lora/kernels.py kernels_usable, ce_kernel_usable):
-    an NVIDIA GPU and BF16 (FP32 takes the torch ops: tl.dot would run it in TF32)."""
-    return nvidia_run(r["trainer"], r["cluster"]["env_profile"]) and r["trainer"]["precision"]["bf16"]
+    return triton_kernels_run(r["trainer"], r["cluster"]["env_profile"])
 
 
 def _lora_kernels(r: dict) -> bool:

@@ -113,6 +113,12 @@ def nvidia_run(t: Mapping, profile: str) -> bool:
         device == "cuda" and profile not in ("mi300x", "mi355x"))
 
 
+def triton_kernels_run(t: Mapping, profile: str) -> bool:
+    """Where the LoRA and loss Triton kernels run (trainer/model/lora/kernels.py kernels_usable, trainer/model/
+    ce_kernel.py ce_kernel_usable): an NVIDIA GPU and BF16 (FP32 takes the torch ops: tl.dot would run it in TF32)."""
+    return nvidia_run(t, profile) and bool(t["precision"]["bf16"])
+
+
 def fused_swiglu_on(t: Mapping, profile: str) -> bool:
     """trainer.lora.fused_swiglu as it runs: true / false as written; null (auto) on wherever it applies: an adapter
     on linear_fc1 without post-dropout, no recompute.adapter_inputs scope all|fc2 (fc2's adapter recomputes from

@@ -247,3 +247,21 @@ class FusedNormLinear(torch.nn.Module):
         out = F.linear(ln, self.weight)
         return (out, None, ln) if self.return_layernorm_output else (out, None)
 
+
+def epilogue_branches(device: str, tokens: int, hidden: int, out: int, p: float, kernels: bool = False):
+    """trainer.model.lora.epilogue's node on BF16 inputs, with grad and without (megatron's recompute runs a layer's
+    first forward without grad and replays it with grad): (with_grad output, without-grad output), the same draws."""
+    from trainer.model.lora.epilogue import epilogue_adapter
+
+    g = torch.Generator(device=device).manual_seed(0)
+    w = (torch.randn(out, hidden, device=device, generator=g) * 0.05).bfloat16()
+    x = torch.randn(tokens, hidden, device=device, generator=g).bfloat16()
+    a = (torch.randn(16, hidden, device=device, generator=g) * 0.1).requires_grad_(True)
+    b = (torch.randn(out, 16, device=device, generator=g) * 0.1).requires_grad_(True)
+    torch.manual_seed(5)
+    with_grad = epilogue_adapter(w, x, a, b, 2.0, p, kernels=kernels, products=kernels)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        without = epilogue_adapter(w, x, a, b, 2.0, p, kernels=kernels, products=kernels)
+    assert with_grad.requires_grad and not without.requires_grad
+    return with_grad.detach(), without

@@ -30,7 +30,7 @@ from primus_contract.plan import calibration as cal
 from primus_contract.plan.offload import in_flight_layers, offloaded_layers
 from primus_contract.plan.shapes import (INPUT_NORM_SHARED, Layout, Linear, layer_linears_local, lora_params_local,
                                          moe_layer, stage_layers)
-from primus_contract.rules_precision import nvidia_run
+from primus_contract.rules_precision import triton_kernels_run
 
 GIB = float(1 << 30)
 CHUNK_BYTES = 256 * (1 << 20)  # trainer/model/chunked_loss.py
@@ -43,7 +43,7 @@ def chunked_loss_path(r: dict) -> str | None:
     rec = t["recompute"]
     if not (rec["chunked_loss"] and t["lora"]["enabled"]):
         return None
-    kernel = rec["chunked_loss_kernel"] and t["precision"]["bf16"] and nvidia_run(t, r["cluster"]["env_profile"])
+    kernel = rec["chunked_loss_kernel"] and triton_kernels_run(t, r["cluster"]["env_profile"])
     return "kernel" if kernel else "torch"
 
 

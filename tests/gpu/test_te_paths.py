@@ -84,19 +84,10 @@ def test_the_epilogue_rounds_alike_with_and_without_grad_on_the_gpu(record, p):
     """megatron's recompute runs a layer's first forward without grad and replays it with grad; with the Triton
     products on (the default since 2026-12-06) both must give the same BF16 bits (audit, 2026-12-06: the grad-off
     branch summed in the other order, 1 ulp apart; fixed and checked on the CPU, this is the GPU's kernels)."""
-    from trainer.model.lora.epilogue import epilogue_adapter
+    from tests.model_helpers import epilogue_branches
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = (torch.randn(OUT, HIDDEN, device="cuda", generator=g) * 0.02).bfloat16()
-    x = torch.randn(TOKENS, HIDDEN, device="cuda", generator=g).bfloat16()
-    a = (torch.randn(16, HIDDEN, device="cuda", generator=g) * 0.02).requires_grad_(True)
-    b = (torch.randn(OUT, 16, device="cuda", generator=g) * 0.02).requires_grad_(True)
-    torch.manual_seed(5)
-    with_grad = epilogue_adapter(w, x, a, b, 2.0, p, kernels=True, products=True)
-    torch.manual_seed(5)
-    with torch.no_grad():
-        without = epilogue_adapter(w, x, a, b, 2.0, p, kernels=True, products=True)
-    differing = int((with_grad.detach() != without).sum())
+    with_grad, without = epilogue_branches("cuda", TOKENS, HIDDEN, OUT, p, kernels=True)
+    differing = int((with_grad != without).sum())
     record(**{f"differing_p{p}": differing})
     assert differing == 0
 
