@@ -14,6 +14,8 @@
 #   bash bench/gpu_suite.sh swiglu-realtext   fused_swiglu vs the default on the real-text set, 200 iterations, against a
 #                                     reseeded default (bench/loss_match.py): the condition for turning it on by default
 #   bash bench/gpu_suite.sh kernels-realtext   the same for the kernels levers on by default since 2026-12-06
+#   bash bench/gpu_suite.sh fp8attn-realtext   FP8 attention's loss: one document a row, on a head-dim-128 base made
+#                                     first (~40 s; TE's FP8 attention runs head dim 128 only), FP8
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh adapter-gemms   each LoRA adapter product at the 8B widths against its memory bound (~20 s)
 #   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
@@ -153,17 +155,17 @@ case "${1:-}" in
   kernels)  # issue 37: the levers timed on 2026-12-06 (H100) and on by default since, each switched OFF against the
             # defaults (`default`), and all three off together, interleaved (see interleaved_call): the chunked loss's
             # Triton passes (ce-off: chunked_loss_kernel), the unmasked adapter products in Triton (products-off:
-            # lora.triton_products), the epilogue's auto (epilogue-off; BF16 only: in FP8 it equals default); and the
-            # candidates still opt-in switched ON: the epilogue with the norm-fed linears too (norm-on:
-            # lora.epilogue_norm; FP8 refuses it, one error row) and ainorm-on (the RMSNorm-fed adapters norm x
-            # themselves, recompute.adapter_inputs scope norm: in FP8 TE then fuses its norm with the quantize; lost
-            # 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB). `default` kept against an -off variant: that lever still
+            # lora.triton_products), the epilogue's auto (epilogue-off; BF16 only: in FP8 it equals default), the
+            # norm-fed linears in it (norm-off: lora.epilogue_norm, null by default since the twelfth session; in
+            # FP8 it equals default); and the candidate still opt-in switched ON: ainorm-on (the RMSNorm-fed
+            # adapters norm x themselves, recompute.adapter_inputs scope norm: in FP8 TE then fuses its norm with
+            # the quantize; lost 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB). `default` kept against an -off variant: that lever still
             # pays; an -on variant kept against `default`: it goes on by default (its median above default's max).
-            # VARIANTS="default all-off norm-on" keeps only those (a short call)
+            # VARIANTS="default all-off norm-off" keeps only those (a short call)
     picked=()
     for v in default= ce-off=trainer.recompute.chunked_loss_kernel=false \
         products-off=trainer.lora.triton_products=false epilogue-off=trainer.lora.epilogue=false \
-        norm-on=trainer.lora.epilogue_norm=true \
+        norm-off=trainer.lora.epilogue_norm=false \
         ainorm-on=trainer.recompute.adapter_inputs=true,trainer.recompute.adapter_inputs_scope=norm \
         all-off=trainer.recompute.chunked_loss_kernel=false,trainer.lora.triton_products=false,trainer.lora.epilogue=false; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
@@ -179,6 +181,16 @@ case "${1:-}" in
       "trainer.recompute.chunked_loss_kernel=false trainer.lora.triton_products=false trainer.lora.epilogue=false" \
       "trainer.recompute.chunked_loss_kernel=true trainer.lora.triton_products=true trainer.lora.epilogue=null" \
       trainer.recompute.chunked_loss_kernel=true ;;
+  fp8attn-realtext)  # the condition for FP8 attention on by default in FP8 one-document runs: the real-text set with
+                     # packing false, on a base of the same widths with one head (head dim 128, made first by
+                     # scripts/make_realtext_base.py: the committed base's 4 heads of 32 have no FP8 attention backend,
+                     # 2026-12-06), a and c without FP8 attention, b with it; FP8 only
+    HD=/tmp/realtext-hd128/base
+    [ -f "$HD/config.json" ] || python3 scripts/make_realtext_base.py --heads 1 --out "$HD" --threads 8 \
+      | tee -a "$OUT/fp8attn-realtext-base.jsonl"
+    PRECISIONS=fp8 bash bench/realtext_ab.sh fp8attn-realtext "trainer.data.packing=false \
+trainer.model.num_attention_heads=1 trainer.model.num_query_groups=1 trainer.checkpoint.pretrained=$HD" "" \
+      trainer.precision.fp8_dot_product_attention=true ;;
   adapter-gemms)  # issue 37: which of the adapters' skinny GEMMs is furthest from its bytes' bound (~20 s)
     python3 bench/adapter_gemms.py 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/adapter-gemms.jsonl" ;;
   swiglu-profile)  # issue 37: why fused_swiglu gave nothing in FP8 single-document (2026-12-04, one run a cell): the

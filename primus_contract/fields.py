@@ -214,8 +214,9 @@ SCHEMA: dict = {
             # trainer runs plain causal attention without PackedSeqParams (trainer/model/inputs.py)
             "fp8_dot_product_attention": Field("bool", False, help="attention in FP8 (TE's fused attention; "
                                                "megatron-core fp8_dot_product_attention): needs fp8 delayed or "
-                                               "tensorwise, a GPU and trainer.data.packing: false (one document a "
-                                               "row); not yet measured on a GPU"),
+                                               "tensorwise, a GPU, head dim 128 and trainer.data.packing: false (one "
+                                               "document a row); 8B FP8 one-document +4.5 % on an H200 "
+                                               "(2026-12-06), its real-text loss not yet checked"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),
@@ -255,13 +256,15 @@ SCHEMA: dict = {
                               "off elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-06, median of 3: "
                               "+1.3 % single-document, +1.2 % packed; real-text loss within the reseeded run's "
                               "spread)"),
-            "epilogue_norm": Field("bool", False, help="with the epilogue on (true, or null where it runs), it "
-                                   "also owns the norm-fed linears (qkv; fc1, folded or not): torch runs Transformer "
-                                   "Engine's fused input norm, then the epilogue node (fc1 under the SwiGLU fold: the "
-                                   "fused path's tap), so the adapter's input gradient is added in the dgrad GEMM, "
-                                   "not in a separate pass (trainer/model/lora/norm_epilogue.py); GPU runs only (H100 "
-                                   "8B BF16, 2026-12-06, median of 3 over the other levers: +0.95 % single-document, "
-                                   "+0.84 % packed; its real-text loss not yet run: off until it is)"),
+            "epilogue_norm": Field("bool", None, nullable=True, help="the epilogue (where it is on) also owns the "
+                                   "norm-fed linears (qkv; fc1, folded or not): torch runs Transformer Engine's fused "
+                                   "input norm, then the epilogue node (fc1 under the SwiGLU fold: the fused path's "
+                                   "tap), so the adapter's input gradient is added in the dgrad GEMM, not in a "
+                                   "separate pass (trainer/model/lora/norm_epilogue.py); GPU runs only; true: refused "
+                                   "where it cannot run; null (default): wherever the epilogue is on "
+                                   "(rules_precision.epilogue_norm_on) (H100 8B BF16, 2026-12-06, median of 3: +0.95 % "
+                                   "single-document, +0.84 % packed; real-text loss within the reseeded run's spread "
+                                   "on an H200, 2026-12-06)"),
         },
         "recompute": {
             "granularity": _opt("str", choices=("full", "selective")),

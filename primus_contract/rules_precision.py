@@ -195,7 +195,7 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     # device auto without a GPU profile may land on a GPU, where TE's spec fuses qkv/fc1 with their norms: the
     # owners must hold there too (the trainer refuses at its start otherwise)
     maybe_gpu = run_device(t, profile) != "cpu"
-    if not epilogue_owners(t, profile, te=maybe_gpu) and not t["lora"]["epilogue_norm"]:
+    if not epilogue_owners(t, profile, te=maybe_gpu) and not epilogue_norm_on(t, profile):
         where = "on a GPU, where Transformer Engine fuses qkv and fc1 with their norms" if maybe_gpu else "here"
         fail(f"`trainer.lora.epilogue` has no linear to own {where}: its targets are experts, replicated, norm-fed "
              "or fc1 folded by fused_swiglu; target linear_proj / linear_fc2, or set epilogue: false")
@@ -261,6 +261,19 @@ def epilogue_on(t: Mapping, profile: str) -> bool:
     if lora["dropout"] and lora["dropout_position"] == "post":
         return False
     return nvidia_run(t, profile) and bool(epilogue_owners(t, profile))
+
+
+def epilogue_norm_on(t: Mapping, profile: str) -> bool:
+    """trainer.lora.epilogue_norm as it runs: true / false as written; null (auto) wherever the epilogue is on, on a
+    GPU (TE's norm-fused qkv and fc1), with a norm-fed target whose adapter reads the norm's output (no
+    recompute.adapter_inputs scope all|norm: that folds the norm into A). The trainer decides null per linear by the
+    same structure (trainer/model/lora/layers.py uses_norm_epilogue)."""
+    value = t["lora"]["epilogue_norm"]
+    if value is not None:
+        return bool(value)
+    rec = t["recompute"]
+    folded = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "norm")
+    return epilogue_on(t, profile) and _on_gpu(t, profile) and not folded and bool(norm_fed_targets(t))
 
 
 def recipe_precision_rules(t: Mapping, profile: str) -> None:

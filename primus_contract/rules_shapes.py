@@ -13,6 +13,10 @@ from primus_contract.rules_data import sample_length
 
 MULTIPLE = 16
 TOKEN_MULTIPLE = 8  # the input's leading dims (the tokens of a micro-batch), as TE's message above says
+# TE 2.20.2's FP8 attention (cuDNN fused attention) on an H200, 2026-12-06, sbhd causal, forward and backward: head
+# dim 128 runs; 32, 64, 96 and 256 raise "No dot product attention backend is available" in the first forward
+# (bench/results/2026-12-06c_h200_speed/fp8attn-probe.jsonl)
+FP8_ATTENTION_HEAD_DIMS = (128,)
 
 
 def linear_dims(m: dict, tp: int) -> list:
@@ -46,11 +50,28 @@ def linear_dims(m: dict, tp: int) -> list:
     return dims
 
 
+def fp8_attention_head_rule(m: dict) -> None:
+    """fp8_dot_product_attention only where TE's FP8 attention has a backend: head dim 128, q, k and v alike."""
+    if m["multi_latent_attention"]:
+        qk, v = (m["qk_head_dim"] or 0) + (m["qk_pos_emb_head_dim"] or 0), m["v_head_dim"]
+        dims = f"multi-latent attention's q/k head dim {qk} and v head dim {v}"
+        ok = qk == v and v in FP8_ATTENTION_HEAD_DIMS
+    else:
+        d = m["kv_channels"] or m["hidden_size"] // m["num_attention_heads"]
+        dims, ok = f"head dim {d} (from trainer.model)", d in FP8_ATTENTION_HEAD_DIMS
+    if not ok:
+        allowed = " or ".join(map(str, FP8_ATTENTION_HEAD_DIMS))
+        fail(f"`trainer.precision.fp8_dot_product_attention` needs attention head dim {allowed} (Transformer Engine's "
+             f"FP8 attention has no backend for others); this model has {dims}: set fp8_dot_product_attention: false")
+
+
 def fp8_shape_rules(t: dict) -> None:
     """With fp8 set, every FP8 linear's shard dims are multiples of 16 and a micro-batch's tokens of 8 (TE refuses the
-    first forward otherwise)."""
+    first forward otherwise), and FP8 attention's head dim is one TE runs."""
     if not t["precision"]["fp8"]:
         return
+    if t["precision"]["fp8_dot_product_attention"]:
+        fp8_attention_head_rule(t["model"])
     d, mbs = t["data"], t["schedule"]["micro_batch_size"]
     sample = sample_length(d["seq_length"], d["pad_to_multiple_of"])  # every row's length, packed or not
     if (mbs * sample) % TOKEN_MULTIPLE:  # (sequence parallelism gathers them before each FP8 GEMM)

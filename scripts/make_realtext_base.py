@@ -18,7 +18,7 @@ Generated from the running Python's standard library: README.txt records the ver
 came from (this script rewrites its base/ paragraph). Same Python, torch and thread count -> bit-identical
 weights.
 
-Usage: python scripts/make_realtext_base.py [--out recipes/data/realtext/base] [--steps 200] [--seed 11]
+Usage: python scripts/make_realtext_base.py [--out recipes/data/realtext/base] [--steps 200] [--seed 11] [--heads N]
 """
 from __future__ import annotations
 
@@ -59,7 +59,11 @@ def train(args) -> dict:
     tok = load_tokenizer(os.path.join(args.data, "tokenizer"))
     texts, val = corpus(args.data)
     docs, held = tokenize([[t] for t in texts], tok), tokenize([[t] for t in val], tok)
-    model = new_model(llama_config(vocab_size=VOCAB_SIZE), tok)
+    config = llama_config(vocab_size=VOCAB_SIZE)
+    if args.heads:  # the same widths, other attention heads (e.g. 1: head dim 128, what TE's FP8 attention takes)
+        config.num_attention_heads = config.num_key_value_heads = args.heads
+        config.head_dim = config.hidden_size // args.heads
+    model = new_model(config, tok)
     res = pretrain(model, docs, held, tok.pad_token_id, steps=args.steps, batch_size=args.batch, lr=args.lr,
                    warmup=args.warmup, seed=args.seed, eval_every=args.eval_every, weight_decay=args.weight_decay)
     save(model, args.out, args.bf16)
@@ -102,6 +106,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (part of what makes the weights exact)")
+    ap.add_argument("--heads", type=int, help="attention heads (one key/value group each; default: tiny_llama's 4 "
+                    "heads in 2 groups); a base with --heads 1 runs bench/gpu_suite.sh fp8attn-realtext")
     ap.add_argument("--bf16", action="store_true", help="save the weights in bf16 (default fp32)")
     args = ap.parse_args()
     print(json.dumps(train(args)))

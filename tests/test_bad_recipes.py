@@ -53,6 +53,9 @@ BAD = [
      "`trainer.precision.fp8` needs a GPU with Transformer Engine"),  # on CPU: refused like fp8
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, data: {packing: false}, precision: "
      "{fp8_dot_product_attention: true, fp8: hybrid, fp8_recipe: blockwise}}", "runs with fp8_recipe delayed or"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, data: {packing: false}, precision: "
+     "{fp8_dot_product_attention: true, fp8: hybrid}}", "needs attention head dim 128 (Transformer Engine's FP8 "
+     "attention has no backend for others); this model has head dim 32 (from trainer.model)"),
     ("trainer: {recompute: {activation_offload_layers: 1}}",
      "`trainer.recompute.activation_offload_layers` needs a GPU with Transformer Engine"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, recompute: {activation_offload_layers: 2}}",

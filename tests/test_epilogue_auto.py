@@ -86,3 +86,37 @@ def test_the_build_takes_it_where_auto_is_on_and_says_why_not_elsewhere(monkeypa
         built = build(cfg, info.device)
         line = dict(built.lines)["lora epilogue"]
         assert line.startswith("lora epilogue | base GEMMs accumulate the adapters | 6 of 8 linears"), line
+
+
+@pytest.mark.parametrize("sets, profile, on", [
+    ((), "h200", True),                                                     # the default: null, the epilogue on
+    (("trainer.lora.epilogue_norm=false",), "h200", False),                 # as written
+    (("trainer.precision.fp8=hybrid",), "h200", False),                     # the epilogue is off under FP8
+    ((), "mi300x", False),                                                  # and off on AMD
+    (("trainer.lora.target_modules=[linear_proj,linear_fc2]",), "h200", False),  # no norm-fed target
+    (("trainer.recompute.adapter_inputs=true", "trainer.recompute.adapter_inputs_scope=norm"), "h200", False),
+    (("trainer.recompute.adapter_inputs=true", "trainer.recompute.adapter_inputs_scope=fc2"), "h200", True),
+    (("trainer.lora.epilogue=true", "trainer.distributed.device=cpu", "trainer.distributed.backend=gloo"), "cpu",
+     False),                                                                # no TE norm-fused linear on a CPU
+])
+def test_the_norm_epilogue_resolves_null_where_the_epilogue_is_on(sets, profile, on):
+    from primus_contract.rules_precision import epilogue_norm_on
+
+    assert epilogue_norm_on(*_t(*sets, profile=profile)) is on
+
+
+@pytest.mark.parametrize("value, taken", [(None, True), (True, True), (False, False)])
+def test_the_trainer_wraps_norm_fed_linears_with_the_norm_epilogue_unless_it_is_false(value, taken):
+    """null reaches each LoRALinear as `on where it applies` (the contract's epilogue_norm_on resolves it alike)."""
+    from tests.model_helpers import FusedNormLinear
+    from trainer.model.lora.layers import apply_lora
+
+    model = torch.nn.Module()
+    model.linear_qkv = FusedNormLinear(32, 48, seed=1)
+    lcfg = types.SimpleNamespace(enabled=True, target_modules=["linear_qkv"], exclude_modules=[], dim=4, alpha=8,
+                                 dropout=0.0, dropout_position="pre", a_init="kaiming", b_init="zero", fused=True,
+                                 epilogue=True, epilogue_norm=value, triton_products=False)
+    assert apply_lora(model, lcfg) == ["linear_qkv"]
+    assert model.linear_qkv.uses_norm_epilogue() is taken
+    model.linear_qkv.epilogue = False  # the epilogue off (false, or auto off on this node): the norm path too
+    assert model.linear_qkv.uses_norm_epilogue() is False

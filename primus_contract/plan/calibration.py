@@ -22,6 +22,10 @@ OUTSIDE_TORCH_GIB = {True: 8.88, False: 0.73}
 CONTEXT_HEADROOM_GIB = 0.51   # a CUDA context's worth once more: ALLOCATOR_MARGIN's fit line was set with it (eager)
 NCCL_FIRST_COMM_GIB = 0.66    # lazy, world size > 1: the first communicator a process makes (one all-reduce)
 NCCL_COMM_GIB = 0.38          # each further one (the same probe; NCCL's default buffers and channels)
+# Attention's time with TE's FP8 attention (precision.fp8_dot_product_attention) over its BF16 time: the 8B FP8
+# one-document shape on an H200 (2026-12-06c_h200_speed/levers-fp8.jsonl, medians of 3) ran 421.3 ms a step with it
+# against 442.0 ms without, 20.7 ms of the 90.0 ms this model plans for attention there. Not a fitted cost: one shape.
+FP8_ATTENTION_TIME = 0.77
 
 # --- fitted by scripts/plan_calibrate.py ---
 COST = {

@@ -30,6 +30,9 @@ gradient over them once (trainer/model/ce_kernel.py: 6 bytes). One cost a byte, 
 (the kernel's rows are all H100s': they test it), prices both. Without chunked_loss, megatron's own loss has no
 feature (its passes are in the other costs, as before).
 
+FP8 attention (precision.fp8_dot_product_attention) scales the attention feature by calibration.FP8_ATTENTION_TIME,
+measured on one shape.
+
 Packed sequences are assumed to hold documents like the benchmarks' GovReport-like packs (sum of squared lengths
 PACKED_ATTENTION_FILL x seq^2), unpacked one a sequence.
 """
@@ -38,7 +41,7 @@ from __future__ import annotations
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
-from primus_contract.rules_precision import epilogue_on, fused_swiglu_on
+from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fused_swiglu_on
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.memory import chunked_loss_path, offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
@@ -66,9 +69,10 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     """Work per GPU per step, by feature (FLOPs, element counts, calls, bytes)."""
     t = r["trainer"]
     m, rec = t["model"], t["recompute"]
-    # null fused_swiglu (auto): as it will run on this recipe's machine
+    # null fused_swiglu / epilogue / epilogue_norm (auto): as they will run on this recipe's machine
     lora = {**t["lora"], "fused_swiglu": fused_swiglu_on(t, r["cluster"]["env_profile"]),
-            "epilogue": epilogue_on(t, r["cluster"]["env_profile"])}
+            "epilogue": epilogue_on(t, r["cluster"]["env_profile"]),
+            "epilogue_norm": epilogue_norm_on(t, r["cluster"]["env_profile"])}
     precision = precision_of(t)
     gclass = _gemm_class(precision)
     n_mb = lay.micro_batches
@@ -90,6 +94,8 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     f[f"expert_gemm_{gclass}"] = tokens * expert_fwd * (2 + redo) / split
     f["gemm_bf16"] += tokens * head * 2 / lay.tp / lay.pp
     f["attention"] = flops.attention_fwd_flops(m, n_mb * lay.mbs * fill * lay.seq ** 2) * (3 + redo) / split
+    if t["precision"]["fp8_dot_product_attention"]:
+        f["attention"] *= cal.FP8_ATTENTION_TIME
     f["gemm_bf16"] += tokens * flops.lora_fwd_flops_per_token(m, lora) * (3 + redo) / split
     stage_layers = layers / lay.pp
     volume = stage_layers * tokens * m["hidden_size"] / lay.seq_shard * (1 + redo)

@@ -173,13 +173,13 @@ def _epilogue(model, ctx: BuildContext) -> str:
                           "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
     # a rank whose layers hold no norm-fed target (a pipeline stage of MoE layers only) has nothing to take; one
     # that holds some the path cannot take refuses (the contract checked the model has norm-fed targets)
-    if ctx.cfg.trainer.lora.epilogue_norm and not normed and any(m.fused_norm for m in wrapped):
+    if ctx.cfg.trainer.lora.epilogue_norm is True and not normed and any(m.fused_norm for m in wrapped):
         raise ConfigError("trainer.lora.epilogue_norm: no wrapped norm-fused linear here whose norm and GEMM this "
                           "path can own (TE's LayerNormLinear, RMSNorm/LayerNorm, 16/32-bit, no bias); set "
                           "epilogue_norm: false")
     how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "torch ops (no Triton device here, or a rank above the kernels')")
-    norm = f" (norm-fed {normed})" if ctx.cfg.trainer.lora.epilogue_norm else ""
+    norm = f" (norm-fed {normed})" if normed or ctx.cfg.trainer.lora.epilogue_norm else ""
     return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears{norm} | {how}"
 
 

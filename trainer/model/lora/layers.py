@@ -135,7 +135,10 @@ class LoRALinear(nn.Module):
         self.swiglu_folded = False  # set by trainer.model.lora.swiglu: its MLP calls forward_parts, never forward
         self.fused = bool(fused)  # trainer.lora.fused: trainer.model.lora.fused where the layout allows
         self.epilogue = bool(epilogue)  # trainer.lora.epilogue: trainer.model.lora.epilogue where it owns the GEMM
-        self.epilogue_norm = bool(epilogue_norm)  # trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue
+        # trainer.lora.epilogue_norm true or null (auto): trainer.model.lora.norm_epilogue wherever this linear's
+        # epilogue is on and its structure lets it (uses_norm_epilogue); the contract resolves null alike
+        # (primus_contract.rules_precision.epilogue_norm_on)
+        self.epilogue_norm = bool(epilogue_norm)
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
 
         weight = base.weight
@@ -353,7 +356,8 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             dropout_position=lcfg.dropout_position, a_init=lcfg.a_init, b_init=lcfg.b_init,
             tp_size=tp_size, tp_rank=tp_rank, sequence_parallel=sequence_parallel,
             seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)),
-            epilogue=bool(getattr(lcfg, "epilogue", False)), epilogue_norm=bool(getattr(lcfg, "epilogue_norm", False)),
+            epilogue=bool(getattr(lcfg, "epilogue", False)),
+            epilogue_norm=getattr(lcfg, "epilogue_norm", False) is not False,
             triton_products=bool(getattr(lcfg, "triton_products", False)))
         setattr(parent, leaf, wrapped)
     return names
