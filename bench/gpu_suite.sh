@@ -189,7 +189,7 @@ case "${1:-}" in
     [ -f "$HD/config.json" ] || python3 scripts/make_realtext_base.py --heads 1 --out "$HD" --threads 8 \
       | tee -a "$OUT/fp8attn-realtext-base.jsonl"
     PRECISIONS=fp8 bash bench/realtext_ab.sh fp8attn-realtext "trainer.data.packing=false \
-trainer.model.num_attention_heads=1 trainer.model.num_query_groups=1 trainer.checkpoint.pretrained=$HD" "" \
+trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_heads=1 trainer.model.num_query_groups=1 trainer.checkpoint.pretrained=$HD" "" \
       trainer.precision.fp8_dot_product_attention=true ;;
   adapter-gemms)  # issue 37: which of the adapters' skinny GEMMs is furthest from its bytes' bound (~20 s)
     python3 bench/adapter_gemms.py 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/adapter-gemms.jsonl" ;;
@@ -230,7 +230,8 @@ trainer.model.num_attention_heads=1 trainer.model.num_query_groups=1 trainer.che
            # of ~25-30 s (the 8B build inside one process is unmeasured); every process has its share of BUDGET_S
            # (default 540 s, 3:2 FP8:BF16) and starts no block past it, so the call returns within 600 s
     end=$(( $(date +%s) + ${BUDGET_S:-540} )) precs=(${PRECISIONS:-fp8 bf16}) weights=(3 2) i=0
-    LV=(--variant thd= --variant sbhd=trainer.data.packing=false
+    # (FP8 attention is null, on by default in FP8 one-document rows since the twelfth session: sbhd switches it off)
+    LV=(--variant thd= --variant sbhd=trainer.data.packing=false,trainer.precision.fp8_dot_product_attention=false
         --variant sbhd-fp8attn=trainer.data.packing=false,trainer.precision.fp8_dot_product_attention=true)
     { timeout 150 python3 bench/lora_ceiling.py fp8_delayed fp8_delayed fp8_delayed bf16 bf16 bf16
       for p in "${precs[@]}"; do
@@ -450,5 +451,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|kernels|epilogue-70b|swiglu-profile|levers|offload-70b|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|kernels|epilogue-70b|swiglu-profile|levers|offload-70b|fp8attn-realtext|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac

@@ -74,6 +74,9 @@ KERNELS_OFF = ["trainer.recompute.chunked_loss_kernel=false", "trainer.lora.trit
 # trainer.lora.epilogue_norm null (wherever the epilogue is on) by default from here (twelfth session, 2026-12-06:
 # its real-text loss within spread on an H200); rows added before ran it off
 NORM_AUTO = 1796546114
+# trainer.precision.fp8_dot_product_attention null (on for FP8 one-document rows at head dim 128) by default from
+# here (twelfth session): rows added before ran it off unless they set it
+FP8ATTN_AUTO = 1796546991
 # the epilogue's dh and dB by cuBLAS from here (0d8cd10, 2026-12-05 18:23): rows measured before ran its one-read
 # dh/dB kernel (dual_grad, 2.2-2.5x slower than cuBLAS's two products), whose time the plan no longer counts
 EPILOGUE_CUBLAS = 1796495022
@@ -172,6 +175,8 @@ def match(row: Row):
         era_overrides = [*KERNELS_OFF, *era_overrides]
     if _added_before(row.file, NORM_AUTO):  # the norm epilogue opt-in (a row's own epilogue=true ran without it)
         era_overrides = ["trainer.lora.epilogue_norm=false", *era_overrides]
+    if _added_before(row.file, FP8ATTN_AUTO):  # FP8 attention opt-in
+        era_overrides = ["trainer.precision.fp8_dot_product_attention=false", *era_overrides]
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [

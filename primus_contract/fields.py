@@ -212,11 +212,14 @@ SCHEMA: dict = {
                                       "scope all|fc2"),
             # TE's FP8 fused attention takes bshd/sbhd only: with packing false every row is one document and the
             # trainer runs plain causal attention without PackedSeqParams (trainer/model/inputs.py)
-            "fp8_dot_product_attention": Field("bool", False, help="attention in FP8 (TE's fused attention; "
-                                               "megatron-core fp8_dot_product_attention): needs fp8 delayed or "
-                                               "tensorwise, a GPU, head dim 128 and trainer.data.packing: false (one "
-                                               "document a row); 8B FP8 one-document +4.5 % on an H200 "
-                                               "(2026-12-06), its real-text loss not yet checked"),
+            "fp8_dot_product_attention": Field("bool", None, nullable=True, help="attention in FP8 (TE's fused "
+                                               "attention; megatron-core fp8_dot_product_attention): needs fp8 "
+                                               "delayed or tensorwise, a GPU of compute capability >= 9.0, head dim "
+                                               "128 and trainer.data.packing: false (one document a row); true: "
+                                               "refused where it cannot run; null (default): on wherever it can "
+                                               "(rules_precision.fp8_attention_on; context parallelism 1), off "
+                                               "elsewhere (8B FP8 one-document, median of 3: +4.5 % on an H200, "
+                                               "+3.8 / +4.3 % on an H100, 2026-12-06; real-text loss within spread)"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),
@@ -261,7 +264,8 @@ SCHEMA: dict = {
                                    "input norm, then the epilogue node (fc1 under the SwiGLU fold: the fused path's "
                                    "tap), so the adapter's input gradient is added in the dgrad GEMM, not in a "
                                    "separate pass (trainer/model/lora/norm_epilogue.py); GPU runs only; true: refused "
-                                   "where it cannot run; null (default): wherever the epilogue is on "
+                                   "where it cannot run; null (default): wherever the epilogue is on, unless "
+                                   "recompute.adapter_inputs scope all|norm folds the norm into A "
                                    "(rules_precision.epilogue_norm_on) (H100 8B BF16, 2026-12-06, median of 3: +0.95 % "
                                    "single-document, +0.84 % packed; real-text loss within the reseeded run's spread "
                                    "on an H200, 2026-12-06)"),

@@ -128,6 +128,13 @@ def fp4_native_error(s, env: Environment) -> Optional[str]:
 _FP8_PROBE = SimpleNamespace(fp8="hybrid", fp8_recipe="tensorwise")
 
 
+def fp8_attention_runs(env: Environment) -> bool:
+    """TE's FP8 attention can run on `env`: Transformer Engine on an NVIDIA GPU of compute capability >= 9.0 (where
+    fp8_dot_product_attention null turns on; elsewhere it stays off, never refused)."""
+    return (env.device == "cuda" and not env.is_rocm and env.has_te and env.cuda_cc is not None
+            and env.cuda_cc >= FP8_ATTENTION_MIN_CC)
+
+
 def offload_error(layers: int, env: Environment) -> Optional[str]:
     """trainer.recompute.activation_offload_layers runs in TE's offload context (megatron-core's TransformerBlock
     asserts TE); None when it can run on `env`."""

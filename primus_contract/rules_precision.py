@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from primus_contract.errors import fail
+from primus_contract.rules_shapes import fp8_attention_heads_ok
 
 P = "trainer.precision"
 FP4_FLAGS = ("fp4_param", "fp4_emulation", "fp4_stochastic_rounding", "fp4_random_hadamard")
@@ -195,10 +196,12 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     # device auto without a GPU profile may land on a GPU, where TE's spec fuses qkv/fc1 with their norms: the
     # owners must hold there too (the trainer refuses at its start otherwise)
     maybe_gpu = run_device(t, profile) != "cpu"
-    if not epilogue_owners(t, profile, te=maybe_gpu) and not epilogue_norm_on(t, profile):
+    # (a norm-fed owner only where the run is known to be on a GPU: device auto may land on a CPU, which has none)
+    if not epilogue_owners(t, profile, te=maybe_gpu) and not (epilogue_norm_on(t, profile) and _on_gpu(t, profile)):
         where = "on a GPU, where Transformer Engine fuses qkv and fc1 with their norms" if maybe_gpu else "here"
         fail(f"`trainer.lora.epilogue` has no linear to own {where}: its targets are experts, replicated, norm-fed "
-             "or fc1 folded by fused_swiglu; target linear_proj / linear_fc2, or set epilogue: false")
+             "(with epilogue_norm false, or recompute.adapter_inputs scope all|norm) or fc1 folded by fused_swiglu; "
+             "target linear_proj / linear_fc2, or set epilogue: false")
 
 
 def _no_dense_mlp(m: Mapping) -> bool:
@@ -250,8 +253,8 @@ def epilogue_norm_rules(t: Mapping, profile: str) -> None:
 def epilogue_on(t: Mapping, profile: str) -> bool:
     """trainer.lora.epilogue as it runs: true / false as written; null (auto) on for a BF16 run on an NVIDIA GPU
     (where it was measured: H100 8B, 2026-12-05, +0.9 % / +0.5 % on top of fused_swiglu) without FP8/FP4, at TP 1,
-    without post-dropout, where some linear can own its base GEMM. The trainer decides auto by the same conditions
-    on its node (trainer/model/lora/epilogue.py auto_blocker)."""
+    without post-dropout, where some linear can own its base GEMM (a norm-fed one too, unless epilogue_norm is false).
+    The trainer decides auto by the same conditions on its node (trainer/model/lora/epilogue.py auto_blocker)."""
     value = t["lora"]["epilogue"]
     if value is not None:
         return bool(value)
@@ -260,20 +263,47 @@ def epilogue_on(t: Mapping, profile: str) -> bool:
         return False
     if lora["dropout"] and lora["dropout_position"] == "post":
         return False
-    return nvidia_run(t, profile) and bool(epilogue_owners(t, profile))
+    norm = t["lora"]["epilogue_norm"] is not False and _norm_owners(t, profile)
+    return nvidia_run(t, profile) and (bool(epilogue_owners(t, profile)) or norm)
+
+
+def _norm_owners(t: Mapping, profile: str) -> bool:
+    """Some targeted linear the norm epilogue could own where the epilogue is on: a device that may be a GPU (TE's
+    norm-fused qkv and fc1), a norm-fed target whose adapter reads the norm's output (no recompute.adapter_inputs
+    scope all|norm: that folds the norm into A)."""
+    rec = t["recompute"]
+    folded = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "norm")
+    return run_device(t, profile) != "cpu" and not folded and bool(norm_fed_targets(t))
 
 
 def epilogue_norm_on(t: Mapping, profile: str) -> bool:
-    """trainer.lora.epilogue_norm as it runs: true / false as written; null (auto) wherever the epilogue is on, on a
-    GPU (TE's norm-fused qkv and fc1), with a norm-fed target whose adapter reads the norm's output (no
-    recompute.adapter_inputs scope all|norm: that folds the norm into A). The trainer decides null per linear by the
-    same structure (trainer/model/lora/layers.py uses_norm_epilogue)."""
+    """trainer.lora.epilogue_norm as it runs: true / false as written; null (auto) wherever the epilogue is on and a
+    norm-fed linear can take it (_norm_owners). The trainer decides null per linear by the same structure
+    (trainer/model/lora/layers.py uses_norm_epilogue; with the epilogue null, a norm-fed owner keeps it on)."""
     value = t["lora"]["epilogue_norm"]
     if value is not None:
         return bool(value)
-    rec = t["recompute"]
-    folded = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "norm")
-    return epilogue_on(t, profile) and _on_gpu(t, profile) and not folded and bool(norm_fed_targets(t))
+    return epilogue_on(t, profile) and _norm_owners(t, profile)
+
+
+def fp8_attention_fits(t: Mapping) -> bool:
+    """The recipe side of fp8_dot_product_attention null (auto): FP8 with a recipe TE has FP8 attention for (delayed,
+    tensorwise), one document a row (packing false: TE's FP8 attention takes bshd/sbhd), context parallelism 1, and
+    head dims TE's FP8 attention runs (128). The node adds compute capability >= 9.0 and Transformer Engine
+    (trainer/precision/gating.py resolve: auto stays off where they lack, never refused)."""
+    p = t["precision"]
+    return (bool(p["fp8"]) and p["fp8_recipe"] in FP8_ATTENTION_RECIPES and not t["data"]["packing"]
+            and t["parallelism"]["context"] == 1 and fp8_attention_heads_ok(t["model"]))
+
+
+def fp8_attention_on(t: Mapping, profile: str) -> bool:
+    """trainer.precision.fp8_dot_product_attention as it runs: true / false as written; null (auto) where
+    fp8_attention_fits on an NVIDIA GPU (Llama-3-8B shape FP8 one document a row, median of 3: +4.5 % on an H200 and
+    +3.8 / +4.3 % on an H100 on 2026-12-06; its real-text loss within the reseeded run's spread)."""
+    value = t["precision"]["fp8_dot_product_attention"]
+    if value is not None:
+        return bool(value)
+    return fp8_attention_fits(t) and nvidia_run(t, profile)
 
 
 def recipe_precision_rules(t: Mapping, profile: str) -> None:

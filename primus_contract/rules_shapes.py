@@ -50,15 +50,24 @@ def linear_dims(m: dict, tp: int) -> list:
     return dims
 
 
-def fp8_attention_head_rule(m: dict) -> None:
-    """fp8_dot_product_attention only where TE's FP8 attention has a backend: head dim 128, q, k and v alike."""
+def _fp8_attention_heads(m) -> tuple:
+    """(what the model's attention head dims are, whether TE's FP8 attention runs them: 128, q, k and v alike)."""
     if m["multi_latent_attention"]:
         qk, v = (m["qk_head_dim"] or 0) + (m["qk_pos_emb_head_dim"] or 0), m["v_head_dim"]
-        dims = f"multi-latent attention's q/k head dim {qk} and v head dim {v}"
-        ok = qk == v and v in FP8_ATTENTION_HEAD_DIMS
-    else:
-        d = m["kv_channels"] or m["hidden_size"] // m["num_attention_heads"]
-        dims, ok = f"head dim {d} (from trainer.model)", d in FP8_ATTENTION_HEAD_DIMS
+        return (f"multi-latent attention's q/k head dim {qk} and v head dim {v}",
+                qk == v and v in FP8_ATTENTION_HEAD_DIMS)
+    d = m["kv_channels"] or m["hidden_size"] // m["num_attention_heads"]
+    return f"head dim {d} (from trainer.model)", d in FP8_ATTENTION_HEAD_DIMS
+
+
+def fp8_attention_heads_ok(m) -> bool:
+    """TE's FP8 attention has a backend for this model's heads (fp8_dot_product_attention null decides by it)."""
+    return _fp8_attention_heads(m)[1]
+
+
+def fp8_attention_head_rule(m: dict) -> None:
+    """fp8_dot_product_attention true only where TE's FP8 attention has a backend: head dim 128, q, k and v alike."""
+    dims, ok = _fp8_attention_heads(m)
     if not ok:
         allowed = " or ".join(map(str, FP8_ATTENTION_HEAD_DIMS))
         fail(f"`trainer.precision.fp8_dot_product_attention` needs attention head dim {allowed} (Transformer Engine's "

@@ -99,10 +99,11 @@ def models_with_same_adapters(configs, seed: int):
             yield info, model
 
 
-def train_losses(cfg, iters: int, seed: int, check_model=None) -> list[float]:
+def train_losses(cfg, iters: int, seed: int, check_model=None, rows: int = 2, seq: int = 32,
+                 doc_lens: tuple = (30, 9, 21)) -> list[float]:
     """Per-iteration losses of `iters` AdamW steps (lr 1e-2) of the model `cfg` builds, with randomly perturbed
-    adapters (seed), alternating two fixed packed batches (memorised: the loss falls); check_model(model) runs
-    once before training."""
+    adapters (seed), alternating two fixed packed batches of rows x seq tokens holding doc_lens (memorised: the loss
+    falls; one document a row for a packing-false model); check_model(model) runs once before training."""
     from trainer.model import forward_losses
 
     losses = []
@@ -111,7 +112,7 @@ def train_losses(cfg, iters: int, seed: int, check_model=None) -> list[float]:
             check_model(model)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         for it in range(iters):
-            batch = packed_batch(2, 32, [30, 9, 21], vocab=128, seed=it % 2)
+            batch = packed_batch(rows, seq, list(doc_lens), vocab=128, seed=it % 2)
             per_token = forward_losses(model, batch)
             mask = batch["loss_mask"].to(per_token.device)
             loss = (per_token * mask).sum() / mask.sum()

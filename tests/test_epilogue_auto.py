@@ -31,7 +31,10 @@ AUTO = "trainer.lora.epilogue=null"
     ((AUTO, "trainer.lora.dropout=0.1", "trainer.lora.dropout_position=post"), "h200", False),
     ((AUTO,), "mi300x", False),                                           # measured on NVIDIA only
     ((AUTO, "trainer.distributed.device=cpu", "trainer.distributed.backend=gloo"), "cpu", False),
-    ((AUTO, "trainer.lora.target_modules=[linear_qkv]"), "h200", False),  # norm-fed on a GPU: nothing to own
+    ((AUTO, "trainer.lora.target_modules=[linear_qkv]"), "h200", True),   # norm-fed: the norm epilogue owns it
+    ((AUTO, "trainer.lora.target_modules=[linear_qkv]", "trainer.lora.epilogue_norm=false"), "h200", False),
+    ((AUTO, "trainer.lora.target_modules=[linear_qkv]", "trainer.recompute.adapter_inputs=true",
+      "trainer.recompute.adapter_inputs_scope=norm"), "h200", False),   # the norm folded into A: nothing to own
     (("trainer.lora.epilogue=false",), "h200", False),                    # as written
     (("trainer.lora.epilogue=true", "trainer.distributed.device=cpu", "trainer.distributed.backend=gloo"), "cpu",
      True),

@@ -53,6 +53,36 @@ def test_fp8_attention_reaches_megatron_with_one_document_rows():
     assert transformer_config(resolved(precision={"fp8": "hybrid"})).fp8_dot_product_attention is False
 
 
+HD128 = {"hidden_size": 256, "num_attention_heads": 2, "num_query_groups": 1}  # head dim 128: TE's FP8 attention's
+L40S = Environment(device="cuda", device_name="NVIDIA L40S", cuda_cc=(8, 9), te_version=(2, 20, 2))
+
+
+def test_fp8_attention_null_is_on_for_fp8_one_document_rows_where_te_runs_it():
+    """fp8_dot_product_attention null (the default): on for FP8 delayed|tensorwise, packing false, head dim 128 on a
+    compute capability >= 9.0 node; off (never refused) elsewhere, as the contract's fp8_attention_on plans it."""
+    from primus_contract.rules_precision import fp8_attention_on
+    from trainer.precision import describe, resolve
+
+    one_doc = resolved(precision={"fp8": "hybrid"}, data={"packing": False}, model=HD128)
+    assert one_doc["trainer"]["precision"]["fp8_dot_product_attention"] is None
+    assert transformer_config(one_doc).fp8_dot_product_attention is True
+    assert fp8_attention_on(one_doc["trainer"], "h200") is True
+    assert "| attention fp8" in describe(resolve(Config.from_dict(one_doc), H200))
+    assert transformer_config(one_doc, L40S).fp8_dot_product_attention is False  # FP8 runs there, its attention not
+    assert "| attention bf16" in describe(resolve(Config.from_dict(one_doc), L40S))
+    for other in (resolved(precision={"fp8": "hybrid"}, model=HD128),                            # packed (THD)
+                  resolved(precision={"fp8": "hybrid"}, data={"packing": False}),                # head dim 32
+                  resolved(precision={"fp8": "hybrid", "fp8_recipe": "blockwise"}, data={"packing": False}, model=HD128),
+                  resolved(precision={"fp8": "hybrid", "fp8_dot_product_attention": False}, data={"packing": False},
+                           model=HD128)):
+        assert transformer_config(other).fp8_dot_product_attention is False
+        assert fp8_attention_on(other["trainer"], "h200") is False
+    bf16 = resolved(data={"packing": False}, model=HD128)
+    assert fp8_attention_on(bf16["trainer"], "h200") is False and "attention" not in describe(
+        resolve(Config.from_dict(bf16), H200))
+    assert fp8_attention_on(one_doc["trainer"], "mi300x") is False  # NVIDIA only (cuDNN's FP8 attention)
+
+
 def test_plan_moves_offloaded_activations_to_the_host():
     from primus_contract.plan import plan
     from primus_contract.plan.memory import offloaded_bytes

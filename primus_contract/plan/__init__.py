@@ -14,6 +14,19 @@ from primus_contract.plan.memory import offloaded_bytes, outside_torch_gib, peak
 from primus_contract.plan.offload import PCIE_GB_S
 from primus_contract.plan.shapes import Layout, layout_of
 from primus_contract.plan.speed import precision_of, step_time
+from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on
+
+# the keys whose null (auto) the plan resolves for the recipe's machine, and how (what the trainer decides alike)
+AUTO_LEVERS = (("lora.fused_swiglu", "lora", "fused_swiglu", fused_swiglu_on),
+               ("lora.epilogue", "lora", "epilogue", epilogue_on),
+               ("lora.epilogue_norm", "lora", "epilogue_norm", epilogue_norm_on),
+               ("precision.fp8_dot_product_attention", "precision", "fp8_dot_product_attention", fp8_attention_on))
+
+
+def auto_levers(t: dict, profile: str) -> str:
+    """`key on|off` for each null lever of the recipe, as it will run there ('' when none is null)."""
+    return ", ".join(f"{name} {'on' if on(t, profile) else 'off'}" for name, section, key, on in AUTO_LEVERS
+                     if t[section][key] is None)
 
 
 @dataclass
@@ -93,7 +106,10 @@ def plan(resolved: dict) -> Plan:
         host = offloaded_bytes(resolved, lay) / (1 << 30)
         notes.append(f"activation offload: {t['recompute']['activation_offload_layers']} layers, {host:.1f} GiB of "
                      f"pinned host memory per GPU, copied each way every micro-batch at an assumed "
-                     f"{PCIE_GB_S:g} GB/s (not measured on a GPU)")
+                     f"{PCIE_GB_S:g} GB/s (fitted on one H200 row)")
+    levers = auto_levers(t, c["env_profile"])
+    if levers and not on_cpu:
+        notes.append(f"automatic levers (null) as planned here: {levers}")
     stage, terms = peak_memory(resolved, lay)
     peak = sum(terms.values())
     margin = peak * cal.ALLOCATOR_MARGIN

@@ -41,7 +41,7 @@ from __future__ import annotations
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
-from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fused_swiglu_on
+from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.memory import chunked_loss_path, offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
@@ -94,7 +94,7 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     f[f"expert_gemm_{gclass}"] = tokens * expert_fwd * (2 + redo) / split
     f["gemm_bf16"] += tokens * head * 2 / lay.tp / lay.pp
     f["attention"] = flops.attention_fwd_flops(m, n_mb * lay.mbs * fill * lay.seq ** 2) * (3 + redo) / split
-    if t["precision"]["fp8_dot_product_attention"]:
+    if fp8_attention_on(t, r["cluster"]["env_profile"]):
         f["attention"] *= cal.FP8_ATTENTION_TIME
     f["gemm_bf16"] += tokens * flops.lora_fwd_flops_per_token(m, lora) * (3 + redo) / split
     stage_layers = layers / lay.pp

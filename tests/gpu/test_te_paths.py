@@ -113,3 +113,30 @@ def test_full_recompute_keeps_the_bf16_losses_with_the_default_levers(record, mo
     record(plain=plain, plain_again=again, full_recompute=full)
     assert plain == again, "two plain runs differ: a kernel is not deterministic, so recompute cannot be judged"
     assert plain == full
+
+
+def test_fp8_attention_is_on_by_default_for_one_document_fp8_rows(record):
+    """precision.fp8_dot_product_attention null: a model of head dim 128 (one head of the tiny model's widths), FP8
+    delayed, one document a row (packing false) runs TE's FP8 attention; 6 AdamW steps stay within 0.05 of the same
+    run with BF16 attention (false), and the loss falls in both."""
+    from tests.model_helpers import tiny_cfg, train_losses
+    from trainer.precision import describe, resolve
+
+    def cfg(value):
+        return tiny_cfg(trainer={
+            "model": {"hidden_size": 128, "num_attention_heads": 1, "num_query_groups": 1, "ffn_hidden_size": 352},
+            "precision": {"bf16": True, "fp8": "hybrid", "fp8_dot_product_attention": value},
+            "data": {"packing": False}, "distributed": {"device": "cuda", "backend": "nccl"}})
+
+    def run(value):
+        seen = []
+        losses = train_losses(cfg(value), 6, seed=5, rows=2, seq=256, doc_lens=(256, 256),
+                              check_model=lambda m: seen.append(bool(m.config.fp8_dot_product_attention)))
+        return seen[0], losses
+
+    line = describe(resolve(cfg(None)))
+    (on, fp8), (off, bf16) = run(None), run(False)
+    record(precision_line=line, fp8_attention=fp8, bf16_attention=bf16)
+    assert "| attention fp8" in line and on and not off
+    assert fp8[-1] < fp8[0] and bf16[-1] < bf16[0], "the loss did not fall"
+    assert max(abs(a - b) for a, b in zip(fp8, bf16)) < 0.05

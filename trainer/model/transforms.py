@@ -159,7 +159,7 @@ def _epilogue(model, ctx: BuildContext) -> str:
             return f"lora epilogue | auto (epilogue null): off, {why}"
         for m in wrapped:
             m.epilogue = True
-        if not any(m.uses_epilogue() for m in wrapped):
+        if not any(m.uses_epilogue() or m.uses_norm_epilogue() for m in wrapped):  # (epilogue_on's owners)
             for m in wrapped:
                 m.epilogue = False
             return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"

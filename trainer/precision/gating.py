@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from primus_contract.errors import ContractError
-from primus_contract.machine import CUSTOM_RECIPE_MIN_TE, fp4_native_error, fp8_error
+from primus_contract.machine import CUSTOM_RECIPE_MIN_TE, fp4_native_error, fp8_attention_runs, fp8_error
 from primus_contract.rules_precision import precision_rules
 
 from .capabilities import Environment, probe_environment
@@ -84,6 +84,9 @@ def resolve(cfg: Any, env: Optional[Environment] = None) -> Precision:
     settings = PrecisionSettings.from_cfg(cfg)
     if env is None:
         env = probe_environment(settings.device)
+    if settings.fp8_attention_auto and settings.fp8_dot_product_attention and not fp8_attention_runs(env):
+        # null (auto): off where TE's FP8 attention cannot run (refused only when asked for with true)
+        settings = dataclasses.replace(settings, fp8_dot_product_attention=False)
     return Precision(settings, env, resolve_mode(settings, env))
 
 

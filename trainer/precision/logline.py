@@ -72,6 +72,8 @@ def describe(p: Precision, model: Any = None) -> str:
         f"tensor_class {tensor_class(s, mode, weight)}",
         f"mode {mode.kind}",
     ]
+    if mode.kind == "fp8":  # TE's FP8 attention (precision.fp8_dot_product_attention: true, or null where it runs)
+        fields.append(f"attention {'fp8' if s.fp8_dot_product_attention else 'bf16'}")
     if mode.fp4_format:
         tiles = "act/grad 1x16, weight 16x16" if s.fp4_recipe == "nvfp4" else "1x32"
         extras = [x for x, on in (("rht", s.fp4_random_hadamard), ("sr", s.fp4_stochastic_rounding)) if on]

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from primus_contract.errors import ContractError
 from primus_contract.fields import SCHEMA
+from primus_contract.rules_precision import fp8_attention_fits
 from primus_contract.schema import coerce_value
 
 from .errors import PrecisionError
@@ -35,6 +36,16 @@ def _has(node: Any, key: str) -> bool:
 
 
 _MISSING = object()
+_NOT_PRECISION = ("num_layers", "device", "pipeline", "fp8_attention_auto")  # read from elsewhere, or derived
+
+
+def _fp8_attention_fits(trainer: Any, prec: Any) -> bool:
+    """primus_contract's fp8_attention_fits on the trainer section (False where only the precision block was given:
+    nothing tells the layout and the heads)."""
+    sections = {k: _get(trainer, k) for k in ("data", "parallelism", "model")}
+    if any(v is None for v in sections.values()) or prec is trainer:
+        return False
+    return fp8_attention_fits({**sections, "precision": prec})
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,7 @@ class PrecisionSettings:
     fp4_param: bool = _DEFAULTS["fp4_param"].default
     fp8_param: bool = _DEFAULTS["fp8_param"].default
     fp8_swiglu_input: bool = _DEFAULTS["fp8_swiglu_input"].default
-    fp8_dot_product_attention: bool = _DEFAULTS["fp8_dot_product_attention"].default
+    fp8_dot_product_attention: Optional[bool] = _DEFAULTS["fp8_dot_product_attention"].default
     fp4_param_gather: bool = _DEFAULTS["fp4_param_gather"].default
     fp4_emulation: bool = _DEFAULTS["fp4_emulation"].default
     fp4_stochastic_rounding: bool = _DEFAULTS["fp4_stochastic_rounding"].default
@@ -59,6 +70,7 @@ class PrecisionSettings:
     num_layers: Optional[int] = None
     device: str = _DEFAULTS_DIST["device"].default
     pipeline: int = 1
+    fp8_attention_auto: bool = False  # fp8_dot_product_attention was null: the node may still turn it off (gating)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "PrecisionSettings":
@@ -70,7 +82,7 @@ class PrecisionSettings:
             raise PrecisionError(f"{FIELD} is missing from the resolved recipe")
         values = {}
         for name in cls.__dataclass_fields__:
-            if name in ("num_layers", "device", "pipeline"):
+            if name in _NOT_PRECISION:
                 continue
             if _has(prec, name):
                 values[name] = _get(prec, name)
@@ -78,6 +90,9 @@ class PrecisionSettings:
         values["num_layers"] = _get(model, "num_layers")
         values["device"] = _get(_get(trainer, "distributed"), "device", "auto") or "auto"
         values["pipeline"] = _get(_get(trainer, "parallelism"), "pipeline", 1) or 1
+        if values.get("fp8_dot_product_attention") is None:  # null (auto): the recipe's side here, the node's in gating
+            values["fp8_dot_product_attention"] = _fp8_attention_fits(trainer, prec)
+            values["fp8_attention_auto"] = True
         settings = cls(**values)
         settings.validate_types()
         return settings
@@ -85,7 +100,7 @@ class PrecisionSettings:
     def validate_types(self) -> None:
         """Each value against its field in the contract (type, allowed values, range)."""
         for name in self.__dataclass_fields__:
-            if name in ("num_layers", "pipeline"):
+            if name in ("num_layers", "pipeline", "fp8_attention_auto"):
                 continue
             where = "trainer.distributed.device" if name == "device" else f"{FIELD}.{name}"
             try:

@@ -17,7 +17,7 @@ for qkv the forward's second pass over its output (primus_contract/plan/adapter_
 
 Numerics: the norm is torch's, not TE's kernel (both compute in fp32 and round the output once; on CPU the test
 stand-in's norm is torch's, so the CPU tests compare the same ops: tests/test_norm_epilogue.py). Runs where the
-epilogue does (16/32-bit base GEMMs, TP 1; the contract refuses FP8/FP4 and TP > 1) on a LayerNormLinear without a
+epilogue does (16/32-bit base GEMMs, TP 1: FP8/FP4 and TP > 1 keep it off) on a LayerNormLinear without a
 GEMM bias whose norm is RMSNorm or LayerNorm; elsewhere the linear keeps its path.
 """
 from __future__ import annotations
