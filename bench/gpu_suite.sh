@@ -232,7 +232,9 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
     end=$(( $(date +%s) + ${BUDGET_S:-540} )) precs=(${PRECISIONS:-fp8 bf16}) weights=(3 2) i=0
     # (FP8 attention is null, on by default in FP8 one-document rows since the twelfth session: sbhd switches it off)
     LV=(--variant thd= --variant sbhd=trainer.data.packing=false,trainer.precision.fp8_dot_product_attention=false
-        --variant sbhd-fp8attn=trainer.data.packing=false,trainer.precision.fp8_dot_product_attention=true)
+        --variant sbhd-fp8attn=trainer.data.packing=false,trainer.precision.fp8_dot_product_attention=true
+        --variant auto-fp8attn=trainer.precision.fp8_dot_product_attention=true)  # packed rows, FP8 attention per
+                                                                                   # one-document micro-batch
     { timeout 150 python3 bench/lora_ceiling.py fp8_delayed fp8_delayed fp8_delayed bf16 bf16 bf16
       for p in "${precs[@]}"; do
         set_p=(); [ "$p" = fp8 ] && set_p=(--set trainer.precision.fp8=hybrid)

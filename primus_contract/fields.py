@@ -215,8 +215,11 @@ SCHEMA: dict = {
             "fp8_dot_product_attention": Field("bool", None, nullable=True, help="attention in FP8 (TE's fused "
                                                "attention; megatron-core fp8_dot_product_attention): needs fp8 "
                                                "delayed or tensorwise, a GPU of compute capability >= 9.0, head dim "
-                                               "128 and trainer.data.packing: false (one document a row); true: "
-                                               "refused where it cannot run; null (default): on wherever it can "
+                                               "128 and rows of one document (TE has none for packed THD); true: "
+                                               "refused where it cannot run, and with packing plus "
+                                               "data.single_document_sbhd it runs on the one-document micro-batches "
+                                               "only (not yet run on a GPU); null (default): on with "
+                                               "trainer.data.packing false wherever it can "
                                                "(rules_precision.fp8_attention_on; context parallelism 1), off "
                                                "elsewhere (8B FP8 one-document, median of 3: +4.5 % on an H200, "
                                                "+3.8 / +4.3 % on an H100, 2026-12-06; real-text loss within spread)"),

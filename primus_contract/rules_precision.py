@@ -286,11 +286,24 @@ def epilogue_norm_on(t: Mapping, profile: str) -> bool:
     return epilogue_on(t, profile) and _norm_owners(t, profile)
 
 
+def attention_layout(t: Mapping) -> str:
+    """The layout the model is built for (trainer/model/inputs.py runs it): 'sbhd' with packing false (every row one
+    document), 'auto' with packing and data.single_document_sbhd true and neither context nor pipeline parallelism
+    (each micro-batch sbhd when every row holds one document, else thd), else 'thd'."""
+    data, par = t["data"], t["parallelism"]
+    if not data["packing"]:
+        return "sbhd"
+    if not data["single_document_sbhd"] or int(par["context"]) > 1 or int(par["pipeline"]) > 1:
+        return "thd"
+    return "auto"
+
+
 def fp8_attention_fits(t: Mapping) -> bool:
     """The recipe side of fp8_dot_product_attention null (auto): FP8 with a recipe TE has FP8 attention for (delayed,
     tensorwise), one document a row (packing false: TE's FP8 attention takes bshd/sbhd), context parallelism 1, and
     head dims TE's FP8 attention runs (128). The node adds compute capability >= 9.0 and Transformer Engine
-    (trainer/precision/gating.py resolve: auto stays off where they lack, never refused)."""
+    (trainer/precision/gating.py resolve: auto stays off where they lack, never refused). Packed rows with
+    single_document_sbhd (per micro-batch, trainer/model/inputs.py) take it only when set true: not yet run on a GPU."""
     p = t["precision"]
     return (bool(p["fp8"]) and p["fp8_recipe"] in FP8_ATTENTION_RECIPES and not t["data"]["packing"]
             and t["parallelism"]["context"] == 1 and fp8_attention_heads_ok(t["model"]))
@@ -309,9 +322,11 @@ def fp8_attention_on(t: Mapping, profile: str) -> bool:
 def recipe_precision_rules(t: Mapping, profile: str) -> None:
     """precision_rules + profile_rules on the `trainer` section of a defaulted recipe."""
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], run_device(t, profile))
-    if t["precision"]["fp8_dot_product_attention"] and t["data"]["packing"]:
-        fail(f"`{P}.fp8_dot_product_attention` needs `trainer.data.packing: false`: TE's FP8 attention takes one "
-             "document a row (bshd/sbhd), and packing puts several in a row (the packed THD layout)")
+    if t["precision"]["fp8_dot_product_attention"] and attention_layout(t) == "thd":
+        fail(f"`{P}.fp8_dot_product_attention` needs rows of one document: TE's FP8 attention takes bshd/sbhd, not "
+             "the packed THD layout; set `trainer.data.packing: false`, or keep packing with "
+             "`trainer.data.single_document_sbhd: true` and context and pipeline parallelism 1 (FP8 attention then "
+             "runs on the micro-batches whose rows hold one document each)")
     rec = t["recompute"]
     fc2_recompute = rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2")
     # (fused_swiglu with fp8_swiglu_input: its kernels keep fc1's output in FP8 themselves, trainer/model/lora/swiglu.py)

@@ -50,9 +50,11 @@ def dist_session(cfg):
                 os.environ.pop(key, None)
 
 
-def packed_batch(rows: int, seq: int, doc_lens: list[int], vocab: int, seed: int = 0) -> dict:
+def packed_batch(rows: int, seq: int, doc_lens: list[int], vocab: int, seed: int = 0,
+                 row_documents: bool = False) -> dict:
     """A collate-shaped packed batch: documents of `doc_lens` laid out over rows*seq tokens
-    (any remainder is padding with label -100 and loss_mask 0)."""
+    (any remainder is padding with label -100 and loss_mask 0); row_documents: with collate's count of the most
+    documents a row holds (an 'auto' model runs such a batch sbhd when it is 1)."""
     g = torch.Generator().manual_seed(seed)
     total = rows * seq
     assert sum(doc_lens) <= total
@@ -67,11 +69,15 @@ def packed_batch(rows: int, seq: int, doc_lens: list[int], vocab: int, seed: int
         loss_mask[s:s + n - 1] = 1.0
         position_ids[s:s + n] = torch.arange(n)
         cu.append(s + n)
-    return {
+    batch = {
         "tokens": tokens.view(rows, seq), "labels": labels.view(rows, seq),
         "loss_mask": loss_mask.view(rows, seq), "position_ids": position_ids.view(rows, seq),
         "cu_seqlens": torch.tensor(cu, dtype=torch.int32), "max_seqlen": max(doc_lens),
     }
+    if row_documents:  # documents overlapping each row [r*seq, (r+1)*seq)
+        batch["row_documents"] = max(sum(1 for a, b in zip(cu, cu[1:]) if a < (r + 1) * seq and b > r * seq)
+                                     for r in range(rows))
+    return batch
 
 
 def perturb_adapters(model, seed: int = 0, std: float = 0.05) -> None:
@@ -100,10 +106,11 @@ def models_with_same_adapters(configs, seed: int):
 
 
 def train_losses(cfg, iters: int, seed: int, check_model=None, rows: int = 2, seq: int = 32,
-                 doc_lens: tuple = (30, 9, 21)) -> list[float]:
+                 doc_lens: tuple = (30, 9, 21), row_documents: bool = False) -> list[float]:
     """Per-iteration losses of `iters` AdamW steps (lr 1e-2) of the model `cfg` builds, with randomly perturbed
     adapters (seed), alternating two fixed packed batches of rows x seq tokens holding doc_lens (memorised: the loss
-    falls; one document a row for a packing-false model); check_model(model) runs once before training."""
+    falls; one document a row for a packing-false model; a tuple of such tuples: batch i holds the (i mod n)-th, e.g.
+    one-document rows and packed ones in turn); check_model(model) runs once before training."""
     from trainer.model import forward_losses
 
     losses = []
@@ -112,7 +119,8 @@ def train_losses(cfg, iters: int, seed: int, check_model=None, rows: int = 2, se
             check_model(model)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         for it in range(iters):
-            batch = packed_batch(rows, seq, list(doc_lens), vocab=128, seed=it % 2)
+            lens = doc_lens[it % len(doc_lens)] if isinstance(doc_lens[0], tuple) else doc_lens
+            batch = packed_batch(rows, seq, list(lens), vocab=128, seed=it % 2, row_documents=row_documents)
             per_token = forward_losses(model, batch)
             mask = batch["loss_mask"].to(per_token.device)
             loss = (per_token * mask).sum() / mask.sum()

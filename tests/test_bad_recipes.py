@@ -45,8 +45,9 @@ BAD = [
     ("trainer: {recompute: {adapter_inputs_scope: mlp}}", "`trainer.recompute.adapter_inputs_scope`"),
     ("trainer: {logging: {profile_start: 6, profile_end: 5}}", "`trainer.logging.profile_end` (5) needs"),
     ("trainer: {logging: {profile_ranks: [zero]}}", "`trainer.logging.profile_ranks[0]`"),
-    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8_dot_product_attention: "
-     "true, fp8: hybrid}}", "`trainer.precision.fp8_dot_product_attention` needs `trainer.data.packing: false`"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, data: {single_document_sbhd: false}, "
+     "precision: {fp8_dot_product_attention: true, fp8: hybrid}}",
+     "`trainer.precision.fp8_dot_product_attention` needs rows of one document: TE's FP8 attention takes bshd/sbhd"),
     ("trainer: {precision: {fp8_dot_product_attention: true}, data: {packing: false}}",
      "`trainer.precision.fp8_dot_product_attention` needs `trainer.precision.fp8: hybrid|e4m3`"),
     ("trainer: {precision: {fp8_dot_product_attention: true, fp8: hybrid}, data: {packing: false}}",

@@ -102,3 +102,30 @@ def test_the_decision_keeps_thd_where_sbhd_is_not_allowed():
     assert batch_layout(model(tensor_model_parallel_size=3, sequence_parallel=True), one) == "thd"   # S split by TP
     assert batch_layout(model(tensor_model_parallel_size=3), one) == "sbhd"  # no sequence parallelism: no S split
     assert batch_layout(model(), {k: v for k, v in one.items() if k != "row_documents"}) == "thd"  # not collated
+
+
+def test_fp8_attention_follows_each_micro_batch_layout_on_an_auto_model():
+    """An 'auto' model built with FP8 attention (fp8_dot_product_attention true, packing true) runs it on the sbhd
+    micro-batches only: the TransformerConfig flag megatron makes each forward's FP8 recipe from follows the layout.
+    (FP8 itself needs a GPU: the flag is set by hand on this CPU model, as the build sets it from the recipe.)"""
+    from trainer.model import levers
+    from trainer.model.inputs import FP8_ATTENTION_ATTR
+
+    one = collate(list(_dataset(ONE_DOC_ROWS, packed=True)))
+    several = collate(list(_dataset([20, 9, 3], packed=True)))
+    cfg = tiny_cfg()
+    with dist_session(cfg) as info:
+        model = build_model(cfg, info.device)
+        assert getattr(model, FP8_ATTENTION_ATTR) is False  # built without FP8 attention: nothing follows
+        model.config.fp8_dot_product_attention = True
+        assert levers.mark_layout(model, cfg) == "auto" and getattr(model, FP8_ATTENTION_ATTR) is True
+        seen = []
+        for batch in (one, several, one, several):
+            inputs = model_inputs(model, batch)
+            seen.append((inputs["packed_seq_params"] is None, model.config.fp8_dot_product_attention))
+        assert seen == [(True, True), (False, False), (True, True), (False, False)]
+        model.config.fp8_dot_product_attention = True  # a model built for sbhd (packing false) keeps it on throughout
+        levers.mark_layout(model, tiny_cfg(trainer={"data": {"packing": False}}))
+        assert getattr(model, FP8_ATTENTION_ATTR) is False
+        model_inputs(model, one)
+        assert model.config.fp8_dot_product_attention is True

@@ -140,3 +140,37 @@ def test_fp8_attention_is_on_by_default_for_one_document_fp8_rows(record):
     assert "| attention fp8" in line and on and not off
     assert fp8[-1] < fp8[0] and bf16[-1] < bf16[0], "the loss did not fall"
     assert max(abs(a - b) for a, b in zip(fp8, bf16)) < 0.05
+
+
+def test_fp8_attention_follows_the_micro_batches_of_a_packed_run(record, monkeypatch):
+    """precision.fp8_dot_product_attention true with packing (single_document_sbhd): micro-batches of one-document rows
+    run sbhd with TE's FP8 attention, packed ones thd with BF16 attention, in turn, for 8 AdamW steps under delayed
+    scaling; the losses stay within 0.05 of the run with BF16 attention throughout and fall in both."""
+    import trainer.model.forward as fwd
+    from tests.model_helpers import tiny_cfg, train_losses
+
+    flags, made = [], fwd.model_inputs
+
+    def spy(model, batch):  # the flag megatron reads, once each micro-batch's inputs are made
+        out = made(model, batch)
+        flags.append((out["packed_seq_params"] is None, bool(model.config.fp8_dot_product_attention)))
+        return out
+
+    monkeypatch.setattr(fwd, "model_inputs", spy)
+
+    def run(value):
+        cfg = tiny_cfg(trainer={
+            "model": {"hidden_size": 128, "num_attention_heads": 1, "num_query_groups": 1, "ffn_hidden_size": 352},
+            "precision": {"bf16": True, "fp8": "hybrid", "fp8_dot_product_attention": value},
+            "distributed": {"device": "cuda", "backend": "nccl"}})
+        flags.clear()
+        losses = train_losses(cfg, 8, seed=5, rows=2, seq=256, doc_lens=((256, 256), (200, 150, 100)),
+                              row_documents=True)
+        return losses, list(flags)
+
+    (fp8, on), (bf16, off) = run(True), run(False)
+    record(fp8_attention=fp8, bf16_attention=bf16, flags_on=on)
+    assert on == [(True, True), (False, False)] * 4, on  # sbhd with FP8 attention, thd without, in turn
+    assert off == [(True, False), (False, False)] * 4, off
+    assert fp8[-1] < fp8[0] and bf16[-1] < bf16[0], "the loss did not fall"
+    assert max(abs(a - b) for a, b in zip(fp8, bf16)) < 0.05

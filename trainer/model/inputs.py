@@ -32,22 +32,30 @@ from __future__ import annotations
 
 import torch
 
+from primus_contract.rules_precision import attention_layout as contract_layout
+
 LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build (trainer.model.levers)
+FP8_ATTENTION_ATTR = "primus_fp8_attention_per_batch"  # likewise: FP8 attention follows each micro-batch's layout
 
 
 def attention_layout(cfg) -> str:
-    """The layout the model is built for: 'sbhd' with packing false (every row one document), 'auto' with packing
-    and trainer.data.single_document_sbhd true and neither context nor pipeline parallelism, else 'thd'."""
-    data, par = cfg.trainer.data, cfg.trainer.parallelism
-    if not data.packing:
-        return "sbhd"
-    if not data.single_document_sbhd or int(par.context) > 1 or int(par.pipeline) > 1:
-        return "thd"
-    return "auto"
+    """The layout the model is built for: primus_contract.rules_precision.attention_layout (the contract refuses FP8
+    attention where it is thd)."""
+    return contract_layout(cfg.trainer)
 
 
 def layout_of(model) -> str:
     return getattr(model, LAYOUT_ATTR, "thd")
+
+
+def follow_layout(model, layout: str) -> None:
+    """An 'auto' model built with FP8 attention (precision.fp8_dot_product_attention true) runs it on the sbhd
+    micro-batches only: TE has no FP8 attention for thd. megatron makes each forward's FP8 recipe from the model's
+    TransformerConfig (fp8_utils.get_fp8_recipe: fp8_dpa=config.fp8_dot_product_attention), so the flag follows this
+    micro-batch's layout. Without pipeline parallelism (auto has none) a micro-batch's backward, and a recompute in
+    it, runs before the next one's inputs are made; TE's checkpoint restores the forward's FP8 recipe."""
+    if getattr(model, FP8_ATTENTION_ATTR, False):
+        model.config.fp8_dot_product_attention = layout == "sbhd"
 
 
 def batch_layout(model, batch) -> str:
@@ -109,7 +117,9 @@ def model_inputs(model, batch) -> dict:
     tokens = batch["tokens"]
     b, s = tokens.shape
     device = next(model.parameters()).device
-    if batch_layout(model, batch) == "sbhd":
+    layout = batch_layout(model, batch)
+    follow_layout(model, layout)
+    if layout == "sbhd":
         return one_document_rows(batch, device)
     tokens = to_device(tokens, device).reshape(1, b * s)
     labels = to_device(batch["labels"], device).reshape(1, b * s)
