@@ -169,8 +169,16 @@ def _epilogue(model, ctx: BuildContext) -> str:
     if ctx.cfg.trainer.lora.epilogue is True and _model_wide(taken, ctx) and not taken:
         return "lora epilogue | no linear on this pipeline stage can own its base GEMM (others' do)"
     if not taken:
+        import torch
+
+        from trainer.model.lora.norm_epilogue import FUSED_RMS_NORM
+
+        old_torch = "" if FUSED_RMS_NORM or not any(m.fused_norm for m in wrapped) else (
+            f"; this torch ({torch.__version__}) has no fused RMSNorm, which the norm-fed linears' epilogue needs "
+            "(torch >= 2.8)")
         raise ConfigError("trainer.lora.epilogue: no wrapped linear can own its base GEMM here (norm-fused, "
-                          "quantized, biased, expert or TP-sharded bases keep their paths); set epilogue: false")
+                          f"quantized, biased, expert or TP-sharded bases keep their paths){old_torch}; set "
+                          "epilogue: false")
     # a rank whose layers hold no norm-fed target (a pipeline stage of MoE layers only) has nothing to take; one
     # that holds some the path cannot take refuses (the contract checked the model has norm-fed targets)
     if ctx.cfg.trainer.lora.epilogue_norm is True and not normed and any(m.fused_norm for m in wrapped):
