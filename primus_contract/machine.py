@@ -84,6 +84,9 @@ def fp8_error(s, env: Environment) -> Optional[str]:
         gfx = env.gfx_number()
         if gfx is None or gfx < FP8_MIN_GFX:
             return f"{FIELD}.fp8: {s.fp8} needs gfx942 or newer (MI300X/MI325X/MI355X); found {env.summary()}; {alt}"
+        if getattr(s, "fp8_dot_product_attention", False):
+            return (f"{FIELD}.fp8_dot_product_attention runs cuDNN's FP8 attention (NVIDIA, compute capability "
+                    f">= 9.0), never run on ROCm; found {env.summary()}; set it to false (or null)")
         return None
     if env.cuda_cc is None or env.cuda_cc < FP8_MIN_CC:
         return (f"{FIELD}.fp8: {s.fp8} needs compute capability >= 8.9 (Ada/Hopper/Blackwell); "
@@ -147,12 +150,15 @@ def offload_error(layers: int, env: Environment) -> Optional[str]:
 # name -> (what is checked on the node, which recipes it applies to)
 MACHINE_RULES = {
     "fp8_device": ("fp8 needs Transformer Engine on a GPU with FP8 units (NVIDIA compute capability >= 8.9, "
-                   "AMD gfx942+); blockwise and fp8_dot_product_attention need compute capability >= 9.0",
+                   "AMD gfx942+); blockwise and fp8_dot_product_attention true need compute capability >= 9.0",
                    lambda p: bool(p["fp8"])),
     "nvfp4_native": ("fp4 nvfp4 needs Transformer Engine >= 2.8 on compute capability >= 10.0 (B200/GB200/B300)",
                      lambda p: bool(p["fp4"]) and not p["fp4_emulation"] and p["fp4_recipe"] == "nvfp4"),
     "mxfp4_native": ("fp4 mxfp4 needs ROCm Transformer Engine with MXFP4BlockScaling on gfx950 (MI355X/MI350X)",
                      lambda p: bool(p["fp4"]) and not p["fp4_emulation"] and p["fp4_recipe"] == "mxfp4"),
+    "fp8_attention_auto": ("fp8_dot_product_attention null runs FP8 attention only on NVIDIA compute capability "
+                           ">= 9.0 with Transformer Engine (chosen there, never refused)",
+                           lambda p: bool(p["fp8"]) and p["fp8_dot_product_attention"] is None),
     "fp4_emulation_path": ("fp4 emulation uses TE's custom recipe with TE >= 2.9 on a GPU, else quantize-dequantize "
                            "around megatron's local linears (chosen, never refused)",
                            lambda p: bool(p["fp4"]) and bool(p["fp4_emulation"])),

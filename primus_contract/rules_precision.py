@@ -83,7 +83,10 @@ def _first_last(p: Mapping, num_layers: Optional[int], pipeline: int) -> None:
 
 
 def profile_rules(p: Mapping, profile: str) -> None:
-    """The FP4 format the recipe's env profile has units for."""
+    """The FP4 format the recipe's env profile has units for; FP8 attention on NVIDIA only."""
+    if p["fp8_dot_product_attention"] and profile in ("mi300x", "mi355x"):
+        fail(f"`{P}.fp8_dot_product_attention` runs cuDNN's FP8 attention (NVIDIA, compute capability >= 9.0); "
+             f"`cluster.env_profile` {profile} is AMD, where it was never run; set it to false (or null)")
     if not p["fp4"] or p["fp4_emulation"] or profile not in FP4_FORMAT:
         return
     native = FP4_FORMAT[profile]
@@ -312,7 +315,8 @@ def fp8_attention_fits(t: Mapping) -> bool:
 def fp8_attention_on(t: Mapping, profile: str) -> bool:
     """trainer.precision.fp8_dot_product_attention as it runs: true / false as written; null (auto) where
     fp8_attention_fits on an NVIDIA GPU (Llama-3-8B shape FP8 one document a row, median of 3: +4.5 % on an H200 and
-    +3.8 / +4.3 % on an H100 on 2026-12-06; its real-text loss within the reseeded run's spread)."""
+    +3.8 / +4.3 % on an H100 on 2026-12-06; its real-text loss within the reseeded run's spread). As the recipe
+    tells it: device auto without an NVIDIA env profile plans it off, and the node decides (gating.resolve)."""
     value = t["precision"]["fp8_dot_product_attention"]
     if value is not None:
         return bool(value)

@@ -69,6 +69,16 @@ def test_fp8_attention_runs_with_delayed_and_tensorwise_fp8(env):
                                                                                   "needs a GPU")
 
 
+def test_fp8_attention_true_is_refused_on_rocm_and_null_stays_off_off_nvidia():
+    """cuDNN's FP8 attention was never run on ROCm: true is refused there (and on the AMD env profiles at submit);
+    null is chosen on the node, never refused (primus_contract.machine fp8_attention_runs)."""
+    from primus_contract.machine import fp8_attention_runs
+
+    assert "never run on ROCm" in refuse(MI300, fp8="hybrid", fp8_dot_product_attention=True)
+    assert check_capabilities(cfg(fp8="hybrid"), MI300).kind == "fp8"
+    assert fp8_attention_runs(H200) and not fp8_attention_runs(MI300) and not fp8_attention_runs(CPU)
+
+
 def test_param_gather_is_refused():
     for extra in ({}, {"fp4_param": True}):  # refused even with fp4_param: nothing all-gathers parameters
         assert "fp4_param_gather has no effect in LoRA training" in refuse(

@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 
 from primus_contract.rules_precision import attention_layout as contract_layout
+from trainer.precision.settings import FP8_ATTENTION_ATTR  # (FP8 attention follows each micro-batch's layout)
 
 LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build (trainer.model.levers)
-FP8_ATTENTION_ATTR = "primus_fp8_attention_per_batch"  # likewise: FP8 attention follows each micro-batch's layout
 
 
 def attention_layout(cfg) -> str:
@@ -52,8 +52,10 @@ def follow_layout(model, layout: str) -> None:
     """An 'auto' model built with FP8 attention (precision.fp8_dot_product_attention true) runs it on the sbhd
     micro-batches only: TE has no FP8 attention for thd. megatron makes each forward's FP8 recipe from the model's
     TransformerConfig (fp8_utils.get_fp8_recipe: fp8_dpa=config.fp8_dot_product_attention), so the flag follows this
-    micro-batch's layout. Without pipeline parallelism (auto has none) a micro-batch's backward, and a recompute in
-    it, runs before the next one's inputs are made; TE's checkpoint restores the forward's FP8 recipe."""
+    micro-batch's layout. A full recompute under the tensorwise recipe makes its FP8 context again in the backward
+    (megatron's block recompute), reading the flag then: that is this micro-batch's still, since without pipeline
+    parallelism (auto has none) each micro-batch's forward and backward run before the next one's inputs are made
+    (trainer/step/pipeline.py)."""
     if getattr(model, FP8_ATTENTION_ATTR, False):
         model.config.fp8_dot_product_attention = layout == "sbhd"
 

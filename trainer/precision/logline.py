@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .gating import FP4_RECIPE_CLASS, FP8_RECIPE_CLASS, Mode, Precision
-from .settings import PrecisionSettings
+from .settings import FP8_ATTENTION_ATTR, PrecisionSettings
 
 
 def _storage_dtype(param: Any) -> str:
@@ -73,7 +73,9 @@ def describe(p: Precision, model: Any = None) -> str:
         f"mode {mode.kind}",
     ]
     if mode.kind == "fp8":  # TE's FP8 attention (precision.fp8_dot_product_attention: true, or null where it runs)
-        fields.append(f"attention {'fp8' if s.fp8_dot_product_attention else 'bf16'}")
+        per_batch = model is not None and getattr(model, FP8_ATTENTION_ATTR, False)
+        fields.append("attention " + ("fp8 (one-document micro-batches)" if per_batch
+                                      else "fp8" if s.fp8_dot_product_attention else "bf16"))
     if mode.fp4_format:
         tiles = "act/grad 1x16, weight 16x16" if s.fp4_recipe == "nvfp4" else "1x32"
         extras = [x for x, on in (("rht", s.fp4_random_hadamard), ("sr", s.fp4_stochastic_rounding)) if on]
