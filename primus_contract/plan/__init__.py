@@ -17,15 +17,14 @@ from primus_contract.plan.speed import precision_of, step_time
 from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on
 
 # the keys whose null (auto) the plan resolves for the recipe's machine, and how (what the trainer decides alike)
-AUTO_LEVERS = (("lora.fused_swiglu", "lora", "fused_swiglu", fused_swiglu_on),
-               ("lora.epilogue", "lora", "epilogue", epilogue_on),
-               ("lora.epilogue_norm", "lora", "epilogue_norm", epilogue_norm_on),
-               ("precision.fp8_dot_product_attention", "precision", "fp8_dot_product_attention", fp8_attention_on))
+AUTO_LEVERS = (("lora", "fused_swiglu", fused_swiglu_on), ("lora", "epilogue", epilogue_on),
+               ("lora", "epilogue_norm", epilogue_norm_on),
+               ("precision", "fp8_dot_product_attention", fp8_attention_on))
 
 
 def auto_levers(t: dict, profile: str) -> str:
-    """`key on|off` for each null lever of the recipe, as it will run there ('' when none is null)."""
-    return ", ".join(f"{name} {'on' if on(t, profile) else 'off'}" for name, section, key, on in AUTO_LEVERS
+    """`section.key on|off` for each null lever of the recipe, as it will run there ('' when none is null)."""
+    return ", ".join(f"{section}.{key} {'on' if on(t, profile) else 'off'}" for section, key, on in AUTO_LEVERS
                      if t[section][key] is None)
 
 

@@ -94,8 +94,9 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     f[f"expert_gemm_{gclass}"] = tokens * expert_fwd * (2 + redo) / split
     f["gemm_bf16"] += tokens * head * 2 / lay.tp / lay.pp
     f["attention"] = flops.attention_fwd_flops(m, n_mb * lay.mbs * fill * lay.seq ** 2) * (3 + redo) / split
-    if fp8_attention_on(t, r["cluster"]["env_profile"]) and not t["data"]["packing"]:  # (packed: the one-document
-        f["attention"] *= cal.FP8_ATTENTION_TIME                                        # micro-batches only, unknown)
+    # (with packing, FP8 attention runs on the one-document micro-batches only: how many is the data's, unknown here)
+    if fp8_attention_on(t, r["cluster"]["env_profile"]) and not t["data"]["packing"]:
+        f["attention"] *= cal.FP8_ATTENTION_TIME
     f["gemm_bf16"] += tokens * flops.lora_fwd_flops_per_token(m, lora) * (3 + redo) / split
     stage_layers = layers / lay.pp
     volume = stage_layers * tokens * m["hidden_size"] / lay.seq_shard * (1 + redo)
