@@ -9,6 +9,7 @@ import click
 
 from primus_contract.hf_config import describe
 from primus_contract.machine import at_start
+from primus_contract.plan import auto_levers
 from primus_contract.rules_model import world_size
 from primus_slurm.jobs import jobs_cli, preflight
 from primus_slurm.planning import plan_cli, precision_cli
@@ -59,6 +60,9 @@ def validate(ctx, recipe: str, overrides: tuple, as_json: bool, skip_memory_chec
                f"TP{par['tensor']} PP{par['pipeline']} CP{par['context']} EP{par['expert']}, "
                f"seq {t['data']['seq_length']}, GBS {t['schedule']['global_batch_size']}, hash {r.hash[:12]}")
     click.echo(f"plan: {plan_cli.summary(planned)}")
+    levers = auto_levers(t, c["env_profile"])
+    if levers:  # the null (auto) keys as they will run on the profile's machine (the trainer decides alike)
+        click.echo(f"automatic levers: {levers}")
     for name, what in at_start(r.resolved):  # the contract's machine rules: the trainer checks them on the node
         click.echo(f"checked at start on the node: {name}: {what}")
     for what in unchecked:  # paths this machine cannot see

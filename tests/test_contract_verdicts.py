@@ -299,6 +299,9 @@ def test_validate_lists_the_machine_rules_checked_at_start(capsys):
     assert run(["validate", str(recipes_dir() / "llama2_70b_fp8.yaml")]) == 0
     out = capsys.readouterr().out
     assert "checked at start on the node: fp8_device: fp8 needs Transformer Engine" in out
+    # the null levers as they will run there: packed FP8 keeps BF16 attention, FP8 keeps the epilogue off
+    assert "automatic levers: " in out and "precision.fp8_dot_product_attention off" in out
+    assert "lora.epilogue off" in out
     assert run(["validate", str(recipes_dir() / "quickstart.yaml")]) == 0  # bf16 on CPU: no precision rule there
     out = capsys.readouterr().out
     assert "checked at start" in out and "fp8_device" not in out and "nvfp4_native" not in out
