@@ -281,7 +281,10 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
     timeout 400 python3 bench/fp4_gpu_check.py --out "$OUT/fp4_gpu_check.json" > /dev/null 2>"$OUT/fp4_gpu_check.err"
     python3 -c "import json;d=json.load(open('$OUT/fp4_gpu_check.json'));print(json.dumps({k:(v if k!='nvfp4_bitexact' else {kk:vv for kk,vv in v.items() if kk!='failing_cases'}) for k,v in d.items()})[:4000])" ;;
   70b1)  # one GPU: RUNS picks recompute settings: full | none | selective | blockN (N layers recomputed), -ai suffix:
-         # + adapter_inputs (SwiGLU recomputed, RMSNorm folded into A); ITERS70 overrides train_iters
+         # + adapter_inputs (SwiGLU recomputed, RMSNorm folded into A); ITERS70 overrides train_iters; EXTRA70 adds
+         # trainer_throughput arguments to every run and TAG70 names them in the label, e.g. TAG70=nodrop
+         # EXTRA70="--set trainer.lora.dropout=0.0" (what LoRA dropout costs the 70B: the planner's fitted dropout
+         # term holds 3.5 s of its 27.6 s step, the passes it counts ~0.3 s), or TAG70=prof EXTRA70="--profile 8-9"
     for r in ${RUNS:-full block60 block40 none}; do
       base=${r%-ai}; set_r=()
       case $base in
@@ -293,8 +296,9 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
       esac
       [ "$r" != "$base" ] && set_r+=(--set trainer.recompute.adapter_inputs=true)
       [ -n "${ITERS70:-}" ] && set_r+=(--set "trainer.schedule.train_iters=$ITERS70")
-      $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b-1gpu-$r" --timeout 420 \
-          "${set_r[@]}"
+      [ -n "${EXTRA70:-}" ] && { read -ra extra <<<"$EXTRA70"; set_r+=("${extra[@]}"); }
+      $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b-1gpu-$r${TAG70:+-$TAG70}" \
+          --timeout 420 "${set_r[@]}"
     done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1.jsonl" ;;
   70b1-loss)
     python3 bench/fp8_release_loss.py --layers 20 --iters 24 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1-loss.jsonl" ;;
