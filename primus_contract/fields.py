@@ -214,7 +214,8 @@ SCHEMA: dict = {
             # trainer runs plain causal attention without PackedSeqParams (trainer/model/inputs.py)
             "fp8_dot_product_attention": Field("bool", None, nullable=True, help="attention in FP8 (TE's fused "
                                                "attention; megatron-core fp8_dot_product_attention): needs fp8 "
-                                               "delayed or tensorwise, a GPU of compute capability >= 9.0, head dim "
+                                               "delayed (or tensorwise on compute capability >= 10.0), a GPU of "
+                                               "compute capability >= 9.0, head dim "
                                                "128 and rows of one document (TE has none for packed THD); true: "
                                                "refused where it cannot run, and with packing plus "
                                                "data.single_document_sbhd it runs on the one-document micro-batches "

@@ -15,6 +15,9 @@ CUSTOM_RECIPE_MIN_TE = (2, 9)
 FP8_MIN_CC = (8, 9)
 FP8_BLOCKWISE_MIN_CC = (9, 0)
 FP8_ATTENTION_MIN_CC = (9, 0)  # cuDNN fused attention in FP8 (TE's FusedAttention backend): sm90+
+# ... under current scaling (fp8_recipe tensorwise): TE's backend selection (attention/dot_product_attention/utils.py,
+# TE 2.20 source) disables FusedAttention for Float8CurrentScaling below sm100, and no other backend trains in FP8
+FP8_ATTENTION_CS_MIN_CC = (10, 0)
 NVFP4_MIN_CC = (10, 0)
 FP8_MIN_GFX = 942
 MXFP4_GFX = 950
@@ -97,6 +100,11 @@ def fp8_error(s, env: Environment) -> Optional[str]:
     if getattr(s, "fp8_dot_product_attention", False) and env.cuda_cc < FP8_ATTENTION_MIN_CC:
         return (f"{FIELD}.fp8_dot_product_attention needs compute capability >= 9.0 (cuDNN's FP8 fused attention: "
                 f"Hopper or newer); found {_cc(env)}; set it to false")
+    if (getattr(s, "fp8_dot_product_attention", False) and s.fp8_recipe == "tensorwise"
+            and env.cuda_cc < FP8_ATTENTION_CS_MIN_CC):
+        return (f"{FIELD}.fp8_dot_product_attention with fp8_recipe tensorwise (current scaling) needs compute "
+                f"capability >= 10.0: TE runs FP8 attention under current scaling on Blackwell only; found "
+                f"{_cc(env)}; use fp8_recipe: delayed, or set it to false")
     return None
 
 

@@ -18,6 +18,9 @@ FP4_FORMAT = {"b200": "nvfp4", "mi355x": "mxfp4", "h100": None, "h200": None, "m
 # 0.16.1 and 0.19.2) hands fp8_dpa to TE's DelayedScaling and Float8CurrentScaling only: with Float8BlockScaling the
 # field would be ignored (TE's recipe table in dot_product_attention.py, v2.18, has no FP8 attention for it either).
 FP8_ATTENTION_RECIPES = ("delayed", "tensorwise")
+# TE 2.20 runs FP8 attention under current scaling (tensorwise) on sm100+ only (primus_contract.machine
+# FP8_ATTENTION_CS_MIN_CC): refused on the Hopper profiles; null turns it on under delayed scaling only (measured)
+HOPPER_PROFILES = ("h100", "h200")
 
 
 def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device: str) -> None:
@@ -87,6 +90,10 @@ def profile_rules(p: Mapping, profile: str) -> None:
     if p["fp8_dot_product_attention"] and profile in ("mi300x", "mi355x"):
         fail(f"`{P}.fp8_dot_product_attention` runs cuDNN's FP8 attention (NVIDIA, compute capability >= 9.0); "
              f"`cluster.env_profile` {profile} is AMD, where it was never run; set it to false (or null)")
+    if p["fp8_dot_product_attention"] and p["fp8_recipe"] == "tensorwise" and profile in HOPPER_PROFILES:
+        fail(f"`{P}.fp8_dot_product_attention` with fp8_recipe tensorwise (current scaling) needs compute capability "
+             f">= 10.0 (TE runs FP8 attention under current scaling on Blackwell only); `cluster.env_profile` "
+             f"{profile} is Hopper: use fp8_recipe: delayed, or set it to false (or null)")
     if not p["fp4"] or p["fp4_emulation"] or profile not in FP4_FORMAT:
         return
     native = FP4_FORMAT[profile]
@@ -302,13 +309,13 @@ def attention_layout(t: Mapping) -> str:
 
 
 def fp8_attention_fits(t: Mapping) -> bool:
-    """The recipe side of fp8_dot_product_attention null (auto): FP8 with a recipe TE has FP8 attention for (delayed,
-    tensorwise), one document a row (packing false: TE's FP8 attention takes bshd/sbhd), context parallelism 1, and
+    """The recipe side of fp8_dot_product_attention null (auto): FP8 under delayed scaling (what ran; TE's FP8
+    attention under current scaling needs sm100, primus_contract.machine), one document a row (packing false: TE's FP8 attention takes bshd/sbhd), context parallelism 1, and
     head dims TE's FP8 attention runs (128). The node adds compute capability >= 9.0 and Transformer Engine
     (trainer/precision/gating.py resolve: auto stays off where they lack, never refused). Packed rows with
     single_document_sbhd (per micro-batch, trainer/model/inputs.py) take it only when set true: not yet run on a GPU."""
     p = t["precision"]
-    return (bool(p["fp8"]) and p["fp8_recipe"] in FP8_ATTENTION_RECIPES and not t["data"]["packing"]
+    return (bool(p["fp8"]) and p["fp8_recipe"] == "delayed" and not t["data"]["packing"]
             and t["parallelism"]["context"] == 1 and fp8_attention_heads_ok(t["model"]))
 
 

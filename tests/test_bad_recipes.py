@@ -57,6 +57,10 @@ BAD = [
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, data: {packing: false}, precision: "
      "{fp8_dot_product_attention: true, fp8: hybrid}}", "needs attention head dim 128 (Transformer Engine's FP8 "
      "attention has no backend for others); this model has head dim 32 (from trainer.model)"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, data: {packing: false}, precision: "
+     "{fp8_dot_product_attention: true, fp8: hybrid, fp8_recipe: tensorwise}, model: {num_attention_heads: 1, "
+     "num_query_groups: 1}, checkpoint: {pretrained: null}}",
+     "with fp8_recipe tensorwise (current scaling) needs compute capability >= 10.0"),
     ("cluster: {env_profile: mi300x}\ntrainer: {distributed: {device: cuda}, data: {packing: false}, precision: "
      "{fp8_dot_product_attention: true, fp8: hybrid}, model: {num_attention_heads: 1, num_query_groups: 1}, "
      "checkpoint: {pretrained: null}}",

@@ -73,6 +73,8 @@ def test_fp8_attention_null_is_on_for_fp8_one_document_rows_where_te_runs_it():
     for other in (resolved(precision={"fp8": "hybrid"}, model=HD128),                            # packed (THD)
                   resolved(precision={"fp8": "hybrid"}, data={"packing": False}),                # head dim 32
                   resolved(precision={"fp8": "hybrid", "fp8_recipe": "blockwise"}, data={"packing": False}, model=HD128),
+                  resolved(precision={"fp8": "hybrid", "fp8_recipe": "tensorwise"}, data={"packing": False},
+                           model=HD128),                                # current scaling: Blackwell only in TE
                   resolved(precision={"fp8": "hybrid", "fp8_dot_product_attention": False}, data={"packing": False},
                            model=HD128)):
         assert transformer_config(other).fp8_dot_product_attention is False
