@@ -138,7 +138,7 @@ def test_fp8_attention_is_on_by_default_for_one_document_fp8_rows(record):
     (on, fp8), (off, bf16) = run(None), run(False)
     record(precision_line=line, fp8_attention=fp8, bf16_attention=bf16)
     assert "| attention fp8" in line and on and not off
-    assert fp8[-1] < fp8[0] and bf16[-1] < bf16[0], "the loss did not fall"
+    assert fp8[-2] < fp8[0] and bf16[-2] < bf16[0], "the loss did not fall (the same batch, 4 or 6 steps apart)"
     assert max(abs(a - b) for a, b in zip(fp8, bf16)) < 0.05
 
 
@@ -172,5 +172,5 @@ def test_fp8_attention_follows_the_micro_batches_of_a_packed_run(record, monkeyp
     record(fp8_attention=fp8, bf16_attention=bf16, flags_on=on)
     assert on == [(True, True), (False, False)] * 4, on  # sbhd with FP8 attention, thd without, in turn
     assert off == [(True, False), (False, False)] * 4, off
-    assert fp8[-1] < fp8[0] and bf16[-1] < bf16[0], "the loss did not fall"
+    assert fp8[-2] < fp8[0] and bf16[-2] < bf16[0], "the loss did not fall (the same batch, 4 or 6 steps apart)"
     assert max(abs(a - b) for a, b in zip(fp8, bf16)) < 0.05
