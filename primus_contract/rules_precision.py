@@ -21,6 +21,7 @@ FP8_ATTENTION_RECIPES = ("delayed", "tensorwise")
 # TE 2.20 runs FP8 attention under current scaling (tensorwise) on sm100+ only (primus_contract.machine
 # FP8_ATTENTION_CS_MIN_CC): refused on the Hopper profiles; null turns it on under delayed scaling only (measured)
 HOPPER_PROFILES = ("h100", "h200")
+NVIDIA_PROFILES, AMD_PROFILES = (*HOPPER_PROFILES, "b200"), ("mi300x", "mi355x")
 
 
 def precision_rules(p: Mapping, num_layers: Optional[int], pipeline: int, device: str) -> None:
@@ -87,7 +88,7 @@ def _first_last(p: Mapping, num_layers: Optional[int], pipeline: int) -> None:
 
 def profile_rules(p: Mapping, profile: str) -> None:
     """The FP4 format the recipe's env profile has units for; FP8 attention on NVIDIA only."""
-    if p["fp8_dot_product_attention"] and profile in ("mi300x", "mi355x"):
+    if p["fp8_dot_product_attention"] and profile in AMD_PROFILES:
         fail(f"`{P}.fp8_dot_product_attention` runs cuDNN's FP8 attention (NVIDIA, compute capability >= 9.0); "
              f"`cluster.env_profile` {profile} is AMD, where it was never run; set it to false (or null)")
     if p["fp8_dot_product_attention"] and p["fp8_recipe"] == "tensorwise" and profile in HOPPER_PROFILES:
@@ -111,7 +112,7 @@ def run_device(t: Mapping, profile: str) -> str:
     return "cpu" if profile == "cpu" and device == "auto" else device
 
 
-GPU_PROFILES = ("h100", "h200", "b200", "mi300x", "mi355x")  # env profiles that name a GPU (cpu and none do not)
+GPU_PROFILES = NVIDIA_PROFILES + AMD_PROFILES  # env profiles that name a GPU (cpu and none do not)
 # the largest LoRA rank the adapters' Triton kernels take (trainer/model/lora/kernels.py: one tile holds the rank)
 LORA_KERNEL_MAX_RANK = 128
 
@@ -120,8 +121,7 @@ def nvidia_run(t: Mapping, profile: str) -> bool:
     """The run's device is an NVIDIA GPU (where the Triton kernels run), as far as the recipe tells: device auto on
     an NVIDIA profile, or cuda on any profile but AMD's."""
     device = run_device(t, profile)
-    return profile in ("h100", "h200", "b200") if device == "auto" else (
-        device == "cuda" and profile not in ("mi300x", "mi355x"))
+    return profile in NVIDIA_PROFILES if device == "auto" else (device == "cuda" and profile not in AMD_PROFILES)
 
 
 def triton_kernels_run(t: Mapping, profile: str) -> bool:
