@@ -69,8 +69,6 @@ def main() -> int:
         for design, swiglu in VARIANTS:
             if args.shape == "70b" and swiglu:
                 continue  # no fc1 adapter there
-            if prec == "fp8" and design.startswith("epilogue") and design != "epilogue-all":
-                continue  # refused with FP8 (the contract): the base GEMMs stay TE's
             b = step_bytes(design, swiglu, args.dropout, args.shape)
             pred = b / bw * 1e3
             row = {"bench": "adapter_traffic", "shape": args.shape, "precision": prec, "design": design,

@@ -170,17 +170,24 @@ def lora_rules(lora: dict, model: dict, pipeline: int = 1) -> None:
                  "linears in every stage, or lower pipeline")
 
 
+# trainer/model/lora/base_gemm.py TeFp8Gemm: the module's per-tensor FP8 quantizers (DelayedScaling, Float8CurrentScaling)
+FP8_EPILOGUE_RECIPES = ("delayed", "tensorwise")
+
+
 def epilogue_rules(t: dict) -> None:
     """trainer.lora.epilogue owns the frozen base GEMM in 16/32-bit at TP 1 (trainer/model/lora/epilogue.py): refused
     where no linear could take it, never accepted and ignored."""
     lora, prec = t["lora"], t["precision"]
     if not lora["epilogue"]:
         return
-    quantized = [k for k in ("fp8", "fp4") if prec[k]]
-    if quantized:
-        fail(f"`trainer.lora.epilogue` owns each base GEMM in 16/32-bit, and `trainer.precision.{quantized[0]}` runs "
-             "them quantized in Transformer Engine (an epilogue there needs TE's quantized functional GEMMs, not "
-             "built); set epilogue: false (trainer.lora.fused keeps TE's GEMMs)")
+    if prec["fp4"]:
+        fail("`trainer.lora.epilogue` owns each base GEMM in 16/32-bit or per-tensor FP8, and `trainer.precision.fp4` "
+             "runs them in FP4 (an epilogue there is not built); set epilogue: false (trainer.lora.fused keeps TE's "
+             "GEMMs)")
+    if prec["fp8"] and prec["fp8_recipe"] not in FP8_EPILOGUE_RECIPES:
+        fail("`trainer.lora.epilogue` with `trainer.precision.fp8` runs the base GEMMs through Transformer Engine's "
+             "functional linear with per-tensor scaling (fp8_recipe delayed or tensorwise); fp8_recipe "
+             f"{prec['fp8_recipe']} is not built there: set epilogue: false, or fp8_recipe: delayed")
     if t["parallelism"]["tensor"] > 1:
         fail("`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only (the node would own the TP "
              f"collectives of the base too); tensor is {t['parallelism']['tensor']}: set epilogue: false")

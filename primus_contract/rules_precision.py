@@ -203,6 +203,10 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
     epilogue_norm_rules(t, profile)
     if not t["lora"]["epilogue"]:
         return
+    if t["precision"]["fp8"] and profile in AMD_PROFILES:
+        fail("`trainer.lora.epilogue` with `trainer.precision.fp8` runs the base GEMMs through NVIDIA Transformer "
+             f"Engine's functional linear (built and checked on NVIDIA GPUs only); env profile {profile}: set "
+             "epilogue: false")
     # device auto without a GPU profile may land on a GPU, where TE's spec fuses qkv/fc1 with their norms: the
     # owners must hold there too (the trainer refuses at its start otherwise)
     maybe_gpu = run_device(t, profile) != "cpu"

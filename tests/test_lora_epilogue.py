@@ -233,10 +233,10 @@ def test_build_refuses_when_no_linear_can_take_it(monkeypatch):
     from trainer.model import build
     from trainer.model.lora import epilogue
 
-    monkeypatch.setattr(epilogue, "owns_base_gemm", lambda base: False)
+    monkeypatch.setattr(epilogue, "owns_base_gemm", lambda base, fp8=False: False)
     import trainer.model.lora.layers as layers
 
-    monkeypatch.setattr(layers, "owns_base_gemm", lambda base: False)
+    monkeypatch.setattr(layers, "owns_base_gemm", lambda base, fp8=False: False)
     cfg = tiny_cfg(trainer={"lora": {"epilogue": True}})
     with dist_session(cfg) as info:
         with pytest.raises(ConfigError, match="no wrapped linear can own its base GEMM"):

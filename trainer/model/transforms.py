@@ -163,6 +163,7 @@ def _epilogue(model, ctx: BuildContext) -> str:
             for m in wrapped:
                 m.epilogue = False
             return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"
+    fp8 = _fp8_epilogue(wrapped, ctx)
     normed = sum(m.uses_norm_epilogue() for m in wrapped)  # trainer.lora.epilogue_norm (lora/norm_epilogue.py)
     taken = sum(m.uses_epilogue() for m in wrapped) + normed
     # (true: every rank of the stages' group asks once; auto reaches here only where some linear took the path)
@@ -188,7 +189,26 @@ def _epilogue(model, ctx: BuildContext) -> str:
     how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "torch ops (no Triton device here, or a rank above the kernels')")
     norm = f" (norm-fed {normed})" if normed or ctx.cfg.trainer.lora.epilogue_norm else ""
-    return f"lora epilogue | base GEMMs accumulate the adapters | {taken} of {len(wrapped)} linears{norm} | {how}"
+    gemms = "FP8 base GEMMs (TE's functional linear)" if fp8 else "base GEMMs"
+    return f"lora epilogue | {gemms} accumulate the adapters | {taken} of {len(wrapped)} linears{norm} | {how}"
+
+
+def _fp8_epilogue(wrapped, ctx: BuildContext) -> bool:
+    """trainer.lora.epilogue true in an FP8 run (the contract took it: delayed or tensorwise scaling, NVIDIA): the
+    wrapped linears run their base GEMMs in FP8 through TE's functional linear (trainer/model/lora/base_gemm.py)."""
+    settings = ctx.precision.settings
+    if not (settings.fp8 and ctx.cfg.trainer.lora.epilogue is True):
+        return False
+    from trainer.config import ConfigError
+    from trainer.model.lora.base_gemm import te_functional
+
+    if ctx.device.type != "cuda" or te_functional() is None:
+        raise ConfigError("trainer.lora.epilogue true with trainer.precision.fp8 runs the base GEMMs through "
+                          "Transformer Engine's functional linear (ops.BasicLinear), which this node's TE lacks (or no "
+                          "GPU); set epilogue: false")
+    for m in wrapped:
+        m.fp8_epilogue = True
+    return True
 
 
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:

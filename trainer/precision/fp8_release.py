@@ -25,7 +25,8 @@ import torch
 from trainer.precision.fp8_params import releasable
 
 
-def _drop(weights) -> None:
+def drop_transposes(weights) -> None:
+    """Drop the column-wise copy (the transpose) of each of these primary FP8 weights that holds one."""
     for p in weights:
         if p.get_usages().get("columnwise"):
             p.update_usage(rowwise_usage=True, columnwise_usage=False)
@@ -35,7 +36,7 @@ def _arm(weights):
     def pre_hook(module, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()), None)
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
-            x.register_hook(lambda grad: _drop(weights))
+            x.register_hook(lambda grad: drop_transposes(weights))
     return pre_hook
 
 

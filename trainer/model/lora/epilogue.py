@@ -28,14 +28,18 @@ from __future__ import annotations
 
 import torch
 
+from trainer.model.lora.base_gemm import TorchGemm, owns_fp8_base_gemm
 from trainer.model.lora.drop import draw
 from trainer.model.lora.kernels import dual_grad, masked_product
 
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def owns_base_gemm(base) -> bool:
-    """The base's forward is y = x W^T alone: a plain 16/32-bit 2-D weight (no FP8 tensor), no bias added."""
+def owns_base_gemm(base, fp8: bool = False) -> bool:
+    """The base's forward is y = x W^T alone: a plain 16/32-bit 2-D weight (no FP8 tensor), no bias added; with
+    fp8 (trainer.lora.epilogue true in an FP8 run), a TE linear whose FP8 GEMM it can run (base_gemm)."""
+    if fp8:
+        return owns_fp8_base_gemm(base)
     w = getattr(base, "weight", None)
     if type(w) not in (torch.nn.Parameter, torch.Tensor) or w.dim() != 2 or w.dtype not in PLAIN_DTYPES:
         return False
@@ -61,16 +65,18 @@ def auto_blocker(device: torch.device, settings) -> str | None:
 
 class _Epilogue(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, u, w, a, b, scale, p, act, kernels, products):
-        y, xd2, keep, h, a_c, b_c = _forward(x, w, a, b, scale, p, kernels and products)
+    def forward(ctx, x, u, gemm, a, b, scale, p, act, kernels, products):
+        y, xd2, keep, h, a_c, b_c = _forward(x, gemm, a, b, scale, p, kernels and products)
         kept = u.detach() if u is not None else xd2
-        ctx.save_for_backward(kept, keep, h, a_c, b_c, w)
+        ctx.save_for_backward(kept, keep, h, a_c, b_c)
+        ctx.gemm = gemm  # the frozen base GEMM (trainer.model.lora.base_gemm): its weight, or TE's FP8 operands
         ctx.meta = (scale, p, act if u is not None else None, kernels, x.shape, a.dtype, b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        kept, keep, h, a_c, b_c, w = ctx.saved_tensors
+        kept, keep, h, a_c, b_c = ctx.saved_tensors
+        gemm, ctx.gemm = ctx.gemm, None
         scale, p, act, kernels, x_shape, a_dtype, b_dtype = ctx.meta
         dy2 = dy.reshape(-1, dy.shape[-1])
         # dh and dB by cuBLAS, dy read twice: the one-read Triton kernel (dual_grad's) took 2.2-2.5x their time at the
@@ -82,16 +88,19 @@ class _Epilogue(torch.autograd.Function):
         dx = None
         if ctx.needs_input_grad[0]:
             dx = masked_product(dh, a_c, keep, p, kernels=kernels)
-            dx.addmm_(dy2, w)  # the base dgrad GEMM accumulates into the adapter's input gradient (beta = 1)
+            gemm.dgrad_into(dy2, dx)  # the base dgrad GEMM accumulates into the adapter's input gradient (beta = 1)
             dx = dx.view(x_shape)
+        gemm.done()
         return dx, None, None, da.to(a_dtype), db.to(b_dtype), None, None, None, None, None
 
 
-def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
+def epilogue_adapter(w, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
                      p: float = 0.0, u=None, act=None, kernels: bool = False, products: bool = False) -> torch.Tensor:
-    """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. With (u, act): x = act(u), u kept instead of x
+    """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. w: the base weight, or its GEMM
+    (trainer.model.lora.base_gemm: TorchGemm, TeFp8Gemm). With (u, act): x = act(u), u kept instead of x
     (trainer.model.lora.inputs; only without dropout). p: the pre-dropout probability in effect (0: none). kernels:
     the Triton passes run here (dx's masked product); products: s h B^T by one too (trainer.lora.triton_products)."""
+    gemm = TorchGemm(w) if isinstance(w, torch.Tensor) else w
     if u is not None and p:
         raise ValueError("the epilogue path recomputes x = act(u) only without dropout")
     if not (torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)):
@@ -99,16 +108,16 @@ def epilogue_adapter(w: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch
         # recompute runs a layer's first forward without grad and its replay with grad, and in BF16 the other order
         # rounds differently (audit, 2026-12-06: the two differed in 1 ulp, so recompute was not exact)
         with torch.no_grad():
-            return _forward(x, w, a, b, scale, p, kernels and products)[0]
-    return _Epilogue.apply(x, u, w, a, b, scale, float(p), act, kernels, products)
+            return _forward(x, gemm, a, b, scale, p, kernels and products)[0]
+    return _Epilogue.apply(x, u, gemm, a, b, scale, float(p), act, kernels, products)
 
 
-def _forward(x, w, a, b, scale, p, products):
+def _forward(x, gemm, a, b, scale, p, products):
     """(y, xd2, keep, h, a_c, b_c): x W^T + scale * drop_p(x) A^T B^T, the adapter's product written first."""
     x2 = x.reshape(-1, x.shape[-1])
     a_c, b_c = a.to(x.dtype), b.to(x.dtype)
     xd2, keep = draw(x2, p) if p else (x2, None)
     h = xd2.mm(a_c.t())
     y = masked_product(h, b_c.t(), None, 0.0, kernels=products, scale=scale)  # s h B^T, written once
-    y.addmm_(x2, w.t())  # the base GEMM accumulates into the adapter's product (beta = 1)
-    return y.view(*x.shape[:-1], w.shape[0]), xd2, keep, h, a_c, b_c
+    gemm.forward_into(x2, y)  # the base GEMM accumulates into the adapter's product (beta = 1)
+    return y.view(*x.shape[:-1], y.shape[-1]), xd2, keep, h, a_c, b_c

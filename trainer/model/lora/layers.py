@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from primus_contract.targets import targeted
 from trainer.model.lora.grouped import GroupedLoRALinear, dropout_per_tp_rank, is_grouped_linear
 from trainer.model.adapter_grads import adapter_a
+from trainer.model.lora.base_gemm import base_gemm
 from trainer.model.lora.drop import draw
 from trainer.model.lora.epilogue import epilogue_adapter, owns_base_gemm
 from trainer.model.lora.fused import fused_adapter
@@ -140,6 +141,9 @@ class LoRALinear(nn.Module):
         # (primus_contract.rules_precision.epilogue_norm_on)
         self.epilogue_norm = bool(epilogue_norm)
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
+        # set by trainer.model.transforms (trainer.lora.epilogue true in an FP8 run): the epilogue runs the base's
+        # GEMMs in FP8 through TE's functional linear (trainer.model.lora.base_gemm)
+        self.fp8_epilogue = False
 
         weight = base.weight
         out_local, in_local = weight.shape[0], weight.shape[1]
@@ -251,13 +255,14 @@ class LoRALinear(nn.Module):
     def uses_epilogue(self) -> bool:
         """trainer.model.lora.epilogue applies: it can own the base GEMM (TP 1, a plain 16/32-bit weight, no bias;
         not an expert or duplicated linear) and the adapter reads the base's own input."""
-        return self._epilogue_layout() and self._reads_own_input() and owns_base_gemm(self.base)
+        return self._epilogue_layout() and self._reads_own_input() and owns_base_gemm(self.base, self.fp8_epilogue)
 
     def uses_norm_epilogue(self) -> bool:
         """trainer.model.lora.norm_epilogue applies: the epilogue's layout, on a norm-fused linear whose adapter
         reads the norm output (no folded norm, no post-dropout) and whose norm torch can run."""
         return (self.epilogue_norm and self._epilogue_layout() and self.fused_norm and self.adapter_norm is None
-                and (self.dropout is None or self.dropout_position == "pre") and owns_norm(self.base))
+                and (self.dropout is None or self.dropout_position == "pre")
+                and owns_norm(self.base, self.fp8_epilogue))
 
     def _epilogue_layout(self) -> bool:
         """trainer.lora.epilogue on, and a layout its node can own: TP 1, not an expert or duplicated linear."""
@@ -277,9 +282,10 @@ class LoRALinear(nn.Module):
             return norm_epilogue(self, x, self._p(), self._kernels(x)), None
         if self.uses_epilogue() and not args and not kwargs:
             u = self._take_act_input(x)
-            y = epilogue_adapter(self.base.weight, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
-                                 act=self.input_act if u is not None else None, kernels=self._kernels(x),
-                                 products=self.triton_products)
+            with base_gemm(self.base, x, self.fp8_epilogue) as (x, gemm):
+                y = epilogue_adapter(gemm, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
+                                     act=self.input_act if u is not None else None, kernels=self._kernels(x),
+                                     products=self.triton_products)
             return y, None
         if self.uses_fused_path():
             u, p = self._take_act_input(x), self._p()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.model.lora.base_gemm import TorchGemm, base_gemm
 from trainer.model.lora.drop import draw
 from trainer.model.lora.epilogue import epilogue_adapter, owns_base_gemm
 from trainer.model.lora.fused import fused_adapter
@@ -32,7 +33,7 @@ from trainer.model.lora.fused import fused_adapter
 FUSED_RMS_NORM = hasattr(torch.ops.aten, "_fused_rms_norm")  # torch's one-kernel RMSNorm (looked up once)
 
 
-def owns_norm(base) -> bool:
+def owns_norm(base, fp8: bool = False) -> bool:
     """`base` is a norm-fused linear whose norm torch runs as TE does: TE's LayerNormLinear with a tensor norm weight,
     LayerNorm, or RMSNorm where torch has its fused kernel (one rounding of the output, as TE's; older torch rounds
     the normalised value before the weight and keeps fp32 intermediates), no zero-centred gamma (TE adds its 1 in
@@ -41,7 +42,7 @@ def owns_norm(base) -> bool:
     kind = getattr(base, "normalization", "LayerNorm")
     return (isinstance(weight, torch.Tensor) and hasattr(base, "return_layernorm_output")
             and (kind == "LayerNorm" or (kind == "RMSNorm" and FUSED_RMS_NORM))
-            and not getattr(base, "zero_centered_gamma", False) and owns_base_gemm(base))
+            and not getattr(base, "zero_centered_gamma", False) and owns_base_gemm(base, fp8))
 
 
 def norm(base, x: torch.Tensor) -> torch.Tensor:
@@ -55,15 +56,36 @@ def norm(base, x: torch.Tensor) -> torch.Tensor:
 
 
 def norm_epilogue(lora, x: torch.Tensor, p: float, kernels: bool) -> torch.Tensor:
-    """base(x) + scale * drop_p(norm(x)) A^T B^T of a norm-fed LoRALinear, through the epilogue node on norm(x)."""
-    return epilogue_adapter(lora.base.weight, norm(lora.base, x), lora.lora_a, lora.lora_b, lora.scale, p,
-                            kernels=kernels, products=lora.triton_products)
+    """base(x) + scale * drop_p(norm(x)) A^T B^T of a norm-fed LoRALinear, through the epilogue node on norm(x)
+    (its base GEMM in FP8 with lora.fp8_epilogue: trainer.model.lora.base_gemm)."""
+    with base_gemm(lora.base, norm(lora.base, x), lora.fp8_epilogue) as (xn, gemm):
+        return epilogue_adapter(gemm, xn, lora.lora_a, lora.lora_b, lora.scale, p, kernels=kernels,
+                                products=lora.triton_products)
+
+
+class _BaseLinear(torch.autograd.Function):
+    """norm(x) W^T by a base GEMM object (trainer.model.lora.base_gemm) and its dgrad: the FP8 base of norm_parts."""
+
+    @staticmethod
+    def forward(ctx, z, gemm):
+        ctx.gemm, ctx.shape = gemm, z.shape
+        return gemm.forward_new(z.reshape(-1, z.shape[-1])).view(*z.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gemm, ctx.gemm = ctx.gemm, None
+        dx = gemm.dgrad_new(dy.reshape(-1, dy.shape[-1])).view(ctx.shape) if ctx.needs_input_grad[0] else None
+        gemm.done()
+        return dx, None
 
 
 def norm_parts(lora, x: torch.Tensor, p: float, kernels: bool):
     """(norm(x) W^T, drop_p(norm(x)) A^T) of a norm-fed LoRALinear whose consumer applies B itself (the SwiGLU fold),
     dh A added in place into the base's dgrad by the fused path's tap."""
-    w = lora.base.weight
-    return fused_adapter(lambda z: (F.linear(z, w), None), norm(lora.base, x), lora.lora_a, lora.lora_b, lora.scale,
-                         drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
-                         products=lora.triton_products, parts=True)[0]
+    with base_gemm(lora.base, norm(lora.base, x), lora.fp8_epilogue) as (xn, gemm):
+        w = lora.base.weight
+        base = (lambda z: (F.linear(z, w), None)) if isinstance(gemm, TorchGemm) else \
+            (lambda z: (_BaseLinear.apply(z, gemm), None))
+        return fused_adapter(base, xn, lora.lora_a, lora.lora_b, lora.scale,
+                             drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
+                             products=lora.triton_products, parts=True)[0]
