@@ -71,8 +71,9 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
   local name=$1; shift
   local end=$(( $(date +%s) + ${BUDGET_S:-560} )) r=${REPEATS:-3} precs=(${PRECISIONS:-bf16 fp8})
   local anchor=() ceiling=()
-  for _ in $(seq "$r"); do
-    anchor+=(bf16 fp8_delayed); ceiling+=(bf16 packed:bf16 fp8_delayed packed:fp8_delayed)
+  for _ in $(seq "$r"); do  # the ceiling's cells for the precisions timed (PRECISIONS=fp8: FP8 only)
+    anchor+=(bf16 fp8_delayed)
+    for p in "${precs[@]}"; do q=$p; [ "$p" = fp8 ] && q=fp8_delayed; ceiling+=("$q" "packed:$q"); done
   done
   { timeout 90 python3 bench/kernel_check.py  # the Triton kernels on this GPU against the torch ops, first (~20 s)
     budget=$(( end - $(date +%s) ))
@@ -159,7 +160,9 @@ case "${1:-}" in
             # norm-fed linears in it (norm-off: lora.epilogue_norm, null by default since the twelfth session; in
             # FP8 it equals default); and the candidate still opt-in switched ON: ainorm-on (the RMSNorm-fed
             # adapters norm x themselves, recompute.adapter_inputs scope norm: in FP8 TE then fuses its norm with
-            # the quantize; lost 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB). `default` kept against an -off variant: that lever still
+            # the quantize; lost 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB); epi-on (FP8: lora.epilogue true, the base
+            # GEMMs in FP8 through TE's functional linear, trainer/model/lora/base_gemm.py; in BF16 it equals default).
+            # `default` kept against an -off variant: that lever still
             # pays; an -on variant kept against `default`: it goes on by default (its median above default's max).
             # VARIANTS="default all-off norm-off" keeps only those (a short call)
     picked=()
@@ -167,6 +170,7 @@ case "${1:-}" in
         products-off=trainer.lora.triton_products=false epilogue-off=trainer.lora.epilogue=false \
         norm-off=trainer.lora.epilogue_norm=false \
         ainorm-on=trainer.recompute.adapter_inputs=true,trainer.recompute.adapter_inputs_scope=norm \
+        epi-on=trainer.lora.epilogue=true \
         all-off=trainer.recompute.chunked_loss_kernel=false,trainer.lora.triton_products=false,trainer.lora.epilogue=false; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done

@@ -255,10 +255,12 @@ SCHEMA: dict = {
                                   "(rules_precision.fused_swiglu_on) "
                                   "(H200 8B, 2026-12-05: +2.4 % BF16 single-document, +2.9 % packed, +3.0 % / +1.3 % "
                                   "FP8; median of 3; real-text loss within the reseeded run's spread, H100)"),
-            # trainer/model/lora/epilogue.py: not with fp8/fp4, tensor > 1, post-dropout (primus_contract/rules_model.py)
+            # trainer/model/lora/epilogue.py: not with fp4, FP8 blockwise, tensor > 1, post-dropout (rules_model.py)
             "epilogue": Field("bool", None, nullable=True, help="one node owns each non-norm linear's frozen base "
                               "GEMM: it adds into the adapter's product (beta 1), pre-dropout is fused into A "
-                              "(trainer/model/lora/epilogue.py); TP 1, 16/32-bit base GEMMs only; true: refused where "
+                              "(trainer/model/lora/epilogue.py); TP 1; 16/32-bit base GEMMs, or with true FP8 "
+                              "delayed/tensorwise on NVIDIA (the module's FP8 GEMMs through Transformer Engine's "
+                              "functional linear, trainer/model/lora/base_gemm.py); true: refused where "
                               "it cannot run; null (default): on for BF16 on NVIDIA GPUs where a linear can take it, "
                               "off elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-06, median of 3: "
                               "+1.3 % single-document, +1.2 % packed; real-text loss within the reseeded run's "

@@ -88,19 +88,27 @@ def test_fp8_epilogue_matches_the_fused_path_on_te_modules(record, norm, p):
     assert all(e < 2e-2 for e in errors), errors
 
 
-def _tiny(precision: dict, epilogue: bool):
+def _tiny(precision: dict, epilogue: bool, targets=None):
     from tests.model_helpers import tiny_cfg
 
+    lora = {"epilogue": epilogue, **({"target_modules": targets} if targets else {})}
     return tiny_cfg(trainer={
         "model": {"hidden_size": 128, "num_attention_heads": 1, "num_query_groups": 1, "ffn_hidden_size": 352},
-        "precision": {"bf16": True, **precision}, "lora": {"epilogue": epilogue},
+        "precision": {"bf16": True, **precision}, "lora": lora,
         "distributed": {"device": "cuda", "backend": "nccl"}})
 
 
-@pytest.mark.parametrize("precision", [
-    {"fp8": "hybrid", "fp8_recipe": "delayed"},
-    {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param": True}], ids=["delayed", "tensorwise-fp8param"])
-def test_fp8_epilogue_trains_the_tiny_model_like_the_fused_path(record, monkeypatch, precision):
+TENSORWISE = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
+
+
+@pytest.mark.parametrize("precision, targets", [
+    ({"fp8": "hybrid", "fp8_recipe": "delayed"}, None),
+    ({"fp8": "hybrid", "fp8_recipe": "delayed"}, ["linear_fc1", "linear_fc2"]),  # the MLP's fc1 is the first module
+    ({**TENSORWISE, "fp8_param": True}, None),
+    ({**TENSORWISE, "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 1,
+      "num_layers_at_end_in_bf16": 0}, None),  # layer 1 runs unquantized: its bases through torch
+], ids=["delayed", "delayed-mlp-only", "tensorwise-fp8param", "tensorwise-first-layer-bf16"])
+def test_fp8_epilogue_trains_the_tiny_model_like_the_fused_path(record, monkeypatch, precision, targets):
     """6 AdamW steps: the losses stay within 0.05 of the fused path's and fall; every wrapped linear took the FP8
     epilogue; with fp8_param no weight keeps its transpose after a backward (counted at each optimizer step)."""
     from tests.model_helpers import train_losses
@@ -123,11 +131,12 @@ def test_fp8_epilogue_trains_the_tiny_model_like_the_fused_path(record, monkeypa
             return super().step(*args, **kwargs)
 
     monkeypatch.setattr(torch.optim, "AdamW", Counting)
-    fp8 = train_losses(_tiny(precision, True), 6, seed=5, rows=2, seq=256, doc_lens=(200, 150, 100),
+    fp8 = train_losses(_tiny(precision, True, targets), 6, seed=5, rows=2, seq=256, doc_lens=(200, 150, 100),
                        check_model=took)
     models.clear()
-    ref = train_losses(_tiny(precision, False), 6, seed=5, rows=2, seq=256, doc_lens=(200, 150, 100))
-    record(epilogue=fp8, fused=ref, taken_of_wrapped=seen, transposes_kept=kept)
+    ref = train_losses(_tiny(precision, False, targets), 6, seed=5, rows=2, seq=256, doc_lens=(200, 150, 100))
+    record(**{"_".join(f"{k}={v}" for k, v in precision.items()) + f"_targets={targets}": {
+        "epilogue": fp8, "fused": ref, "taken_of_wrapped": seen, "transposes_kept": kept}})
     assert seen[0] == seen[1] > 0, seen
     assert fp8[-2] < fp8[0] and ref[-2] < ref[0], "the loss did not fall"
     assert max(abs(a - b) for a, b in zip(fp8, ref)) < 0.05

@@ -170,14 +170,21 @@ def base_gemm(base, x: torch.Tensor, fp8: bool):
 
 
 def _gemm(base, x: torch.Tensor, first):
+    from transformer_engine.pytorch.quantized_tensor import QuantizedTensor
+    from transformer_engine.pytorch.utils import assert_dim_for_fp8_exec
+
     from trainer.precision.fp8_params import releasable
 
-    if not getattr(base, "fp8", False):
-        w = base.weight
-        return TorchGemm(w.dequantize() if hasattr(w, "dequantize") else w.to(x.dtype))
+    w = base.weight
+    if not getattr(base, "fp8", False):  # (a plain tensor's dequantize() is a float32 copy: only TE's tensors')
+        return TorchGemm(w.dequantize(dtype=x.dtype) if isinstance(w, QuantizedTensor) else w.to(x.dtype))
+    assert_dim_for_fp8_exec(x, w)  # TE's Linear checks the same before its FP8 GEMM (cuBLAS would fail unclearly)
     grad = torch.is_grad_enabled()
     input_q, weight_q, _, _, _, grad_q = base._get_quantizers(False, False, grad)
-    w = _fp8_weight(base, weight_q, first, grad and x.requires_grad, x.dtype)
-    reduce_bwd = grad and _first_fp8_module()
+    # a backward (and so done()) follows exactly when x needs a gradient: the weight is frozen, and the epilogue
+    # node or _BaseLinear is recorded then; TE's _Linear takes the first-module flag on the same condition
+    needs_dgrad = grad and x.requires_grad
+    w = _fp8_weight(base, weight_q, first, needs_dgrad, x.dtype)
+    reduce_bwd = needs_dgrad and _first_fp8_module()
     release = [p for p in base.parameters(recurse=False) if releasable(p)]
     return TeFp8Gemm(w, input_q, grad_q, reduce_bwd, release)

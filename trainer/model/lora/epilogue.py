@@ -19,10 +19,12 @@ calls, so the same mask from the same RNG state) and folded into A: the masked i
 dx. Numerics against the unfused path (tests/test_lora_epilogue.py): h, dh, dB, dA identical ops on CPU; y and dx
 differ only in where the two GEMMs' sums are rounded (bitwise in fp32 on CPU, to rounding in bf16).
 
-Runs where the base GEMM is a plain 16/32-bit x W^T this node can own: TP 1, no bias, not a norm-fused linear (those
-with trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue runs their norm first), not an expert or duplicated
-linear, no FP8/FP4 (the contract refuses trainer.lora.epilogue with those; FP8 base GEMMs would
-need TE's quantized functional GEMMs). LoRALinear.uses_epilogue says where; the others keep their path.
+Runs where the base GEMM is x W^T alone, which this node can own: TP 1, no bias, not a norm-fused linear (those with
+trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue runs their norm first), not an expert or duplicated
+linear; a 16/32-bit weight, or with trainer.lora.epilogue true in an FP8 run (delayed or tensorwise scaling) a TE
+linear whose FP8 GEMMs the node runs through TE's functional linear with the module's quantizers
+(trainer.model.lora.base_gemm; FP4 and FP8 blockwise are refused by the contract, and null stays off under FP8 until
+timed). LoRALinear.uses_epilogue says where; the others keep their path.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def auto_blocker(device: torch.device, settings) -> str | None:
     if device.type != "cuda" or torch.version.hip is not None:
         return "not an NVIDIA GPU (where it was measured)"
     if settings.fp8 or settings.fp4:
-        return "FP8/FP4 base GEMMs run quantized in Transformer Engine"
+        return "FP8/FP4 base GEMMs run quantized in Transformer Engine (FP8: epilogue true, not yet timed)"
     if not settings.bf16:
         return "not a BF16 run"
     return None

@@ -83,8 +83,7 @@ def norm_parts(lora, x: torch.Tensor, p: float, kernels: bool):
     """(norm(x) W^T, drop_p(norm(x)) A^T) of a norm-fed LoRALinear whose consumer applies B itself (the SwiGLU fold),
     dh A added in place into the base's dgrad by the fused path's tap."""
     with base_gemm(lora.base, norm(lora.base, x), lora.fp8_epilogue) as (xn, gemm):
-        w = lora.base.weight
-        base = (lambda z: (F.linear(z, w), None)) if isinstance(gemm, TorchGemm) else \
+        base = (lambda z: (F.linear(z, gemm.w), None)) if isinstance(gemm, TorchGemm) else \
             (lambda z: (_BaseLinear.apply(z, gemm), None))
         return fused_adapter(base, xn, lora.lora_a, lora.lora_b, lora.scale,
                              drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
