@@ -174,7 +174,7 @@ case "${1:-}" in
         all-off=trainer.recompute.chunked_loss_kernel=false,trainer.lora.triton_products=false,trainer.lora.epilogue=false; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done
-    interleaved_call kernels "${picked[@]}" ;;
+    interleaved_call kernels "${picked[@]}" ${EXTRA_VARIANTS:-} ;;
   swiglu-realtext)  # issue 37 item 2, the condition for fused_swiglu on by default (bench/realtext_ab.sh): the
                     # unfused SwiGLU (a, c: another seed) against fused_swiglu (b), per precision
     bash bench/realtext_ab.sh swiglu-realtext trainer.lora.fused_swiglu=false trainer.lora.fused_swiglu=true \

@@ -77,6 +77,9 @@ NORM_AUTO = 1796546114
 # trainer.precision.fp8_dot_product_attention null (on for FP8 one-document rows at head dim 128) by default from
 # here (twelfth session): rows added before ran it off unless they set it
 FP8ATTN_AUTO = 1796546991
+# trainer.lora.epilogue null on for FP8 with per-tensor scaling (the base GEMMs through TE's functional linear) from
+# here (thirteenth session, 2026-12-06): FP8 rows added before ran the fused path unless they set it
+FP8_EPILOGUE_AUTO = 1796557950
 # the epilogue's dh and dB by cuBLAS from here (0d8cd10, 2026-12-05 18:23): rows measured before ran its one-read
 # dh/dB kernel (dual_grad, 2.2-2.5x slower than cuBLAS's two products), whose time the plan no longer counts
 EPILOGUE_CUBLAS = 1796495022
@@ -187,6 +190,10 @@ def match(row: Row):
         overrides.append("trainer.data.packing=false")
     try:
         r = load_recipe(str(ROOT / d["recipe"]), overrides).resolved
+        if (r["trainer"]["precision"]["fp8"] and _added_before(row.file, FP8_EPILOGUE_AUTO)
+                and r["trainer"]["lora"]["epilogue"] is None):  # (null then was off in FP8; true/false as written)
+            overrides = [*overrides, "trainer.lora.epilogue=false"]  # the FP8 epilogue's era (above)
+            r = load_recipe(str(ROOT / d["recipe"]), overrides).resolved
     except (UserError, OSError) as exc:
         return None, f"its recipe does not resolve today: {exc}"
     p = r["trainer"]["precision"]

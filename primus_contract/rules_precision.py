@@ -266,14 +266,19 @@ def epilogue_norm_rules(t: Mapping, profile: str) -> None:
 
 def epilogue_on(t: Mapping, profile: str) -> bool:
     """trainer.lora.epilogue as it runs: true / false as written; null (auto) on for a BF16 run on an NVIDIA GPU
-    (where it was measured: H100 8B, 2026-12-05, +0.9 % / +0.5 % on top of fused_swiglu) without FP8/FP4, at TP 1,
+    (where it was measured: H100 8B, 2026-12-05, +0.9 % / +0.5 % on top of fused_swiglu), FP8 with per-tensor scaling
+    (delayed, tensorwise: the base GEMMs through TE's functional linear; H100 8B FP8 delayed, 2026-12-06, +2.6-3.4 %
+    single-document, +1.2-4.1 % packed; the 70B's layers tensorwise + fp8_param +1.4-1.8 %), no FP4, at TP 1,
     without post-dropout, where some linear can own its base GEMM (a norm-fed one too, unless epilogue_norm is false).
     The trainer decides auto by the same conditions on its node (trainer/model/lora/epilogue.py auto_blocker)."""
+    from primus_contract.rules_model import FP8_EPILOGUE_RECIPES
+
     value = t["lora"]["epilogue"]
     if value is not None:
         return bool(value)
     lora, prec = t["lora"], t["precision"]
-    if prec["fp8"] or prec["fp4"] or not prec["bf16"] or t["parallelism"]["tensor"] > 1:
+    fp8_blocked = prec["fp8"] and prec["fp8_recipe"] not in FP8_EPILOGUE_RECIPES
+    if fp8_blocked or prec["fp4"] or not prec["bf16"] or t["parallelism"]["tensor"] > 1:
         return False
     if lora["dropout"] and lora["dropout_position"] == "post":
         return False

@@ -1,5 +1,6 @@
-"""trainer.lora.epilogue null (auto, the default since it was timed on 2026-12-06): on for BF16 on an NVIDIA GPU
-where a linear can own its base GEMM, off elsewhere; the contract (rules_precision.epilogue_on, which the planner prices) and the trainer
+"""trainer.lora.epilogue null (auto, the default since it was timed on 2026-12-06): on for BF16 and for FP8 with
+per-tensor scaling (delayed, tensorwise; since the thirteenth session) on an NVIDIA GPU where a linear can own its
+base GEMM, off elsewhere; the contract (rules_precision.epilogue_on, which the planner prices) and the trainer
 (trainer/model/lora/epilogue.py auto_blocker, at build) decide alike; true / false as written."""
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ AUTO = "trainer.lora.epilogue=null"
     ((), "h200", True),                                                   # the default: null
     ((AUTO,), "h200", True),                                              # BF16 on an H200: the 8B shape
     ((AUTO,), "h100", True),
-    ((AUTO, "trainer.precision.fp8=hybrid"), "h200", False),              # TE's quantized GEMMs
+    ((AUTO, "trainer.precision.fp8=hybrid"), "h200", True),               # FP8 delayed: TE's functional linear
+    ((AUTO, "trainer.precision.fp8=hybrid", "trainer.precision.fp8_recipe=tensorwise"), "h200", True),
+    ((AUTO, "trainer.precision.fp8=hybrid", "trainer.precision.fp8_recipe=blockwise"), "h200", False),  # not built
+    ((AUTO, "trainer.precision.fp4=e2m1", "trainer.precision.fp4_emulation=true"), "h200", False),
     ((AUTO, "trainer.parallelism.tensor=2", "cluster.nproc_per_node=2", "cluster.gpus_per_node=2"), "h200", False),
     ((AUTO, "trainer.lora.dropout=0.1", "trainer.lora.dropout_position=post"), "h200", False),
     ((AUTO,), "mi300x", False),                                           # measured on NVIDIA only
@@ -44,29 +48,32 @@ def test_the_contract_resolves_null(sets, profile, on):
 
 
 def test_epilogue_norm_rides_the_auto_epilogue_where_it_is_on():
-    """epilogue_norm with the default epilogue (null): accepted where the auto epilogue runs (BF16 on an NVIDIA GPU),
-    refused where it stays off (FP8), so it never sits accepted and idle."""
+    """epilogue_norm with the default epilogue (null): accepted where the auto epilogue runs (BF16, FP8 per-tensor on
+    an NVIDIA GPU), refused where it stays off (FP8 blockwise), so it never sits accepted and idle."""
     from primus_contract.errors import ContractError
 
     r = load_recipe(R8, ["cluster.env_profile=h200", "trainer.lora.epilogue_norm=true"]).resolved
     assert r["trainer"]["lora"]["epilogue"] is None and epilogue_on(r["trainer"], "h200")
     with pytest.raises(ContractError, match="epilogue null stays off"):
         load_recipe(R8, ["cluster.env_profile=h200", "trainer.lora.epilogue_norm=true",
-                         "trainer.precision.fp8=hybrid"])
+                         "trainer.precision.fp8=hybrid", "trainer.precision.fp8_recipe=blockwise"])
 
 
 def test_the_trainer_decides_auto_by_the_same_conditions():
     from trainer.model.lora.epilogue import auto_blocker
 
-    s = types.SimpleNamespace(fp8=None, fp4=None, bf16=True)
+    s = types.SimpleNamespace(fp8=None, fp4=None, bf16=True, fp8_recipe="delayed")
+    fp8 = types.SimpleNamespace(fp8="hybrid", fp4=None, bf16=True, fp8_recipe="delayed")
     cuda = torch.device("cuda")
     hip = torch.version.hip
     try:
         torch.version.hip = None
         assert auto_blocker(cuda, s) is None
-        assert "FP8" in auto_blocker(cuda, types.SimpleNamespace(fp8="hybrid", fp4=None, bf16=True))
-        assert "FP8" in auto_blocker(cuda, types.SimpleNamespace(fp8=None, fp4="e2m1", bf16=True))
-        assert "BF16" in auto_blocker(cuda, types.SimpleNamespace(fp8=None, fp4=None, bf16=False))
+        # FP8 per-tensor: on where TE has its functional linear (none on this CPU machine: it says so)
+        assert "functional linear" in auto_blocker(cuda, fp8)
+        assert "blockwise" in auto_blocker(cuda, types.SimpleNamespace(**{**vars(fp8), "fp8_recipe": "blockwise"}))
+        assert "FP4" in auto_blocker(cuda, types.SimpleNamespace(**{**vars(s), "fp4": "e2m1"}))
+        assert "BF16" in auto_blocker(cuda, types.SimpleNamespace(**{**vars(s), "bf16": False}))
         assert "NVIDIA" in auto_blocker(torch.device("cpu"), s)
         torch.version.hip = "6.4"
         assert "NVIDIA" in auto_blocker(cuda, s)
@@ -94,7 +101,8 @@ def test_the_build_takes_it_where_auto_is_on_and_says_why_not_elsewhere(monkeypa
 @pytest.mark.parametrize("sets, profile, on", [
     ((), "h200", True),                                                     # the default: null, the epilogue on
     (("trainer.lora.epilogue_norm=false",), "h200", False),                 # as written
-    (("trainer.precision.fp8=hybrid",), "h200", False),                     # the epilogue is off under FP8
+    (("trainer.precision.fp8=hybrid",), "h200", True),                      # FP8 delayed: the epilogue is on
+    (("trainer.precision.fp8=hybrid", "trainer.precision.fp8_recipe=blockwise"), "h200", False),  # and off here
     ((), "mi300x", False),                                                  # and off on AMD
     (("trainer.lora.target_modules=[linear_proj,linear_fc2]",), "h200", False),  # no norm-fed target
     (("trainer.recompute.adapter_inputs=true", "trainer.recompute.adapter_inputs_scope=norm"), "h200", False),

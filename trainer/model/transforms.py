@@ -159,9 +159,10 @@ def _epilogue(model, ctx: BuildContext) -> str:
             return f"lora epilogue | auto (epilogue null): off, {why}"
         for m in wrapped:
             m.epilogue = True
+        _fp8_epilogue(wrapped, ctx)  # (before asking who owns a GEMM: an FP8 weight is owned in FP8 only)
         if not any(m.uses_epilogue() or m.uses_norm_epilogue() for m in wrapped):  # (epilogue_on's owners)
             for m in wrapped:
-                m.epilogue = False
+                m.epilogue = m.fp8_epilogue = False
             return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"
     fp8 = _fp8_epilogue(wrapped, ctx)
     normed = sum(m.uses_norm_epilogue() for m in wrapped)  # trainer.lora.epilogue_norm (lora/norm_epilogue.py)
@@ -194,10 +195,11 @@ def _epilogue(model, ctx: BuildContext) -> str:
 
 
 def _fp8_epilogue(wrapped, ctx: BuildContext) -> bool:
-    """trainer.lora.epilogue true in an FP8 run (the contract took it: delayed or tensorwise scaling, NVIDIA): the
-    wrapped linears run their base GEMMs in FP8 through TE's functional linear (trainer/model/lora/base_gemm.py)."""
+    """trainer.lora.epilogue on in an FP8 run (true, which the contract took, or null: delayed or tensorwise scaling,
+    NVIDIA): the wrapped linears run their base GEMMs in FP8 through TE's functional linear
+    (trainer/model/lora/base_gemm.py)."""
     settings = ctx.precision.settings
-    if not (settings.fp8 and ctx.cfg.trainer.lora.epilogue is True):
+    if not (settings.fp8 and any(m.epilogue for m in wrapped)):  # (true, or null that auto_blocker let on)
         return False
     from trainer.config import ConfigError
     from trainer.model.lora.base_gemm import te_functional

@@ -56,10 +56,17 @@ def owns_base_gemm(base, fp8: bool = False) -> bool:
 def auto_blocker(device: torch.device, settings) -> str | None:
     """Why trainer.lora.epilogue null (auto) stays off on this node (None: on, where a linear can own its GEMM): the
     conditions of primus_contract.rules_precision.epilogue_on, seen from the node. settings: PrecisionSettings."""
+    from primus_contract.rules_model import FP8_EPILOGUE_RECIPES
+    from trainer.model.lora.base_gemm import te_functional
+
     if device.type != "cuda" or torch.version.hip is not None:
         return "not an NVIDIA GPU (where it was measured)"
-    if settings.fp8 or settings.fp4:
-        return "FP8/FP4 base GEMMs run quantized in Transformer Engine (FP8: epilogue true, not yet timed)"
+    if settings.fp4:
+        return "FP4 base GEMMs (no epilogue for them)"
+    if settings.fp8 and settings.fp8_recipe not in FP8_EPILOGUE_RECIPES:
+        return f"FP8 {settings.fp8_recipe} scaling (the FP8 epilogue takes per-tensor scaling: delayed, tensorwise)"
+    if settings.fp8 and te_functional() is None:
+        return "this Transformer Engine has no functional linear (ops.BasicLinear) for the FP8 base GEMMs"
     if not settings.bf16:
         return "not a BF16 run"
     return None
