@@ -258,13 +258,13 @@ SCHEMA: dict = {
             # trainer/model/lora/epilogue.py: not with fp4, FP8 blockwise, tensor > 1, post-dropout (rules_model.py)
             "epilogue": Field("bool", None, nullable=True, help="one node owns each non-norm linear's frozen base "
                               "GEMM: it adds into the adapter's product (beta 1), pre-dropout is fused into A "
-                              "(trainer/model/lora/epilogue.py); TP 1; 16/32-bit base GEMMs, or with true FP8 "
-                              "delayed/tensorwise on NVIDIA (the module's FP8 GEMMs through Transformer Engine's "
+                              "(trainer/model/lora/epilogue.py); TP 1; 16/32-bit base GEMMs, or FP8 delayed/"
+                              "tensorwise on NVIDIA (the module's FP8 GEMMs through Transformer Engine's "
                               "functional linear, trainer/model/lora/base_gemm.py); true: refused where "
-                              "it cannot run; null (default): on for BF16 on NVIDIA GPUs where a linear can take it, "
-                              "off elsewhere (rules_precision.epilogue_on) (H100 8B BF16, 2026-12-06, median of 3: "
-                              "+1.3 % single-document, +1.2 % packed; real-text loss within the reseeded run's "
-                              "spread)"),
+                              "it cannot run; null (default): on for BF16 and FP8 delayed/tensorwise on NVIDIA GPUs "
+                              "where a linear can take it, off elsewhere (rules_precision.epilogue_on) (H100 8B, "
+                              "2026-12-06, median of 3: BF16 +1.3 % single-document, +1.2 % packed; FP8 +2.6-3.4 % / "
+                              "+1.2-4.1 %; real-text loss within the reseeded run's spread)"),
             "epilogue_norm": Field("bool", None, nullable=True, help="the epilogue (where it is on) also owns the "
                                    "norm-fed linears (qkv; fc1, folded or not): torch runs Transformer Engine's fused "
                                    "input norm, then the epilogue node (fc1 under the SwiGLU fold: the fused path's "

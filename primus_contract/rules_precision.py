@@ -249,8 +249,8 @@ def epilogue_norm_rules(t: Mapping, profile: str) -> None:
              "false: set epilogue: null or true, or epilogue_norm: false")
     if t["lora"]["epilogue"] is None and not epilogue_on(t, profile):
         fail("`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue null "
-             "stays off for this run (it runs BF16 on an NVIDIA GPU at TP 1, where a non-norm linear can own its "
-             "GEMM): set epilogue: true, or epilogue_norm: false")
+             "stays off for this run (it runs BF16 or FP8 delayed/tensorwise on an NVIDIA GPU at TP 1, where a "
+             "linear can own its GEMM): set epilogue: true, or epilogue_norm: false")
     if not _on_gpu(t, profile):
         fail("`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1, which only "
              "a GPU run has (its layer spec); set trainer.distributed.device: cuda, or epilogue_norm: false")

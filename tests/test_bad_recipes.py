@@ -105,16 +105,18 @@ BAD = [
      "`trainer.lora.fused_swiglu` and `trainer.recompute.adapter_inputs` scope all"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8_swiglu_input: true}, "
      "recompute: {adapter_inputs: true}}", "`trainer.precision.fp8_swiglu_input` and `trainer.recompute.adapter_inputs`"),
-    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8: hybrid}, "
-     "lora: {epilogue: true}}", "`trainer.lora.epilogue` owns each base GEMM in 16/32-bit"),
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {fp8: hybrid, "
+     "fp8_recipe: blockwise}, lora: {epilogue: true}}", "fp8_recipe blockwise is not built there"),
+    ("cluster: {env_profile: mi300x}\ntrainer: {distributed: {device: cuda}, precision: {fp8: hybrid}, "
+     "lora: {epilogue: true}}", "built and checked on NVIDIA GPUs only"),
     ("cluster: {nproc_per_node: 2}\ntrainer: {parallelism: {tensor: 2}, lora: {epilogue: true}}",
      "`trainer.lora.epilogue` runs at `trainer.parallelism.tensor` 1 only"),
     ("trainer: {lora: {epilogue: true, dropout: 0.1, dropout_position: post}}", "fuses pre-dropout into A"),
     ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, lora: {epilogue: false, "
      "epilogue_norm: true}}",
      "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue is false"),
-    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {bf16: true, fp8: hybrid}, "
-     "lora: {epilogue_norm: true}}",  # epilogue null (the default) is off under FP8
+    ("cluster: {env_profile: h200}\ntrainer: {distributed: {device: cuda}, precision: {bf16: true, fp8: hybrid, "
+     "fp8_recipe: blockwise}, lora: {epilogue_norm: true}}",  # epilogue null (the default) is off under blockwise
      "`trainer.lora.epilogue_norm` extends `trainer.lora.epilogue` to the norm-fed linears; epilogue null stays off"),
     ("trainer: {lora: {epilogue: true, epilogue_norm: true}}",  # quickstart's device is cpu: no TE norm-fused linear
      "`trainer.lora.epilogue_norm` owns the input norms Transformer Engine fuses into qkv and fc1"),

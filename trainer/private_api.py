@@ -17,10 +17,13 @@ VERSIONS = {
     "te-2.19-src": "Transformer Engine 2.19 source (branch release_v2.19), read 2026-12-02",
     "te-2.20.0.dev0-src": "Transformer Engine 2.20.0.dev0 source (main, 2026-08-22), read 2026-12-02",
     "te-2.20.2-h200": "Transformer Engine 2.20.2 on the H200: the code ran in bench/results/2026-12-02_h200_hf_import",
+    "te-2.20.2-src": "Transformer Engine 2.20.2 source (its wheel's Python files), read 2026-12-06",
+    "te-2.20.2-h100": "Transformer Engine 2.20.2 on an H100: the code ran in bench/results/2026-12-06e_h100_lifecycle",
 }
 _MCORE = ("mcore-0.16.1", "mcore-0.19.1-src")
 _TE = ("te-2.19-src", "te-2.20.0.dev0-src")
 _TE_ONLY = "a Transformer Engine name: TE is not installed on the CPU host"
+_FP8_EPI = ("te-2.20.0.dev0-src", "te-2.20.2-src", "te-2.20.2-h100")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,19 @@ NAMES = (
     Name("transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage.Float8BlockwiseQTensorStorage."
          "_is_2D_scaled", "precision/fp8_params.release_transposes: 1-D block-scaled weights keep their "
          "transposes", _TE, seen_as="._is_2D_scaled", skip_here=_TE_ONLY),
+    # model/lora/base_gemm.py: the FP8 epilogue runs a TE linear's FP8 GEMMs itself (TE 2.15+ has all of these)
+    Name("transformer_engine.pytorch.ops.basic.BasicLinear._functional_forward", "model/lora/base_gemm: the base's "
+         "FP8 GEMM accumulating into the adapter's product (what TE's fused linear+add op calls)", _FP8_EPI,
+         seen_as="._functional_forward", skip_here=_TE_ONLY),
+    Name("transformer_engine.pytorch.ops.basic.BasicLinear._functional_backward", "model/lora/base_gemm: the base's "
+         "FP8 dgrad accumulating into the adapter's input gradient", _FP8_EPI, seen_as="._functional_backward",
+         skip_here=_TE_ONLY),
+    Name("transformer_engine.pytorch.module.linear.Linear._get_quantizers", "model/lora/base_gemm: the module's "
+         "own input / weight / grad-output quantizers (LayerNormLinear has the same method and 6-tuple)", _FP8_EPI,
+         seen_as="._get_quantizers", skip_here=_TE_ONLY),
+    Name("transformer_engine.pytorch.module.base.TransformerEngineBaseModule._fp8_workspaces", "model/lora/"
+         "base_gemm: the module's cached FP8 weight across a step's micro-batches (is_first_microbatch)", _FP8_EPI,
+         seen_as="._fp8_workspaces", skip_here=_TE_ONLY),
     # precision/te_factory.py: the FP4 quantizers of TE's CustomRecipe
     Name(f"{_NVFP4}.NVFP4TensorRef._create_transpose", "precision/te_factory: overridden to refuse (an FP4 "
          "columnwise copy is a quantization of its own)", _TE, skip_here=_TE_ONLY),

@@ -153,7 +153,7 @@ def _epilogue(model, ctx: BuildContext) -> str:
     from trainer.model.lora.layers import LoRALinear
 
     wrapped = [m for m in model.modules() if isinstance(m, LoRALinear)]
-    if ctx.cfg.trainer.lora.epilogue is None:  # auto: BF16 on an NVIDIA GPU (primus_contract epilogue_on)
+    if ctx.cfg.trainer.lora.epilogue is None:  # auto: BF16 / FP8 per-tensor on NVIDIA (primus_contract epilogue_on)
         why = epilogue.auto_blocker(ctx.device, ctx.precision.settings)
         if why:
             return f"lora epilogue | auto (epilogue null): off, {why}"

@@ -45,13 +45,27 @@ class TorchGemm:
         pass
 
 
+# what this module calls on TE's functional linear (transformer_engine.pytorch.ops.basic.BasicLinear)
+FUNCTIONAL = ("_functional_forward", "_functional_backward")
+
+
 def te_functional():
-    """TE's functional linear (BasicLinear) where this TE has it, else None."""
+    """TE's functional linear (BasicLinear) where this TE has everything this module calls, else None. TE 2.9-2.14
+    have the functional linear but not the rest: prepare_forward was a context manager there (no end_forward), and
+    module.base.quantize_weight and the quantized_tensor module came later (audit of the 2.9 and 2.12-2.19 wheels,
+    2026-12-06); 2.15+ have all of it, 2.20.2 ran it (tests/gpu/test_fp8_epilogue.py)."""
+    import inspect
+
     try:
+        from transformer_engine.pytorch.module import base as te_base
         from transformer_engine.pytorch.ops.basic import BasicLinear
-    except Exception:  # no TE (CPU), or one without the op fuser
+        from transformer_engine.pytorch.quantized_tensor import QuantizedTensor  # noqa: F401
+    except Exception:  # no TE (CPU), or one without the op fuser or these modules
         return None
-    ok = hasattr(BasicLinear, "_functional_forward") and hasattr(BasicLinear, "_functional_backward")
+    module = te_base.TransformerEngineBaseModule
+    ok = (all(callable(getattr(BasicLinear, name, None)) for name in FUNCTIONAL)
+          and callable(getattr(te_base, "quantize_weight", None)) and callable(getattr(module, "end_forward", None))
+          and not inspect.isgeneratorfunction(inspect.unwrap(module.prepare_forward)))
     return BasicLinear if ok else None
 
 

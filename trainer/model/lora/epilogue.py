@@ -23,8 +23,8 @@ Runs where the base GEMM is x W^T alone, which this node can own: TP 1, no bias,
 trainer.lora.epilogue_norm: trainer.model.lora.norm_epilogue runs their norm first), not an expert or duplicated
 linear; a 16/32-bit weight, or with trainer.lora.epilogue true in an FP8 run (delayed or tensorwise scaling) a TE
 linear whose FP8 GEMMs the node runs through TE's functional linear with the module's quantizers
-(trainer.model.lora.base_gemm; FP4 and FP8 blockwise are refused by the contract, and null stays off under FP8 until
-timed). LoRALinear.uses_epilogue says where; the others keep their path.
+(trainer.model.lora.base_gemm; null takes it there too since it was timed on 2026-12-06; FP4 and FP8 blockwise
+are refused by the contract). LoRALinear.uses_epilogue says where; the others keep their path.
 """
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def owns_base_gemm(base, fp8: bool = False) -> bool:
     bias = getattr(base, "bias", None)
     if getattr(base, "use_bias", False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0):
         return False
-    # (TE sets a module's `fp8` inside its own forward, which the epilogue never calls: FP8/FP4 runs are kept off by
-    # the contract for true and by auto_blocker for null, not by this check)
+    # (TE sets a module's `fp8` inside its forward's prepare_forward: a 16-bit owner here is one the FP8 epilogue's
+    # base_gemm never quantizes; FP8 runs ask owns_fp8_base_gemm, FP4 ones are kept off by the contract and
+    # auto_blocker)
     return not getattr(base, "fp8", False)
 
 

@@ -141,7 +141,7 @@ class LoRALinear(nn.Module):
         # (primus_contract.rules_precision.epilogue_norm_on)
         self.epilogue_norm = bool(epilogue_norm)
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
-        # set by trainer.model.transforms (trainer.lora.epilogue true in an FP8 run): the epilogue runs the base's
+        # set by trainer.model.transforms (trainer.lora.epilogue on in an FP8 run): the epilogue runs the base's
         # GEMMs in FP8 through TE's functional linear (trainer.model.lora.base_gemm)
         self.fp8_epilogue = False
 
