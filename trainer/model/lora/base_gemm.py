@@ -22,6 +22,7 @@ does that for TE's path, never runs here).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -49,6 +50,7 @@ class TorchGemm:
 FUNCTIONAL = ("_functional_forward", "_functional_backward")
 
 
+@functools.lru_cache(maxsize=1)
 def te_functional():
     """TE's functional linear (BasicLinear) where this TE has everything this module calls, else None. TE 2.9-2.14
     have the functional linear but not the rest: prepare_forward was a context manager there (no end_forward), and
