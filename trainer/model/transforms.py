@@ -159,12 +159,13 @@ def _epilogue(model, ctx: BuildContext) -> str:
             return f"lora epilogue | auto (epilogue null): off, {why}"
         for m in wrapped:
             m.epilogue = True
-        _fp8_epilogue(wrapped, ctx)  # (before asking who owns a GEMM: an FP8 weight is owned in FP8 only)
+        fp8 = _fp8_epilogue(wrapped, ctx)  # (before asking who owns a GEMM: an FP8 weight is owned in FP8 only)
         if not any(m.uses_epilogue() or m.uses_norm_epilogue() for m in wrapped):  # (epilogue_on's owners)
             for m in wrapped:
                 m.epilogue = m.fp8_epilogue = False
             return "lora epilogue | auto (epilogue null): off, no wrapped linear here can own its base GEMM"
-    fp8 = _fp8_epilogue(wrapped, ctx)
+    else:
+        fp8 = _fp8_epilogue(wrapped, ctx)
     normed = sum(m.uses_norm_epilogue() for m in wrapped)  # trainer.lora.epilogue_norm (lora/norm_epilogue.py)
     taken = sum(m.uses_epilogue() for m in wrapped) + normed
     # (true: every rank of the stages' group asks once; auto reaches here only where some linear took the path)

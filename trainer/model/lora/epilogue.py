@@ -39,7 +39,7 @@ PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def owns_base_gemm(base, fp8: bool = False) -> bool:
     """The base's forward is y = x W^T alone: a plain 16/32-bit 2-D weight (no FP8 tensor), no bias added; with
-    fp8 (trainer.lora.epilogue true in an FP8 run), a TE linear whose FP8 GEMM it can run (base_gemm)."""
+    fp8 (trainer.lora.epilogue on in an FP8 run), a TE linear whose FP8 GEMM it can run (base_gemm)."""
     if fp8:
         return owns_fp8_base_gemm(base)
     w = getattr(base, "weight", None)
