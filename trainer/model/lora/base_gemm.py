@@ -7,7 +7,7 @@
 
 16/32-bit (`TorchGemm`): torch's addmm_ on the weight, the epilogue's GEMMs as they were.
 
-FP8 (`TeFp8Gemm`, trainer.lora.epilogue true with fp8 delayed or tensorwise): the base's own Transformer Engine
+FP8 (`TeFp8Gemm`, trainer.lora.epilogue on in an FP8 run with delayed or tensorwise scaling): the base's own Transformer Engine
 quantizers and weight, through TE's functional linear (transformer_engine.pytorch.ops.BasicLinear's
 _functional_forward / _functional_backward, the functions its op fuser's fused linear+add ops call with
 accumulate_into_out / accumulate_into_grad_input): the input quantized by the module's input quantizer, the weight
@@ -79,8 +79,13 @@ def owns_fp8_base_gemm(base) -> bool:
         return False
     if getattr(base, "te_quant_params", None) is not None or not hasattr(base, "prepare_forward"):
         return False
+    return not adds_bias(base)
+
+
+def adds_bias(base) -> bool:
+    """The base's forward adds a bias after its GEMM (a megatron use_bias flag, or a non-empty bias tensor)."""
     bias = getattr(base, "bias", None)
-    return not (getattr(base, "use_bias", False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0))
+    return bool(getattr(base, "use_bias", False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0))
 
 
 class TeFp8Gemm:
@@ -104,15 +109,15 @@ class TeFp8Gemm:
 
     def _dgrad(self, dy2, dx, accumulate: bool):
         return self.linear._functional_backward(
-            dy2, None, self.w, input_requires_grad=True, weight_requires_grad=False, dtype=dy2.dtype,
+            dy2.contiguous(), None, self.w, input_requires_grad=True, weight_requires_grad=False, dtype=dy2.dtype,
             grad_input=dx, accumulate_into_grad_input=accumulate, with_quantized_compute=True,
             grad_output_quantizer=self.grad_q)[0]
 
     def dgrad_into(self, dy2: torch.Tensor, dx: torch.Tensor) -> None:
-        self._dgrad(dy2.contiguous(), dx, True)
+        self._dgrad(dy2, dx, True)
 
     def dgrad_new(self, dy2: torch.Tensor) -> torch.Tensor:
-        return self._dgrad(dy2.contiguous(), None, False)
+        return self._dgrad(dy2, None, False)
 
     def done(self) -> None:
         from trainer.precision.fp8_release import drop_transposes

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.model.lora.base_gemm import TorchGemm, owns_fp8_base_gemm
+from trainer.model.lora.base_gemm import TorchGemm, adds_bias, owns_fp8_base_gemm
 from trainer.model.lora.drop import draw
 from trainer.model.lora.kernels import dual_grad, masked_product
 
@@ -45,8 +45,7 @@ def owns_base_gemm(base, fp8: bool = False) -> bool:
     w = getattr(base, "weight", None)
     if type(w) not in (torch.nn.Parameter, torch.Tensor) or w.dim() != 2 or w.dtype not in PLAIN_DTYPES:
         return False
-    bias = getattr(base, "bias", None)
-    if getattr(base, "use_bias", False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0):
+    if adds_bias(base):
         return False
     # (TE sets a module's `fp8` inside its forward's prepare_forward: a 16-bit owner here is one the FP8 epilogue's
     # base_gemm never quantizes; FP8 runs ask owns_fp8_base_gemm, FP4 ones are kept off by the contract and
