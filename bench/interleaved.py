@@ -45,13 +45,12 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def write_data(work: Path, docs: str, seq: int, vocab: int, n_packs: int) -> Path:
     """The synthetic packs bench/trainer_throughput.py trains on (same writers, same seed)."""
-    from trainer_throughput import write_single_doc
-    from trainer.data.mlperf import write_synthetic
+    from trainer.data.mlperf import write_single_documents, write_synthetic
 
     data = work / f"data-{docs}-{seq}-v{vocab}-n{n_packs}"
     if not (data / "train.npy").exists():
         if docs == "single":
-            write_single_doc(data, n_packs, seq, vocab, seed=1)
+            write_single_documents(str(data), n_packs, seq, vocab, seed=1)
         else:
             write_synthetic(str(data), n_packs, seq, vocab, seed=1)
     return data

@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,23 +25,7 @@ sys.path.insert(0, str(ROOT))
 from primus_slurm.jobs.progress import read_progress  # noqa: E402
 from primus_slurm.config.recipe import dump, load_recipe  # noqa: E402
 from primus_slurm.config.render import job_env  # noqa: E402
-from trainer.data.mlperf import write_synthetic  # noqa: E402
-
-
-def write_single_doc(directory: Path, n_packs: int, seq: int, vocab: int, seed: int) -> None:
-    """MLPerf .npy layout with exactly one full-length document per pack (no packing benefit)."""
-    rng = np.random.default_rng(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_packs), ("validation", max(1, n_packs // 8))):
-        packs = np.empty(n, dtype=object)
-        for i in range(n):
-            ids = rng.integers(3, vocab, size=seq, dtype=np.int64)
-            mask = np.zeros(seq, dtype=np.int64)
-            mask[seq // 2:] = 1
-            packs[i] = {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_start_id": [0]}
-        np.save(directory / f"{split}.npy", packs, allow_pickle=True)
-    (directory / "packed_metadata.jsonl").write_text(json.dumps(
-        {"max_samples_per_bin": 1, "dataset_max_seqlen": seq, "min_packed_seqlen": seq}) + "\n")
+from trainer.data.mlperf import write_single_documents, write_synthetic  # noqa: E402
 
 
 def first_line(lines: list, kind: str) -> str:
@@ -76,7 +59,7 @@ def main() -> int:
     data = work / f"data-{args.docs}-{seq}-v{vocab}-n{n_packs}"
     if not (data / "train.npy").exists():
         if args.docs == "single":
-            write_single_doc(data, n_packs, seq, vocab, seed=1)
+            write_single_documents(str(data), n_packs, seq, vocab, seed=1)
         else:
             write_synthetic(str(data), n_packs, seq, vocab, seed=1)
     if args.profile:

@@ -219,11 +219,13 @@ SCHEMA: dict = {
                                                "128 and rows of one document (TE has none for packed THD); true: "
                                                "refused where it cannot run, and with packing plus "
                                                "data.single_document_sbhd it runs on the one-document micro-batches "
-                                               "only (not yet run on a GPU); null (default): on with "
-                                               "trainer.data.packing false wherever it can "
-                                               "(rules_precision.fp8_attention_on; context parallelism 1), off "
-                                               "elsewhere (8B FP8 one-document, median of 3: +4.5 % on an H200, "
-                                               "+3.8 / +4.3 % on an H100, 2026-12-06; real-text loss within spread)"),
+                                               "only; null (default): on wherever it can with "
+                                               "trainer.data.packing false, or with packing when the train split "
+                                               "holds one document in every row (the trainer sees it at start; "
+                                               "`plan` says off there), off elsewhere "
+                                               "(rules_precision.fp8_attention_on; context parallelism 1; 8B FP8 "
+                                               "one-document, median of 3: +4.5 % on an H200, +3.8 / +4.3 % on an "
+                                               "H100, 2026-12-06; real-text loss within spread)"),
             "first_last_layers_bf16": Field("bool", False),
             "num_layers_at_start_in_bf16": Field("int", 1, min=0),
             "num_layers_at_end_in_bf16": Field("int", 1, min=0),

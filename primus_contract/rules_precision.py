@@ -317,14 +317,18 @@ def attention_layout(t: Mapping) -> str:
     return "auto"
 
 
-def fp8_attention_fits(t: Mapping) -> bool:
+def fp8_attention_fits(t: Mapping, one_document_rows: bool = False) -> bool:
     """The recipe side of fp8_dot_product_attention null (auto): FP8 under delayed scaling (what ran; TE's FP8
-    attention under current scaling needs sm100, primus_contract.machine), one document a row (packing false: TE's FP8 attention takes bshd/sbhd), context parallelism 1, and
-    head dims TE's FP8 attention runs (128). The node adds compute capability >= 9.0 and Transformer Engine
-    (trainer/precision/gating.py resolve: auto stays off where they lack, never refused). Packed rows with
-    single_document_sbhd (per micro-batch, trainer/model/inputs.py) take it only when set true: not yet run on a GPU."""
+    attention under current scaling needs sm100, primus_contract.machine), rows of one document (TE's FP8 attention
+    takes bshd/sbhd), context parallelism 1, and head dims TE's FP8 attention runs (128). Rows of one document: packing
+    false, or (`one_document_rows`, what the trainer finds in its train split once loaded) packed data whose every row
+    holds one document, in the 'auto' layout, which then runs every micro-batch sbhd (trainer/model/inputs.py), as
+    packing false would. The node adds compute capability >= 9.0 and Transformer Engine (trainer/precision/gating.py:
+    auto stays off where they lack, never refused). Packed rows of several documents take it only when set true (then
+    per micro-batch)."""
     p = t["precision"]
-    return (bool(p["fp8"]) and p["fp8_recipe"] == "delayed" and not t["data"]["packing"]
+    rows = not t["data"]["packing"] or (one_document_rows and attention_layout(t) == "auto")
+    return (bool(p["fp8"]) and p["fp8_recipe"] == "delayed" and rows
             and t["parallelism"]["context"] == 1 and fp8_attention_heads_ok(t["model"]))
 
 
@@ -332,7 +336,9 @@ def fp8_attention_on(t: Mapping, profile: str) -> bool:
     """trainer.precision.fp8_dot_product_attention as it runs: true / false as written; null (auto) where
     fp8_attention_fits on an NVIDIA GPU (Llama-3-8B shape FP8 one document a row, median of 3: +4.5 % on an H200 and
     +3.8 / +4.3 % on an H100 on 2026-12-06; its real-text loss within the reseeded run's spread). As the recipe
-    tells it: device auto without an NVIDIA env profile plans it off, and the node decides (gating.resolve)."""
+    tells it: device auto without an NVIDIA env profile plans it off, and the node decides (gating.resolve). Packed
+    data of one document a row, which only the loaded train split shows, is planned off and runs on
+    (gating.follow_data)."""
     value = t["precision"]["fp8_dot_product_attention"]
     if value is not None:
         return bool(value)

@@ -85,6 +85,38 @@ def test_fp8_attention_null_is_on_for_fp8_one_document_rows_where_te_runs_it():
     assert fp8_attention_on(one_doc["trainer"], "mi300x") is False  # NVIDIA only (cuDNN's FP8 attention)
 
 
+def test_fp8_attention_null_follows_packed_data_of_one_document_a_row():
+    """With packing, null turns FP8 attention on where the loaded train split holds one document in every row (the
+    'auto' layout then runs every micro-batch sbhd, as packing false does); not for rows of several documents, not
+    where the layout is thd (single_document_sbhd false), not where it was written false, not where TE's FP8
+    attention cannot run. The recipe alone (validate, plan) says off."""
+    import numpy as np
+
+    from primus_contract.rules_precision import fp8_attention_fits, fp8_attention_on
+    from trainer.data.dataset import PackedDataset
+    from trainer.precision import describe, follow_data, resolve
+
+    packed = resolved(precision={"fp8": "hybrid"}, model=HD128)
+    cfg = Config.from_dict(packed)
+    p = resolve(cfg, H200)
+    assert p.settings.fp8_dot_product_attention is False and fp8_attention_on(packed["trainer"], "h200") is False
+    on = follow_data(p, cfg, one_document_rows=True)
+    assert on.settings.fp8_dot_product_attention is True and "| attention fp8" in describe(on)
+    assert follow_data(p, cfg, one_document_rows=False) is p
+    assert fp8_attention_fits(packed["trainer"], one_document_rows=True) is True
+    assert transformer_config(packed).fp8_dot_product_attention is False  # before the data is seen
+    for other, env in ((resolved(precision={"fp8": "hybrid"}, model=HD128, data={"single_document_sbhd": False}), H200),
+                       (resolved(precision={"fp8": "hybrid", "fp8_dot_product_attention": False}, model=HD128), H200),
+                       (resolved(precision={"fp8": "hybrid"}), H200),                        # head dim 32
+                       (resolved(model=HD128), H200),                                        # BF16
+                       (packed, L40S)):                                                      # no FP8 attention there
+        q = resolve(Config.from_dict(other), env)
+        assert follow_data(q, Config.from_dict(other), one_document_rows=True) is q
+    rows = lambda docs: PackedDataset(np.arange(8), np.ones(8), np.arange(9), np.arange(8),  # noqa: E731
+                                      np.concatenate([[0], np.cumsum(docs)]), 8, 0).max_pack_documents()
+    assert rows([1] * 8) == 1 and rows([2, 1, 1, 1, 1, 1, 1]) == 2
+
+
 def test_plan_moves_offloaded_activations_to_the_host():
     from primus_contract.plan import plan
     from primus_contract.plan.memory import offloaded_bytes

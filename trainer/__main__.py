@@ -165,6 +165,12 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
         if isinstance(st, dict):
             logger.line(f"data | split {split} | " + " | ".join(
                 f"{k} {v}" for k, v in st.items() if isinstance(v, (int, float, str)) and k != "cache_path"))
+    one_doc = train_packs is not None and train_packs.max_pack_documents() <= 1
+    by_data = precision.follow_data(prec, cfg, one_doc)  # FP8 attention null on packed rows of one document
+    if by_data is not prec:
+        prec = by_data
+        logger.line("note | fp8 attention | on: every row of the train split holds one document (precision."
+                    "fp8_dot_product_attention null; `validate` and `plan` cannot see the data and say off)")
     built = build(cfg, info.device, prec)  # the model transforms, in order (trainer.model.transforms)
     model = built.model
     line = precision.describe(prec, model)

@@ -98,6 +98,17 @@ def wait_state(env: dict, run: str, states=TERMINAL, timeout: float = 600) -> di
     return conftest.wait_state(env, run, states, timeout=timeout, every=1.0, pause=pause)
 
 
+def wait_pipeline(env: dict, run: str) -> dict:
+    """The run's status once its training and every step after it (`--then`) have ended."""
+    row = wait_state(env, run, timeout=900)
+    end = time.monotonic() + 600
+    while not (row["pipeline"] and all(s["state"] in TERMINAL for s in row["pipeline"])):
+        assert time.monotonic() < end, row
+        pause(1)
+        row = status(env, run)
+    return row
+
+
 def events(run_dir: Path) -> list[list[dict]]:
     """Each attempt's rank-0 event stream, oldest first (what `status` reads)."""
     from primus_slurm.experiments.cost import attempt_events

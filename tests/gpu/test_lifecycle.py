@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -209,16 +208,7 @@ def test_time_limit_warning_checkpoints_and_resumes(lab, record):
 
 def _chain(env, trials) -> list[dict]:
     """Each trial's status once its training and both steps have ended."""
-    rows = []
-    for run in trials:
-        row = ls.wait_state(env, run, timeout=900)
-        end = time.monotonic() + 600
-        while not (row["pipeline"] and all(s["state"] in ls.TERMINAL for s in row["pipeline"])):
-            assert time.monotonic() < end, row
-            ls.pause(1)
-            row = ls.status(env, run)
-        rows.append(row)
-    return rows
+    return [ls.wait_pipeline(env, run) for run in trials]
 
 
 def test_sweep_pipeline_completes_and_eval_equals_the_logged_loss(lab, record):

@@ -255,10 +255,15 @@ def prune(ckpt_dir: str, keep_last: int) -> list[str]:
 
 
 # ---------------------------------------------------------------- load
+def read_metadata(path: str) -> dict:
+    """metadata.json of the checkpoint directory `path`."""
+    with open(os.path.join(path, "metadata.json")) as fh:
+        return json.load(fh)
+
+
 def load(path: str, *, rank: int, coords: tuple[int, int, int]) -> tuple[dict, dict]:
     """(this rank's shard state, metadata) of the checkpoint directory `path`; every tensor on the CPU."""
-    with open(os.path.join(path, "metadata.json")) as fh:
-        meta = json.load(fh)
+    meta = read_metadata(path)
     shard = os.path.join(path, shard_name(rank, *coords))
     if not os.path.isfile(shard):
         raise CheckpointError(f"{path} has no shard for rank {rank} {coords} (saved with world size "

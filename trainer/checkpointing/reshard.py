@@ -20,7 +20,6 @@ collide) in parameter order, and its AdamW state in the same order. metadata.jso
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Optional
@@ -54,8 +53,7 @@ def restore(path: str, model, optimizer, info, random_base: bool = False) -> tup
     from trainer.model import load_adapter_state_dict
     from trainer.model.lora.state import adapter_parameters
 
-    with open(os.path.join(path, "metadata.json")) as fh:
-        meta = json.load(fh)
+    meta = ckpt.read_metadata(path)
     old = layout_of(meta)
     if old == current_layout(info):
         state, _ = ckpt.load(path, rank=info.rank, coords=(info.tp_rank, info.pp_rank, info.dp_rank))

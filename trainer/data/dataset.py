@@ -56,6 +56,10 @@ class PackedDataset:
         csum = np.concatenate([[0], np.cumsum(per_doc)])
         return csum[self.pack_offsets[1:]] - csum[self.pack_offsets[:-1]]
 
+    def max_pack_documents(self) -> int:
+        """The most documents one pack holds (0 without packs): 1 or less means every row is one document."""
+        return int(np.diff(self.pack_offsets).max()) if len(self) else 0
+
     def documents_of(self, i: int) -> np.ndarray:
         return self.pack_docs[self.pack_offsets[i]:self.pack_offsets[i + 1]]
 

@@ -131,3 +131,21 @@ def write_synthetic(directory: str, n_packs: int, seq_length: int, vocab_size: i
         f.write(json.dumps({k: max(m[k] for m in meta.values()) if k != "min_packed_seqlen" else
                             min(m[k] for m in meta.values()) for k in meta["train"]}) + "\n")
     return meta
+
+
+def write_single_documents(directory: str, n_packs: int, seq_length: int, vocab_size: int, seed: int) -> None:
+    """The MLPerf layout with one full-length document a pack (train.npy, validation.npy of max(1, n_packs // 8)),
+    the second half of each supervised: data whose every row is one document (no packing benefit)."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory, exist_ok=True)
+    mask = np.zeros(seq_length, dtype=np.int64)
+    mask[seq_length // 2:] = 1
+    for split, n in (("train", n_packs), ("validation", max(1, n_packs // 8))):
+        packs = np.empty(n, dtype=object)
+        for i in range(n):
+            ids = rng.integers(3, vocab_size, size=seq_length, dtype=np.int64)
+            packs[i] = {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_start_id": [0]}
+        np.save(os.path.join(directory, f"{split}.npy"), packs, allow_pickle=True)
+    with open(os.path.join(directory, "packed_metadata.jsonl"), "w") as f:
+        f.write(json.dumps({"max_samples_per_bin": 1, "dataset_max_seqlen": seq_length,
+                            "min_packed_seqlen": seq_length}) + "\n")

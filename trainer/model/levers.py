@@ -18,6 +18,7 @@ from __future__ import annotations
 from trainer.config import ConfigError
 from trainer.model.inputs import FP8_ATTENTION_ATTR, LAYOUT_ATTR, attention_layout
 
+FP8_ATTENTION_BUILT_ATTR = "primus_fp8_attention_built"
 OFFLOAD_FIELDS = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
                   "cpu_offloading_weights")
 
@@ -48,5 +49,13 @@ def mark_layout(model, cfg) -> str:
     layout = attention_layout(cfg)
     setattr(model, LAYOUT_ATTR, layout)
     config = getattr(model, "config", None)
-    setattr(model, FP8_ATTENTION_ATTR, layout == "auto" and bool(getattr(config, "fp8_dot_product_attention", False)))
+    fp8_attention = bool(getattr(config, "fp8_dot_product_attention", False))
+    setattr(model, FP8_ATTENTION_BUILT_ATTR, fp8_attention)
+    setattr(model, FP8_ATTENTION_ATTR, layout == "auto" and fp8_attention)
     return layout
+
+
+def fp8_attention_built(model) -> bool:
+    """The model was built with TE's FP8 attention (per micro-batch in the 'auto' layout): the checkpoint's metadata
+    records it (`fp8_attention`), since null may turn it on from the data (trainer.precision.follow_data)."""
+    return bool(getattr(model, FP8_ATTENTION_BUILT_ATTR, False))

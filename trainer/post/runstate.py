@@ -71,11 +71,15 @@ def load_model(cfg, path: str):
     from trainer.step.optim import build_optimizer, trainable_parameters
     from trainer.checkpointing.reshard import restore
 
-    prec = check_precision(cfg)
+    from trainer import precision
+
+    # FP8 attention as training ran it: null may have turned it on from the train split (precision.follow_data)
+    prec = precision.follow_data(check_precision(cfg), cfg, bool(ckpt.read_metadata(path).get("fp8_attention")))
     if "RANK" not in os.environ:  # one process: a free port, not the job script's (a training job may hold it)
         os.environ.pop("MASTER_PORT", None)
     info = init_distributed(cfg)
     model = build_model(cfg, info.device, prec)  # (FP4 emulation included: trainer.model.transforms)
+    say(precision.describe(prec, model))
     optimizer = build_optimizer(trainable_parameters(model), cfg.trainer.schedule)  # restore() fills it too
     try:
         iteration, note = restore(path, model, optimizer, info, random_base=not cfg.trainer.checkpoint.pretrained)

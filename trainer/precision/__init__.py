@@ -6,6 +6,7 @@
     apply_emulation(model, p)        wrap megatron local linears with FP4 quantize-dequantize (no-TE path)
     describe(p, model)               the `precision | ...` log line (docs/contract.md section 3)
     te_environment(cfg)              NVTE_* variables native NVFP4 needs before TE is imported
+    follow_data(p, cfg, one_doc)     FP8 attention null on packed data of one document a row (after the data load)
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from .capabilities import Environment, probe_environment
 from .config_kwargs import te_environment, transformer_config_kwargs
 from .emulation import apply_emulation
 from .errors import PrecisionError
-from .gating import Mode, Precision, check_capabilities, resolve, resolve_mode
+from .gating import Mode, Precision, check_capabilities, follow_data, resolve, resolve_mode
 from .logline import describe
 from .settings import PrecisionSettings
 
 __all__ = ["Environment", "Mode", "Precision", "PrecisionError", "PrecisionSettings", "apply_emulation",
-           "check_capabilities", "describe", "probe_environment", "resolve", "resolve_mode", "te_environment",
-           "transformer_config_kwargs"]
+           "check_capabilities", "describe", "follow_data", "probe_environment", "resolve", "resolve_mode",
+           "te_environment", "transformer_config_kwargs"]

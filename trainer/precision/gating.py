@@ -21,7 +21,7 @@ from primus_contract.rules_precision import precision_rules
 
 from .capabilities import Environment, probe_environment
 from .errors import PrecisionError
-from .settings import PrecisionSettings
+from .settings import PrecisionSettings, fp8_attention_fits_trainer
 
 FP8_RECIPE_CLASS = {"delayed": "DelayedScaling", "tensorwise": "Float8CurrentScaling",
                     "blockwise": "Float8BlockScaling"}
@@ -93,3 +93,19 @@ def resolve(cfg: Any, env: Optional[Environment] = None) -> Precision:
 def check_capabilities(cfg: Any, env: Optional[Environment] = None) -> Mode:
     """The Mode of resolve(cfg, env)."""
     return resolve(cfg, env).mode
+
+
+def follow_data(p: Precision, cfg: Any, one_document_rows: bool) -> Precision:
+    """`p` with FP8 attention on where fp8_dot_product_attention is null, the run packs its data, and the loaded train
+    split holds one document in every row (`one_document_rows`): the 'auto' layout then runs every micro-batch sbhd,
+    as packing false does, which null turns it on for (primus_contract.rules_precision.fp8_attention_fits). The
+    recipe alone cannot tell such data, so `validate` and `plan` say off there; the log's precision line and the
+    checkpoint's metadata (`fp8_attention`, which post jobs follow: trainer.post.runstate) say what ran."""
+    s = p.settings
+    if (not s.fp8_attention_auto or s.fp8_dot_product_attention or not one_document_rows or p.mode.kind != "fp8"
+            or not fp8_attention_runs(p.env)):
+        return p
+    trainer = getattr(cfg, "trainer", cfg)
+    if not fp8_attention_fits_trainer(trainer, trainer.precision, one_document_rows=True):
+        return p
+    return dataclasses.replace(p, settings=dataclasses.replace(s, fp8_dot_product_attention=True))

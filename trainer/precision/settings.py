@@ -41,14 +41,14 @@ FP8_ATTENTION_ATTR = "primus_fp8_attention_per_batch"
 _NOT_PRECISION = ("num_layers", "device", "pipeline", "fp8_attention_auto")  # read from elsewhere, or derived
 
 
-def _fp8_attention_fits(trainer: Any, prec: Any) -> bool:
+def fp8_attention_fits_trainer(trainer: Any, prec: Any, one_document_rows: bool = False) -> bool:
     """primus_contract's fp8_attention_fits on the trainer section (False where only the precision block was given:
     nothing tells the layout and the heads)."""
     sections = {k: _get(trainer, k) for k in ("data", "parallelism", "model")}
     if any(v is None for v in sections.values()) or prec is trainer:
         return False
     try:
-        return fp8_attention_fits({**sections, "precision": prec})
+        return fp8_attention_fits({**sections, "precision": prec}, one_document_rows)
     except (KeyError, TypeError):  # a partial section (a test's, a tool's): nothing tells, so off
         return False
 
@@ -97,7 +97,7 @@ class PrecisionSettings:
         values["device"] = _get(_get(trainer, "distributed"), "device", "auto") or "auto"
         values["pipeline"] = _get(_get(trainer, "parallelism"), "pipeline", 1) or 1
         if values.get("fp8_dot_product_attention") is None:  # null (auto): the recipe's side here, the node's in gating
-            values["fp8_dot_product_attention"] = _fp8_attention_fits(trainer, prec)
+            values["fp8_dot_product_attention"] = fp8_attention_fits_trainer(trainer, prec)
             values["fp8_attention_auto"] = True
         settings = cls(**values)
         settings.validate_types()

@@ -31,6 +31,7 @@ from trainer.step.flops import doc_length_stats, step_flops
 from trainer.observability.logger import TrainLogger, device_footprint, fmt_sci, format_iteration, memory_gib
 from trainer.step.loss import all_reduce_sum, local_token_count, step_header
 from trainer.model.tp_overlap import check_tokens
+from trainer.model.levers import fp8_attention_built
 from trainer.step.optim import clip_gradients, reduce_gradients
 from trainer.step.pipeline import accumulate_gradients
 from trainer.precision import fp8_params, weight_cache
@@ -229,7 +230,7 @@ class Trainer:
         meta = {"recipe_hash": self.recipe_hash, "world_size": self.info.world_size,
                 "tensor": self.info.tp_size, "pipeline": self.info.pp_size, "data_parallel": self.dp_size,
                 "expert": self.info.ep_size, "lm_loss": self.last_loss, "lr_decay_iters": self.schedule.decay_iters,
-                "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "fp8_attention": fp8_attention_built(self.model), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
         try:
             path = ckpt.save(self.ckpt_dir, self.iteration, state, rank=self.info.rank,
                              coords=(self.info.tp_rank, self.info.pp_rank, self.info.dp_rank), metadata=meta,
