@@ -183,6 +183,9 @@ def at_start(resolved: dict) -> list:
     rules = [(name, what) for name, (what, applies) in MACHINE_RULES.items() if applies(t["precision"])]
     if t["parallelism"]["tp_comm_overlap"]:
         rules.append(("tp_comm_overlap", "TE userbuffers on a GPU (trainer.model.tp_overlap)"))
+    if t["lora"]["epilogue"] is True and t["precision"]["fp8"]:
+        rules.append(("fp8_epilogue", "lora.epilogue true under FP8: TE >= 2.15's functional linear on a GPU "
+                                      "(trainer.model.lora.base_gemm; null stays off without it)"))
     if t["recompute"]["activation_offload_layers"]:
         rules.append(("activation_offload", "TE's CPU offload context on a GPU (megatron-core cpu_offloading; "
                                             "trainer.model.levers)"))

@@ -38,6 +38,15 @@ def test_offload_reaches_megatron_as_layer_level_cpu_offloading():
     assert [n for n, _ in at_start(resolved(recompute={"activation_offload_layers": 3}))] == ["activation_offload"]
 
 
+def test_the_fp8_epilogue_is_listed_among_the_start_checks():
+    """lora.epilogue true under FP8 needs TE's functional linear on the node: `validate` lists it with the machine
+    rules the trainer checks at start (null is chosen there, never refused)."""
+    names = lambda r: [n for n, _ in at_start(r)]  # noqa: E731
+    assert "fp8_epilogue" in names(resolved(precision={"fp8": "hybrid"}, lora={"epilogue": True}))
+    assert "fp8_epilogue" not in names(resolved(precision={"fp8": "hybrid"}))
+    assert "fp8_epilogue" not in names(resolved(lora={"epilogue": True}))
+
+
 def test_offload_needs_te_on_the_node():
     cfg = Config.from_dict(resolved(recompute={"activation_offload_layers": 3}))
     pre_start(cfg, H200)
