@@ -117,6 +117,44 @@ def run_block(cfg, info, model, packs, warmup: int, steps: int, run_dir: str) ->
             "lm_loss": float(last.loss_sum) / max(last.num_loss_tokens, 1.0)}
 
 
+def by_precision(prec, cfg, packs: dict, kinds: list) -> list:
+    """[(precision, docs kinds)] in order: the trainer's precision for each kind's train split (trainer.precision.
+    follow_data: FP8 attention null turns on for packed data of one document a row, as `python -m trainer` does at
+    start), so a variant runs each kind on the model a real run of that data would build."""
+    from trainer.precision import follow_data
+
+    groups: list = []
+    for d in kinds:
+        p = follow_data(prec, cfg, packs[d].max_pack_documents() <= 1)
+        same = [g for g in groups if g[0] == p]
+        if same:
+            same[0][1].append(d)
+        else:
+            groups.append((p, [d]))
+    return groups
+
+
+def run_kinds(args, cfg, info, model, packs: dict, kinds: list, run_dir: Path, base: dict):
+    """run_block on each docs kind, a JSON row each; the error text of a block that fails (the rest skipped)."""
+    import torch
+
+    on_gpu = info.device.type == "cuda"
+    for d in kinds:
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        tb = time.perf_counter()
+        try:
+            row = run_block(cfg, info, model, packs[d], args.warmup, args.steps, str(run_dir))
+        except Exception as err:  # noqa: BLE001  (a variant failing here is a row; the others still run)
+            why = f"run: {type(err).__name__}: {str(err)[:400]}"
+            print(json.dumps({**base, "docs": d, "error": why, "trace": traceback.format_exc()[-2000:]}), flush=True)
+            return why
+        peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
+        print(json.dumps({**base, "docs": d, **row, "peak_gib": None if peak is None else round(peak, 2),
+                          "block_s": round(time.perf_counter() - tb, 1)}), flush=True)
+    return None
+
+
 def with_job_env(recipe: str, overrides: list[str], argv: list[str]) -> None:
     """Run again under the variables a submitted job exports (env profile + cluster.env: the allocator, connection
     and TE settings bench/trainer_throughput.py's runs get), this process's own environment winning, before anything
@@ -197,35 +235,28 @@ def main(argv=None) -> int:
             continue
         cfg, prec = configs[name]
         t0 = time.perf_counter()
-        seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank)  # every block starts from the same draws
-        try:
-            built = build(cfg, info.device, prec)
-        except Exception as err:  # noqa: BLE001
-            refused[name] = f"build: {type(err).__name__}: {str(err)[:400]}"
-            print(json.dumps({**base, "error": refused[name]}), flush=True)
-            continue
-        build_s = time.perf_counter() - t0
-        lines = [ln for ln in built.log_lines if ln.split(" |")[0] in ("fused swiglu", "lora epilogue", "lora")]
-        for d in docs_kinds:
-            if on_gpu:
-                torch.cuda.reset_peak_memory_stats()
+        for d_prec, kinds in by_precision(prec, cfg, packs, docs_kinds):  # one model per precision the data gives
+            seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank)  # every block starts from the same draws
             tb = time.perf_counter()
             try:
-                row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / f"run-{name}"))
-            except Exception as err:  # noqa: BLE001  (a variant failing here is a row; the others still run)
-                refused[name] = f"run: {type(err).__name__}: {str(err)[:400]}"
-                print(json.dumps({**base, "docs": d, "error": refused[name],
-                                  "trace": traceback.format_exc()[-2000:]}), flush=True)
+                built = build(cfg, info.device, d_prec)
+            except Exception as err:  # noqa: BLE001
+                refused[name] = f"build: {type(err).__name__}: {str(err)[:400]}"
+                print(json.dumps({**base, "error": refused[name]}), flush=True)
                 break
-            peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
-            print(json.dumps({**base, "docs": d, **row, "peak_gib": None if peak is None else round(peak, 2),
-                              "build_s": round(build_s, 1), "block_s": round(time.perf_counter() - tb, 1),
-                              "transforms": lines}), flush=True)
-        del built
-        gc.collect()
-        reset_fp8_state()
-        if on_gpu:
-            torch.cuda.empty_cache()
+            build_s = time.perf_counter() - tb
+            lines = [ln for ln in built.log_lines if ln.split(" |")[0] in ("fused swiglu", "lora epilogue", "lora")]
+            failed = run_kinds(args, cfg, info, built.model, packs, kinds, work / f"run-{name}",
+                               {**base, "build_s": round(build_s, 1), "transforms": lines,
+                                "fp8_attention": d_prec.settings.fp8_dot_product_attention})
+            del built
+            gc.collect()
+            reset_fp8_state()
+            if on_gpu:
+                torch.cuda.empty_cache()
+            if failed:
+                refused[name] = failed
+                break
         block_s = max(block_s, time.perf_counter() - t0)
     return 0
 

@@ -97,6 +97,8 @@ def test_interleaved_call_on_cpu(tmp_path):
                      (0, "swiglu", "packed"), (0, "bad", None), (1, "default", "single"), (1, "default", "packed"),
                      (1, "swiglu", "single"), (1, "swiglu", "packed")]
     assert "exclude each other" in rows[4]["error"]  # the contract's refusal, once
+    # the precision each kind's data gives (FP8 attention from one-document rows: GPU FP8 only), on every row
+    assert {r["fp8_attention"] for r in rows if "lm_loss" in r} == {False}
     loss = {(r["rep"], r["variant"], r["docs"]): r["lm_loss"] for r in rows if "lm_loss" in r}
     # every block starts from the same weights and packs: on CPU the wired SwiGLU is the unfused ops, bit for bit
     assert len({v for k, v in loss.items() if k[2] == "single"}) == 1
