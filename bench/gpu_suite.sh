@@ -74,6 +74,7 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
   for _ in $(seq "$r"); do  # the ceiling's cells for the precisions timed (PRECISIONS=fp8: FP8 only)
     anchor+=(bf16 fp8_delayed)
     for p in "${precs[@]}"; do q=$p; [ "$p" = fp8 ] && q=fp8_delayed; ceiling+=("$q" "packed:$q"); done
+    [[ " ${precs[*]} " == *" fp8 "* ]] && ceiling+=(fp8_delayed_attn)  # FP8 one-document: ours runs FP8 attention
   done
   { timeout 90 python3 bench/kernel_check.py  # the Triton kernels on this GPU against the torch ops, first (~20 s)
     budget=$(( end - $(date +%s) ))

@@ -16,6 +16,8 @@ nothing below the first adapter needs a gradient.) Prints one JSON line per conf
     python3 bench/lora_ceiling.py --packed bf16 fp8_delayed        # packed: THD attention over the same synthetic
                                                                    # packs bench/trainer_throughput.py --docs packed trains
     python3 bench/lora_ceiling.py bf16 packed:bf16 bf16 packed:bf16   # repeats, single and packed interleaved
+    python3 bench/lora_ceiling.py fp8_delayed_attn                 # + TE's FP8 attention (one document a row only),
+                                                                   # the ceiling of ours where it runs FP8 attention
 """
 from __future__ import annotations
 
@@ -89,7 +91,8 @@ def run(seq: int, fp8: str | None, steps: int = 8, warm: int = 3, packed: bool =
     else:
         ids = torch.randint(0, 128256, (1, seq), device="cuda")
         batches = [(ids, torch.arange(seq, device="cuda").unsqueeze(0), None)] * (warm + steps)
-    recipes = {"delayed": recipe.DelayedScaling, "current": recipe.Float8CurrentScaling}
+    recipes = {"delayed": recipe.DelayedScaling, "current": recipe.Float8CurrentScaling,
+               "delayed_attn": lambda: recipe.DelayedScaling(fp8_dpa=True)}  # + TE's FP8 attention (one-document)
     ctx = (lambda: te.autocast(enabled=True, recipe=recipes[fp8]())) if fp8 else contextlib.nullcontext
     torch.cuda.reset_peak_memory_stats()
     for i in range(warm + steps):

@@ -26,6 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 
 MIN_REPEATS = 3
+# the cells every variant is a ratio to: the adapter-free ceiling, the same with TE's FP8 attention (FP8 one-document
+# rows, where ours runs it: bench/lora_ceiling.py fp8_delayed_attn), the bare anchor
+REFERENCES = ("ceiling", "ceiling-attn", "anchor")
 
 
 def interleave(variants: list, repeats: int) -> list[tuple[int, object]]:
@@ -49,7 +52,8 @@ def cell_of(row: dict):
     if bench == "lora_ceiling" and ("tokens_per_s" in row or "error" in row):
         docs = row.get("docs") or ("packed" if str(row.get("config", "")).startswith("packed:") else "single")
         fp8 = row.get("fp8") or ("fp8" in str(row.get("config", "")))
-        return ("ceiling", docs, _precision(fp8)), row.get("tokens_per_s")
+        name = "ceiling-attn" if "attn" in str(fp8) else "ceiling"  # (fp8_delayed_attn: with TE's FP8 attention)
+        return (name, docs, _precision(fp8)), row.get("tokens_per_s")
     if bench == "interleaved" and "variant" in row:
         value = row.get("tokens_per_s") if not row.get("error") else None
         return (row["variant"], row.get("docs", ""), row.get("precision", "")), value
@@ -104,17 +108,17 @@ def summarize(rows, baseline: str = "default") -> list[dict]:
     for (name, docs, prec), c in cells.items():
         s = stats(c["values"])
         row = {"bench": "spread_cell", "cell": name, "docs": docs, "precision": prec, **s, "failed": c["failed"]}
-        for ref in ("ceiling", "anchor"):
+        for ref in REFERENCES:
             r = cells.get((ref, docs, prec)) or (cells.get((ref, "single", prec)) if ref == "anchor" else None)
-            if r and r["values"] and s["n"] and name != ref:
-                row[f"x_{ref}"] = round(s["median"] / statistics.median(r["values"]), 3)
+            if r and r["values"] and s["n"] and name not in REFERENCES:
+                row[f"x_{ref.replace('-', '_')}"] = round(s["median"] / statistics.median(r["values"]), 3)
         for field in ("peak_gib", "lm_loss"):
             if c[field]:
                 row[f"{field}_median"] = round(statistics.median(c[field]), 4)
         out.append(row)
     for (name, docs, prec), c in cells.items():
         base = cells.get((baseline, docs, prec))
-        if name in (baseline, "anchor", "ceiling") or base is None:
+        if name == baseline or name in REFERENCES or base is None:
             continue
         med = statistics.median
         gain = (med(c["values"]) / med(base["values"]) - 1) if c["values"] and base["values"] else None
@@ -126,15 +130,15 @@ def summarize(rows, baseline: str = "default") -> list[dict]:
 
 def markdown(summary: list[dict]) -> str:
     """The README table: medians with their spread (min-max), the ratio to the same call's ceiling and anchor."""
-    lines = ["| cell | docs | precision | median tok/s (min-max, n) | x ceiling | x anchor | peak GiB |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| cell | docs | precision | median tok/s (min-max, n) | x ceiling | x ceiling, FP8 attention | x anchor "
+             "| peak GiB |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in summary:
         if r["bench"] != "spread_cell":
             continue
         spread = (f"{r['median']:,.0f} ({r['min']:,.0f}-{r['max']:,.0f}, {r['n']})" if r["n"]
                   else f"failed ({r['failed']})")
         lines.append(f"| {r['cell']} | {r['docs']} | {r['precision']} | {spread} | {r.get('x_ceiling', '')} | "
-                     f"{r.get('x_anchor', '')} | {r.get('peak_gib_median', '')} |")
+                     f"{r.get('x_ceiling_attn', '')} | {r.get('x_anchor', '')} | {r.get('peak_gib_median', '')} |")
     verdicts = [r for r in summary if r["bench"] == "spread_verdict"]
     if verdicts:
         lines += ["", "| pair | docs | precision | median gain | verdict |", "| --- | --- | --- | ---: | --- |"]

@@ -59,13 +59,25 @@ def test_verdicts():
     assert spread.verdict([7, 8], [4, 5, 6], "a", "b").startswith("too few repeats")
 
 
+def test_the_fp8_attention_ceiling_is_a_reference_of_its_own():
+    import spread
+
+    rows = [{"bench": "lora_ceiling", "docs": "single", "fp8": f, "tokens_per_s": v}
+            for f, v in (("delayed", 200), ("delayed_attn", 210)) for _ in range(3)]
+    rows += [{"bench": "interleaved", "variant": "default", "docs": "single", "precision": "fp8", "rep": r,
+              "tokens_per_s": 189} for r in range(3)]
+    cells = {r["cell"]: r for r in spread.summarize(rows) if r["bench"] == "spread_cell"}
+    assert cells["default"]["x_ceiling"] == 0.945 and cells["default"]["x_ceiling_attn"] == 0.9
+    assert "x_ceiling" not in cells["ceiling-attn"] and "| 0.9 |" in spread.markdown(spread.summarize(rows))
+
+
 def test_markdown_and_cut_lines(tmp_path):
     f = tmp_path / "x.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in _rows()) + '\n{"bench": "interleaved", "vari\nnot json\n')
     rows = spread.read_rows([f])
     assert len(rows) == len(_rows())  # the cut line is no measurement
     text = spread.markdown(spread.summarize(rows))
-    assert "| default | single | bf16 | 100 (99-101, 3) | 0.833 | 0.99 | 50.0 |" in text
+    assert "| default | single | bf16 | 100 (99-101, 3) | 0.833 |  | 0.99 | 50.0 |" in text
     assert "| swiglu vs default | single | bf16 | +3.0 % | swiglu kept |" in text
 
 
