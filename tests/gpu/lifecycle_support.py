@@ -62,6 +62,23 @@ def device_sets(dev: str, tmp: Path) -> list[str]:
     return sets + ["trainer.distributed.device=cpu", "cluster.env.OMP_NUM_THREADS=1"]
 
 
+def one_document_fp8_sets(tmp: Path) -> list[str]:
+    """A quickstart run (20 iterations, an eval at the end) in FP8 delayed on packed data whose every row is one
+    document, head dim 128 (one head), on a random base of that shape: precision.fp8_dot_product_attention null turns
+    on from the data there (trainer.precision.follow_data). Data: 64 train packs, 8 validation packs (one batch)."""
+    from trainer.data.mlperf import write_single_documents
+
+    data = tmp / "one-document-rows"
+    write_single_documents(str(data), 64, 256, 512, seed=3)
+    return [f"cluster.python={sys.executable}", "cluster.env_profile=h200", "trainer.distributed.device=cuda",
+            "trainer.distributed.backend=nccl", "trainer.model.num_attention_heads=1",
+            "trainer.model.num_query_groups=1", "trainer.checkpoint.pretrained=null", "trainer.precision.bf16=true",
+            "trainer.precision.fp8=hybrid", "trainer.data.format=mlperf_npy", f"trainer.data.train.path={data}",
+            f"trainer.data.validation.path={data}", f"trainer.data.cache_dir={tmp / 'cache'}",
+            "trainer.schedule.train_iters=20", "trainer.schedule.eval_interval=20", "trainer.schedule.eval_iters=1",
+            "trainer.checkpoint.save_interval=20"]
+
+
 def env_for(tmp: Path) -> dict:
     return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp / "state"), PRIMUS_WORKSPACE=str(tmp / "ws"),
                 HF_HUB_OFFLINE="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

@@ -12,6 +12,7 @@ Everything starts at once in one module fixture, so the runs share the device's 
   the others where they all fit (an H200, and an H100 since NCCL's communicators are lazy), else alone after them:
   EIGHT_B_GIB and its neighbours;
 - an FP4-emulated run of the same recipe, which `compare` (with the sweep's trials) and `verify-fp4` then read;
+- on CUDA, an FP8 run on packed rows of one document with `--then eval` (FP8 attention null turns on from the data);
 - where `make gpu-test` started a Slurm cluster: a Slurm run warned, requeued and resumed (tests/gpu/slurm_gpu.py).
 Each test records what it measured (the `record` fixture, tests/gpu/lifecycle_report.py).
 """
@@ -38,14 +39,16 @@ PRECISIONS = ls.precisions(DEV)
 RESUME_TOL = {"bf16": 0.0, "fp8": 0.0, "fp32": 0.0}
 EVAL_RTOL = {"bf16": 1e-5, "fp8": 1e-3, "fp32": 2e-6}  # FP8: the eval forward moves TE's amax history
 R8 = ls.ROOT / "bench" / "recipes" / "llama3_8b_h200.yaml"
-# GPU memory (GiB) for the 8B shape to run beside the small runs (else alone, after them), beside up to 7 small
-# processes at once (2 sweep trials or their steps, 2 cancelled runs, the warned one, the FP4 one, the Slurm one).
+QUICKSTART = ls.ROOT / "recipes" / "quickstart.yaml"
+# GPU memory (GiB) for the 8B shape to run beside the small runs (else alone, after them), beside up to 8 small
+# processes at once (2 sweep trials or their steps, 2 cancelled runs, the warned one, the FP4 one, the Slurm one, the
+# one-document FP8 run or its eval step).
 # With NCCL's communicators made eagerly every process held ~8.9 GiB outside PyTorch (H100, 2026-12-05: the 8B FP8 at
 # seq 4096 used 56.3 GiB by NVML, peak 47.3), and the H100 ran the 8B alone; lazily (trainer.distributed.
 # nccl_eager_init false, the default since) the trainer holds 0.73 (bench/results/2026-12-05c_h100_levers/): the 8B
 # ~48.2 GiB, a small run under 1.5. The bounds keep ~1 GiB of slack each for a communicator a checkpoint's collective
 # might make: the H100 (79.2) and the H200 (139.8) both run it beside them.
-EIGHT_B_GIB, SMALL_GIB, SMALL_AT_ONCE = 50, 2.5, 7
+EIGHT_B_GIB, SMALL_GIB, SMALL_AT_ONCE = 50, 2.5, 8
 
 
 def _grid() -> tuple[str, list[str]]:
@@ -119,6 +122,8 @@ def lab(tmp_path_factory):
     runs["warn", PRECISIONS[0]] = ls.submit(env, *base, *ls.precision_sets(PRECISIONS[0]))
     fp4 = ls.submit(env, *base, *fixed, "trainer.precision.fp8=null", "trainer.precision.fp4=e2m1",
                     "trainer.precision.fp4_emulation=true")
+    one_doc = ls.submit(env, *ls.one_document_fp8_sets(tmp), recipe=QUICKSTART, then=("eval",)) \
+        if DEV == "cuda" else None
     total = ls.gpu_total_gib() if DEV == "cuda" else 0.0
     beside = total >= EIGHT_B_GIB + SMALL_GIB * SMALL_AT_ONCE
     pool, jobs = ThreadPoolExecutor(8), {}
@@ -143,7 +148,7 @@ def lab(tmp_path_factory):
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=False)
-    return {"env": env, "tmp": tmp, "sweep": sweep, "trials": trials, "jobs": jobs, "fp4": fp4,
+    return {"env": env, "tmp": tmp, "sweep": sweep, "trials": trials, "jobs": jobs, "fp4": fp4, "one_doc": one_doc,
             "eight_b": f"{'beside the small runs' if beside else 'alone, after the small runs'} ({total:.1f} GiB)"}
 
 
@@ -347,3 +352,24 @@ def test_slurm_job_on_gres_gpu_requeues_resumes_and_costs_its_gpu_hours(lab, rec
     elapsed = sum(int(a.split("|")[1]) for a in alloc)
     assert cost["elapsed_s"] == elapsed and math.isclose(cost["gpu_hours"], elapsed * gpus / 3600), (cost, alloc)
     assert cost["gpu_hours"] > 0 if gpus else cost["gpu_hours"] == 0, cost
+
+
+def test_fp8_attention_null_runs_on_packed_rows_of_one_document_and_eval_follows(lab, record):
+    """fp8_dot_product_attention null on packed rows of one document (ls.one_document_fp8_sets): trained with TE's FP8
+    attention, said in the log, recorded in the checkpoint; the `eval` step builds the same model from that record,
+    so its loss equals the logged eval loss."""
+    if lab["one_doc"] is None:
+        pytest.skip("TE's FP8 attention needs the GPU")
+    row = ls.wait_pipeline(lab["env"], lab["one_doc"]["run_id"])
+    run_dir, step = Path(row["run_dir"]), Path(row["pipeline"][0]["dir"])
+    assert row["state"] == "COMPLETED" and [s["state"] for s in row["pipeline"]] == ["COMPLETED"], row
+    log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
+    meta = json.loads((run_dir / "checkpoints" / "iter_0000020" / "metadata.json").read_text())
+    evaluated, logged = json.loads((step / "result.json").read_text())["eval_loss"], ls.logged_eval(run_dir, 20)
+    post = next((ln for ln in (step / "job.out").read_text().splitlines() if "precision |" in ln), "")
+    record(eval_loss=evaluated, logged=logged, rel=abs(evaluated - logged) / logged, post_precision=post,
+           fp8_attention_meta=meta.get("fp8_attention"))
+    assert "note | fp8 attention | on: every row of the train split holds one document" in log
+    assert "| attention fp8 (one-document micro-batches)" in log and meta.get("fp8_attention") is True, meta
+    assert "| attention fp8 (one-document micro-batches)" in post, post
+    assert abs(evaluated - logged) <= EVAL_RTOL["fp8"] * logged, (evaluated, logged)
