@@ -72,7 +72,7 @@ def _packs(seq: int, n: int, vocab: int = 128256, n_file: int = 28) -> list:
             pad = seq - len(ids)  # the collator pads a pack to seq; the pad is its own segment
             ids, pos = torch.nn.functional.pad(ids, (0, pad)), torch.cat([pos, torch.arange(pad)])
             cu = torch.tensor(starts, dtype=torch.int32)
-            psp = packed_seq_params(cu, int(torch.diff(cu).max()), seq, "cuda")
+            psp = packed_seq_params(cu, int(torch.diff(cu).max()), seq, "cuda", buckets=True)  # as ours by default
             out.append((ids.view(1, -1).cuda(), pos.view(1, -1).cuda(), psp))
     return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, triton_kernels_run
+from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, run_device, triton_kernels_run
 from primus_contract.schema import field_at
 
 
@@ -91,6 +91,9 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "
      "and runs sbhd), pipeline 1 and context 1 (those run THD)", _single_document_switch),
+    ("trainer.data.max_seqlen_buckets", "`trainer.data.packing: true` on a GPU (the CPU's attention reads no "
+     "max_seqlen)", lambda r: r["trainer"]["data"]["packing"] and run_device(r["trainer"], r["cluster"]["env_profile"])
+     != "cpu"),
     ("trainer.recompute.chunked_loss_kernel", "`trainer.recompute.chunked_loss: true`, an NVIDIA GPU and BF16 (the "
      "torch ops run elsewhere)", lambda r: r["trainer"]["recompute"]["chunked_loss"] and _nvidia_16bit(r)),
     ("trainer.lora.triton_products", f"an NVIDIA GPU, BF16, `trainer.lora.dim` up to {LORA_KERNEL_MAX_RANK} and the "

@@ -70,3 +70,21 @@ def test_padding_tail_gets_its_own_segment():
             part = forward_losses(model, trimmed)
         torch.testing.assert_close(full[:, :21], part[:, :21], rtol=1e-5, atol=1e-5)
         assert torch.isfinite(full).all()
+
+
+def test_max_seqlen_buckets_are_an_upper_bound_of_few_values():
+    """trainer.data.max_seqlen_buckets (default on): THD's max_seqlen rounded up to a power of two, at least 64, at
+    most the micro-batch's tokens; model_inputs passes it where the built model says so, else the longest document."""
+    from trainer.model.inputs import BUCKETS_ATTR, bucket_max_seqlen, model_inputs
+    from trainer.model.levers import mark_layout
+
+    assert [bucket_max_seqlen(n, 8192) for n in (1, 64, 65, 2500, 4096, 4097, 8192)] == [
+        64, 64, 128, 4096, 4096, 8192, 8192]
+    assert bucket_max_seqlen(2500, 3000) == 3000 and bucket_max_seqlen(20, 32) == 32  # never past the tokens
+    assert len({bucket_max_seqlen(n, 8192) for n in range(1, 8193)}) == 8
+    batch = packed_batch(2, 32, [11, 7, 19, 9], vocab=128, seed=7)
+    model = torch.nn.Linear(2, 2)  # what model_inputs reads: its parameters' device and the attributes the build sets
+    for on, want in ((True, 64), (False, 19)):  # (64: the least bucket, at most the 2 x 32 tokens)
+        mark_layout(model, tiny_cfg(trainer={"data": {"max_seqlen_buckets": on, "single_document_sbhd": False}}))
+        assert getattr(model, BUCKETS_ATTR) is on
+        assert model_inputs(model, batch)["packed_seq_params"].max_seqlen_q == want

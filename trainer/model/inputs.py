@@ -36,6 +36,7 @@ from primus_contract.rules_precision import attention_layout as contract_layout
 from trainer.precision.settings import FP8_ATTENTION_ATTR  # (FP8 attention follows each micro-batch's layout)
 
 LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build (trainer.model.levers)
+BUCKETS_ATTR = "primus_max_seqlen_buckets"  # trainer.data.max_seqlen_buckets, set there too (default on)
 
 
 def attention_layout(cfg) -> str:
@@ -91,8 +92,16 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
-def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device):
-    """PackedSeqParams for THD attention; a trailing segment covers any rows past cu_seqlens[-1]."""
+def bucket_max_seqlen(n: int, total: int) -> int:
+    """`n` rounded up to a power of two, at least 64 and at most `total` (the micro-batch's tokens): an upper bound
+    of the longest segment that takes a few values over a run, so TE's cuDNN attention, whose execution graphs are
+    keyed by the shape (max_seqlen included), builds a few of them rather than one per new longest document."""
+    return min(max(64, 1 << (max(int(n), 1) - 1).bit_length()), int(total))
+
+
+def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device, buckets: bool = False):
+    """PackedSeqParams for THD attention; a trailing segment covers any rows past cu_seqlens[-1]; `buckets`: max_seqlen
+    rounded up by bucket_max_seqlen (trainer.data.max_seqlen_buckets)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     # Validate/extend on the host (move_batch leaves cu_seqlens there: a device copy here would sync the stream).
@@ -106,7 +115,7 @@ def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, total: int, dev
     elif last > total:
         raise ValueError(f"cu_seqlens ends at {last} but the batch has {total} tokens")
     cu = to_device(cu, device)
-    max_seqlen = int(max_seqlen)
+    max_seqlen = bucket_max_seqlen(max_seqlen, total) if buckets else int(max_seqlen)
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
 
@@ -136,7 +145,7 @@ def model_inputs(model, batch) -> dict:
     cu = batch.get("cu_seqlens")
     if cu is None:  # no packing info: each row is one document
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32)
-    psp = packed_seq_params(cu, max_seqlen, b * s, device)
+    psp = packed_seq_params(cu, max_seqlen, b * s, device, buckets=getattr(model, BUCKETS_ATTR, False))
     return dict(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels,
                 packed_seq_params=psp)
 

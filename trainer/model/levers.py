@@ -16,7 +16,7 @@ layout the model is built for.
 from __future__ import annotations
 
 from trainer.config import ConfigError
-from trainer.model.inputs import FP8_ATTENTION_ATTR, LAYOUT_ATTR, attention_layout
+from trainer.model.inputs import BUCKETS_ATTR, FP8_ATTENTION_ATTR, LAYOUT_ATTR, attention_layout
 
 FP8_ATTENTION_BUILT_ATTR = "primus_fp8_attention_built"
 OFFLOAD_FIELDS = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
@@ -44,10 +44,13 @@ def offloads(config) -> bool:
 
 
 def mark_layout(model, cfg) -> str:
-    """Record the attention layout the batches are given in (trainer.model.inputs reads it), and on an 'auto' model
-    built with FP8 attention that it follows each micro-batch's layout (inputs.follow_layout)."""
+    """Record the attention layout the batches are given in (trainer.model.inputs reads it), whether THD's max_seqlen
+    is bucketed, and on an 'auto' model built with FP8 attention that it follows each micro-batch's layout
+    (inputs.follow_layout)."""
     layout = attention_layout(cfg)
     setattr(model, LAYOUT_ATTR, layout)
+    # (THD's max_seqlen, inputs.py; a run resolved before the key existed: on, its default)
+    setattr(model, BUCKETS_ATTR, bool(cfg.trainer.data.get("max_seqlen_buckets", True)))
     config = getattr(model, "config", None)
     fp8_attention = bool(getattr(config, "fp8_dot_product_attention", False))
     setattr(model, FP8_ATTENTION_BUILT_ATTR, fp8_attention)
