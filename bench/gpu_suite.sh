@@ -163,8 +163,8 @@ case "${1:-}" in
             # adapters norm x themselves, recompute.adapter_inputs scope norm: in FP8 TE then fuses its norm with
             # the quantize; lost 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB); epi-on (FP8: lora.epilogue true, the base
             # GEMMs in FP8 through TE's functional linear, trainer/model/lora/base_gemm.py; in BF16 it equals default);
-            # buckets-off (data.max_seqlen_buckets false: THD's max_seqlen the longest document, as before
-            # 2026-12-06f; the ceiling buckets it as ours does by default; single-document cells run sbhd: equal).
+            # buckets-on (data.max_seqlen_buckets: THD's max_seqlen a power of two, so cuDNN builds a few graphs;
+            # not yet timed; the ceiling follows PRIMUS_CEILING_BUCKETS=1; single-document cells run sbhd: equal).
             # `default` kept against an -off variant: that lever still
             # pays; an -on variant kept against `default`: it goes on by default (its median above default's max).
             # VARIANTS="default all-off norm-off" keeps only those (a short call)
@@ -173,7 +173,7 @@ case "${1:-}" in
         products-off=trainer.lora.triton_products=false epilogue-off=trainer.lora.epilogue=false \
         norm-off=trainer.lora.epilogue_norm=false \
         ainorm-on=trainer.recompute.adapter_inputs=true,trainer.recompute.adapter_inputs_scope=norm \
-        epi-on=trainer.lora.epilogue=true buckets-off=trainer.data.max_seqlen_buckets=false \
+        epi-on=trainer.lora.epilogue=true buckets-on=trainer.data.max_seqlen_buckets=true \
         all-off=trainer.recompute.chunked_loss_kernel=false,trainer.lora.triton_products=false,trainer.lora.epilogue=false; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%=*} "* ]] && picked+=(--variant "$v")
     done

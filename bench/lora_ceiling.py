@@ -35,6 +35,11 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29512")
 
 
+# THD's max_seqlen bucketed (trainer.data.max_seqlen_buckets) as ours runs it: PRIMUS_CEILING_BUCKETS=1 for a call
+# whose variants turn it on
+BUCKETS = os.environ.get("PRIMUS_CEILING_BUCKETS") == "1"
+
+
 def _model(seq: int):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
@@ -72,7 +77,7 @@ def _packs(seq: int, n: int, vocab: int = 128256, n_file: int = 28) -> list:
             pad = seq - len(ids)  # the collator pads a pack to seq; the pad is its own segment
             ids, pos = torch.nn.functional.pad(ids, (0, pad)), torch.cat([pos, torch.arange(pad)])
             cu = torch.tensor(starts, dtype=torch.int32)
-            psp = packed_seq_params(cu, int(torch.diff(cu).max()), seq, "cuda", buckets=True)  # as ours by default
+            psp = packed_seq_params(cu, int(torch.diff(cu).max()), seq, "cuda", buckets=BUCKETS)
             out.append((ids.view(1, -1).cuda(), pos.view(1, -1).cuda(), psp))
     return out
 

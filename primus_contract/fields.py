@@ -156,12 +156,14 @@ SCHEMA: dict = {
                                           "document each in plain causal sbhd attention instead of THD (exact; "
                                           "with LoRA dropout the masks fall on other tokens; ~2 % faster on an "
                                           "H100; false: always THD)"),
-            "max_seqlen_buckets": Field("bool", True, help="with packing on a GPU, THD attention's max_seqlen "
+            "max_seqlen_buckets": Field("bool", False, help="with packing on a GPU, THD attention's max_seqlen "
                                         "rounded up to a power of two (at least 64, at most the micro-batch's "
                                         "tokens), so TE's cuDNN attention reuses a few execution graphs instead of "
                                         "building one for every new longest document (an H100 profile of a packed "
                                         "FP8 step showed two ~60 ms host stalls at attention's first forward and "
-                                        "backward); exact: an upper bound only; false: the longest document"),
+                                        "backward); exact: an upper bound only; not yet run on a GPU, so off by "
+                                        "default until timed (bench/gpu_suite.sh kernels, buckets-on); false: the "
+                                        "longest document"),
             "pad_to_multiple_of": Field("int", 1, min=1, max=4096),
             "overlong": Field("str", "truncate", choices=("truncate", "drop")),
             "bad_records": Field("str", "error", choices=("error", "skip")),

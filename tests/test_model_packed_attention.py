@@ -73,7 +73,7 @@ def test_padding_tail_gets_its_own_segment():
 
 
 def test_max_seqlen_buckets_are_an_upper_bound_of_few_values():
-    """trainer.data.max_seqlen_buckets (default on): THD's max_seqlen rounded up to a power of two, at least 64, at
+    """trainer.data.max_seqlen_buckets (default off until timed on a GPU): THD's max_seqlen rounded up to a power of two, at least 64, at
     most the micro-batch's tokens; model_inputs passes it where the built model says so, else the longest document."""
     from trainer.model.inputs import BUCKETS_ATTR, bucket_max_seqlen, model_inputs
     from trainer.model.levers import mark_layout

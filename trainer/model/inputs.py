@@ -36,7 +36,7 @@ from primus_contract.rules_precision import attention_layout as contract_layout
 from trainer.precision.settings import FP8_ATTENTION_ATTR  # (FP8 attention follows each micro-batch's layout)
 
 LAYOUT_ATTR = "primus_attention_layout"  # set on the GPTModel by trainer.model.build (trainer.model.levers)
-BUCKETS_ATTR = "primus_max_seqlen_buckets"  # trainer.data.max_seqlen_buckets, set there too (default on)
+BUCKETS_ATTR = "primus_max_seqlen_buckets"  # trainer.data.max_seqlen_buckets, set there too (default off)
 
 
 def attention_layout(cfg) -> str:

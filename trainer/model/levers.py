@@ -49,8 +49,8 @@ def mark_layout(model, cfg) -> str:
     (inputs.follow_layout)."""
     layout = attention_layout(cfg)
     setattr(model, LAYOUT_ATTR, layout)
-    # (THD's max_seqlen, inputs.py; a run resolved before the key existed: on, its default)
-    setattr(model, BUCKETS_ATTR, bool(cfg.trainer.data.get("max_seqlen_buckets", True)))
+    # (THD's max_seqlen, inputs.py; a run resolved before the key existed: off, its default)
+    setattr(model, BUCKETS_ATTR, bool(cfg.trainer.data.get("max_seqlen_buckets", False)))
     config = getattr(model, "config", None)
     fp8_attention = bool(getattr(config, "fp8_dot_product_attention", False))
     setattr(model, FP8_ATTENTION_BUILT_ATTR, fp8_attention)
