@@ -7,9 +7,12 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+import early_start
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS_DIR = ROOT / "tests" / "slurm_jobs"          # holds primus_testjob (cluster.entrypoint of job tests)
@@ -107,16 +110,35 @@ def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple
     return env, entry, run_dir
 
 
-@pytest.fixture(scope="session")
-def quickstart_run(tmp_path_factory) -> tuple[dict, dict, Path]:
-    """`make quickstart` itself, as a newcomer runs it (500 iterations, eval every 25, checkpoints at 250 and 500;
-    state and workspace in a temporary folder), trained once per session: (env, {run_id, run_dir}, run directory).
-    test_post_commands (the README's numbers) and test_quickstart_learns (the curve falls) read this one run."""
+@pytest.fixture(scope="session", autouse=True)
+def quickstart_started(request, tmp_path_factory):
+    """`make quickstart` started when the session starts, if a selected test reads it (test_post_commands,
+    test_quickstart_learns): its ~100 s of one-thread training then use the CPU the tests before it leave idle,
+    instead of running alone when the first of them comes. Under SCHED_IDLE (early_start.py), so that it never
+    slows them (at nice 10 a two-thread torch test beside it took 64 s instead of 28). None when no selected test
+    needs it; else (env, a future of make_quickstart's result)."""
+    if not any("quickstart_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
     sys.path.insert(0, str(ROOT / "scripts"))
     from readme_numbers import job_env, make_quickstart  # what scripts/readme_numbers.py runs
 
     env = job_env(tmp_path_factory.mktemp("post"))
-    run_id, run_dir = make_quickstart(env)
+    with ThreadPoolExecutor(1, thread_name_prefix="quickstart") as pool:
+        future = early_start.start_idle(pool, make_quickstart, env)
+        yield env, future
+        if not future.done():  # the session ended first (-x, an interrupt): stop the run, by its id, and wait
+            early_start.cancel_started_run(cli, env, future, Path(env["PRIMUS_WORKSPACE"]))
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(quickstart_started) -> tuple[dict, dict, Path]:
+    """`make quickstart` itself, as a newcomer runs it (500 iterations, eval every 25, checkpoints at 250 and 500;
+    state and workspace in a temporary folder), trained once per session (started early: quickstart_started, and
+    at normal priority from the moment a test waits for it): (env, {run_id, run_dir}, run directory).
+    test_post_commands (the README's numbers) and test_quickstart_learns (the curve falls) read this one run."""
+    env, future = quickstart_started
+    run_id, run_dir = early_start.result_at_normal_priority(future)
     return env, {"run_id": run_id, "run_dir": str(run_dir)}, run_dir
 
 
