@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,16 +34,22 @@ def run(quickstart_run):
 
 
 @pytest.fixture(scope="module")
-def quickstart_post(run):
+def quickstart_post(run, tmp_path_factory):
     """What the README shows of the run: eval at 250 and 500, generate on the held-out prompts from the base and
-    from the fine-tuned model, each as (result.json, the command's stdout)."""
+    from the fine-tuned model, each as (result.json, the command's stdout); and eval of the validation records
+    copied elsewhere (--data). All at once (posts)."""
     env, run_id, _, _ = run
     prompts = str(QS / "prompts.jsonl")
-    # (the last one without --checkpoint: `latest`, which is the last iteration's)
-    return {"eval": {it: post(env, "eval", run_id, *(["--checkpoint", str(it)] if it != ITERS else []),
-                          "--executor", "local") for it in (EVERY, ITERS)},
-            "trained": post(env, "generate", run_id, "--prompts", prompts, "--executor", "local"),
-            "base": post(env, "generate", run_id, "--prompts", prompts, "--base-only", "--executor", "local")}
+    other = tmp_path_factory.mktemp("data") / "other.jsonl"  # --data: the same records from elsewhere
+    shutil.copyfile(QS / "validation.jsonl", other)
+    # (the last eval without --checkpoint: `latest`, which is the last iteration's)
+    ev250, ev500, trained, base, elsewhere = posts(
+        env, ("eval", run_id, "--checkpoint", str(EVERY), "--executor", "local"),
+        ("eval", run_id, "--executor", "local"),
+        ("generate", run_id, "--prompts", prompts, "--executor", "local"),
+        ("generate", run_id, "--prompts", prompts, "--base-only", "--executor", "local"),
+        ("eval", run_id, "--data", str(other), "--executor", "local"))
+    return {"eval": {EVERY: ev250, ITERS: ev500}, "trained": trained, "base": base, "data": (other, elsewhere)}
 
 
 def post(env, *args, timeout=600):
@@ -52,11 +59,19 @@ def post(env, *args, timeout=600):
     return json.loads(path.read_text()), out.stdout
 
 
+def posts(env, *commands, timeout=600) -> list:
+    """post(env, *command) of each command, all at once (each a job of its own, in a directory of its own; one
+    after another they took ~8 s each, mostly the start of a process that imports torch and megatron): their
+    results in order."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda command: post(env, *command, timeout=timeout), commands))
+
+
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_eval_reproduces_the_logged_eval_loss(run, quickstart_post, tmp_path):
+def test_eval_reproduces_the_logged_eval_loss(run, quickstart_post):
     env, run_id, _, evals = run
     for it in (EVERY, ITERS):
         result, text = quickstart_post["eval"][it]
@@ -65,9 +80,7 @@ def test_eval_reproduces_the_logged_eval_loss(run, quickstart_post, tmp_path):
         assert 0.3 < result["token_accuracy"] < 1.0 and result["loss_tokens"] > 500, result
         assert "eval | micro-batch 1 |" in text and result["summary"] in text  # progress, then one summary line
     assert evals[ITERS] < evals[EVERY]
-    other = tmp_path / "other.jsonl"  # --data: the same records from elsewhere go through the same pipeline
-    shutil.copyfile(QS / "validation.jsonl", other)
-    result, _ = post(env, "eval", run_id, "--data", str(other), "--executor", "local")
+    other, (result, _) = quickstart_post["data"]  # --data: the same records from elsewhere, the same pipeline
     assert result["data"] == str(other) and abs(result["eval_loss"] - evals[ITERS]) <= 2e-6 * evals[ITERS]
 
 
@@ -123,15 +136,14 @@ def test_generate_answers_heldout_prompts_better_than_the_base(run, quickstart_p
     # sampling: the same seed gives the same answers, and runs through the same path
     one = ["generate", run_id, "--prompt", "Reverse the letters.", "--input", "a b c", "--temperature", "0.8",
            "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "8", "--executor", "local"]  # the README's example
-    s1, _ = post(env, *one)
-    s2, _ = post(env, *one)
+    # greedy --prompt/--input lays the prompt out as the same record from --prompts does (below); all three at once
+    greedy = ["generate", run_id, "--prompt", held[0]["instruction"], "--input", held[0]["input"],
+              "--executor", "local"]
+    (s1, _), (s2, _), (greedy, _) = posts(env, one, one, greedy)
     row = records(Path(s1["generations"]))[0]
     assert row["answer"] == records(Path(s2["generations"]))[0]["answer"]
     assert row["prompt"] == {"instruction": "Reverse the letters.", "input": "a b c"}
     assert "### Input:\na b c\n\n### Response:\n" in row["prompt_text"] and row["answer"], row  # it answered ''
-    # greedy --prompt/--input lays the prompt out as the same record from --prompts does: the same answer
-    greedy, _ = post(env, "generate", run_id, "--prompt", held[0]["instruction"], "--input", held[0]["input"],
-                     "--executor", "local")
     assert records(Path(greedy["generations"]))[0]["answer"] == records(Path(trained["generations"]))[0]["answer"]
     kinds = [r["kind"] for r in json.loads(cli(env, "status", run_id, "--json").stdout)["post"]]
     assert kinds.count("generate") >= 5
@@ -200,12 +212,12 @@ def test_bad_input_is_one_error_line(run, tmp_path):
 @pytest.mark.slurm
 def test_the_three_commands_as_slurm_jobs(run, local_slurm):
     env, run_id, run_dir, evals = run
-    ev, text = post(env, "eval", run_id, "--checkpoint", str(EVERY), "--executor", "slurm")
+    (ev, text), (gen, _), (ex, _) = posts(  # three jobs at once
+        env, ("eval", run_id, "--checkpoint", str(EVERY), "--executor", "slurm"),
+        ("generate", run_id, "--prompt", "Sort the digits.", "--max-new-tokens", "8", "--executor", "slurm"),
+        ("export", run_id, "--adapter", "--executor", "slurm"))
     assert text.startswith("submitted eval job ") and "eval | micro-batch 1 |" in text  # followed while it ran
     assert abs(ev["eval_loss"] - evals[EVERY]) <= 2e-6 * evals[EVERY]
-    gen, _ = post(env, "generate", run_id, "--prompt", "Sort the digits.", "--max-new-tokens", "8",
-                  "--executor", "slurm")
-    ex, _ = post(env, "export", run_id, "--adapter", "--executor", "slurm")
     assert (Path(ex["adapter"]) / "adapter_config.json").is_file() and gen["scores"] == {}
     rows = json.loads(cli(env, "status", run_id, "--json").stdout)["post"]
     slurm = [r for r in rows if r["executor"] == "slurm"]
