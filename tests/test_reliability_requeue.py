@@ -7,8 +7,10 @@ One job lives through three attempts:
   attempt 2 resumes from `latest` and finishes.
 The losses of the three attempts together equal an uninterrupted run of the same resolved recipe.
 
-Timing: slurmctld checks time limits every 30 s, so the warning arrives 30-60 s into a 2-minute job (grace 60 s;
-45-75 s with 45 until 2026-12-06, cut for CI time). To not
+Timing: slurmctld checks time limits every 30 s and sends the warning at the first check less than 30 s before it is
+due, so it arrives 20-50 s into a 1-minute job with grace 10 s (30-60 s with a 2-minute job and grace 60 until
+2026-12-06, 45-75 s with 45 before that; cut for CI time), after attempt 0's first log point (~7 s idle); the next
+check after it, the one that would end the job at its limit, is at least 30 s later. To not
 spend that on the CPU, attempt 0's trainer is frozen (SIGSTOP) after a few iterations and thawed (SIGCONT)
 as soon as the batch shell reports the signal; the stop request then reaches it through the real path
 (trap -> scancel -> every process of the step). Attempt 1 is frozen the same way before the operator's
@@ -51,7 +53,7 @@ def _stopped(text: str) -> int:
 
 
 def test_time_limit_and_requeue_resume_to_the_uninterrupted_curve(local_slurm, job_env, tmp_path):
-    recipe = trainer_recipe(tmp_path, "requeue", time="00:02:00", signal_grace_s=60)
+    recipe = trainer_recipe(tmp_path, "requeue", time="00:01:00", signal_grace_s=10)
     entry = submit(job_env, recipe, f"trainer.schedule.train_iters={ITERS}", "trainer.checkpoint.save_interval=50",
                    "trainer.checkpoint.keep_last=100", f"trainer.logging.log_interval={LOG_EVERY}")
     job, run_dir = entry["job_id"], Path(entry["run_dir"])
