@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from tests.test_train_support import train_curves, write_recipe
+from tests.test_train_support import beside, train_curves, write_recipe
 from trainer.observability.saved_census import SavedTensorCensus
 
 
@@ -71,19 +71,21 @@ def _fc2_mib(run) -> float:
 def test_trainer_reports_saved_tensors_and_adapter_inputs_shrinks_them(tmp_path):
     """The profiled step's census in a real training run: recomputing fc2's adapter input removes what
     its adapter kept (the SwiGLU output), the rest stays."""
-    runs = {}
-    for keep in (False, True):
+    started = {}
+    for keep in (False, True):  # both runs at once (test_train_support.beside)
         # fused_swiglu pinned off: on by default it folds fc1's adapter only where fc2's recompute is off, so the
         # two runs would differ by it too
         cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=3", "trainer.logging.profile_start=2",
                            f"trainer.recompute.adapter_inputs={str(not keep).lower()}",
                            "trainer.lora.fused_swiglu=false", name=f"r{int(keep)}.yaml")
-        run = tmp_path / f"run{int(keep)}"
-        _, _, text = train_curves(cfg, run)
+        started[keep] = beside(train_curves, cfg, tmp_path / f"run{int(keep)}")
+    runs = {}
+    for keep, future in started.items():
+        _, _, text = future.result()
         m = re.search(r"\] saved tensors \| iteration 2 \| ([0-9.]+) MiB \| micro-batches 1 \| "
                       r"path profile/rank-0/saved_tensors.txt", text)
         assert m, text[-2000:]
-        runs[keep] = (float(m.group(1)), _fc2_mib(run))
+        runs[keep] = (float(m.group(1)), _fc2_mib(tmp_path / f"run{int(keep)}"))
     (total_keep, fc2_keep), (total_rec, fc2_rec) = runs[True], runs[False]
     assert fc2_keep > 0.0 and fc2_rec < fc2_keep / 4
     assert total_rec < total_keep

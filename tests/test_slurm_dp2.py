@@ -10,7 +10,7 @@ import pytest
 
 from conftest import wait_state
 from reliability_support import cancel, submit, trainer_recipe
-from test_train_support import log_text, losses, run_trainer
+from test_train_support import beside, log_text, losses, run_trainer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ITERS = 4
@@ -20,6 +20,8 @@ def test_dp2_two_node_job_matches_single_process(local_slurm, job_env, tmp_path)
     recipe = trainer_recipe(tmp_path, "dp2", nodes=2)
     entry = submit(job_env, recipe, f"trainer.schedule.train_iters={ITERS}", "trainer.checkpoint.disable_last_saving=true")
     run_dir = Path(entry["run_dir"])
+    single = tmp_path / "single"  # the job's own resolved recipe in one process, while the job runs
+    reference = beside(run_trainer, run_dir / "recipe.resolved.yaml", single)
     try:
         done = wait_state(job_env, entry["run_id"], {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"},
                           timeout=240, key="scheduler_state")
@@ -32,8 +34,7 @@ def test_dp2_two_node_job_matches_single_process(local_slurm, job_env, tmp_path)
     job = {it: float(v) for it, v in losses(text).items()}
     assert sorted(job) == list(range(1, ITERS + 1))
 
-    single = tmp_path / "single"
-    res = run_trainer(run_dir / "recipe.resolved.yaml", single)
+    res = reference.result()
     assert res.returncode == 0, res.stderr[-3000:]
     ref = {it: float(v) for it, v in losses(log_text(single)).items()}
     assert "| world_size 1 |" in log_text(single)

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from tests.test_train_support import ROOT, log_text, losses, run_trainer, trainer_cmd, trainer_env, write_recipe
+from tests.test_train_support import (ROOT, beside, log_text, losses, run_trainer, trainer_cmd, trainer_env,
+                                      write_recipe)
 from trainer.checkpointing import checkpoint as ckpt
 
 
@@ -47,9 +48,7 @@ def test_signal_checkpoint_then_resume_matches_uninterrupted(tmp_path):
     iters = 8
     cfg = write_recipe(tmp_path, f"trainer.schedule.train_iters={iters}")
     straight = tmp_path / "straight"
-    res = run_trainer(cfg, straight)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ref = losses(log_text(straight))
+    uninterrupted = beside(run_trainer, cfg, straight)  # the reference, while attempt 0 runs
 
     # attempt 0: SIGUSR2 (what the sbatch trap forwards) once iteration 2 is logged
     run = tmp_path / "interrupted"
@@ -67,6 +66,9 @@ def test_signal_checkpoint_then_resume_matches_uninterrupted(tmp_path):
     assert f"stop signal | signal SIGUSR2 | iteration {stopped}" in first
     assert f"checkpoint saved | iteration {stopped}" in first
     assert first.rstrip().endswith(f"training finished | iterations {stopped} | exit 75")
+    res = uninterrupted.result()
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref = losses(log_text(straight))
 
     # attempt 1 (requeue): resumes from latest, writes its own log, finishes
     res = run_trainer(cfg, run, attempt=1)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_train_support import ROOT, log_text, run_trainer, trainer_env, write_recipe
+from tests.test_train_support import ROOT, beside, log_text, run_trainer, trainer_env, write_recipe
 from tests.model_helpers import free_port
 
 LINE = re.compile(r"\] iteration (\d+)/\d+ \| lm loss (\S+) \| lr \S+ \| grad norm (\S+) \|")
@@ -29,13 +29,16 @@ def _torchrun(cfg, run_dir):
 def test_dp2_and_tp2_match_single_process(tmp_path):
     sets = ("trainer.schedule.train_iters=3", "trainer.checkpoint.disable_last_saving=true")
     single = tmp_path / "single"
-    res = run_trainer(write_recipe(tmp_path, *sets, name="one.yaml"), single)
+    runs = {"single": beside(run_trainer, write_recipe(tmp_path, *sets, name="one.yaml"), single)}  # all three at once
+    for name, extra in (("dp2", ()), ("tp2", ("trainer.parallelism.tensor=2",))):
+        cfg = write_recipe(tmp_path, *sets, "cluster.nproc_per_node=2", *extra, name=f"{name}.yaml")
+        runs[name] = beside(_torchrun, cfg, tmp_path / name)
+    res = runs.pop("single").result()
     assert res.returncode == 0, res.stderr[-3000:]
     ref = _curve(single)
     assert sorted(ref) == [1, 2, 3]
-    for name, extra in (("dp2", ()), ("tp2", ("trainer.parallelism.tensor=2",))):
-        cfg = write_recipe(tmp_path, *sets, "cluster.nproc_per_node=2", *extra, name=f"{name}.yaml")
-        res = _torchrun(cfg, tmp_path / name)
+    for name, started in runs.items():
+        res = started.result()
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
         text = log_text(tmp_path / name)
         assert "| world_size 2 |" in text

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 ITER_RE = re.compile(r"\] iteration (\d+)/(\d+) \| lm loss (\S+) \|")
 EVAL_RE = re.compile(r"\] eval iteration (\d+) \| eval loss (\S+)")
+
+_BESIDE = ThreadPoolExecutor(4, thread_name_prefix="beside")
 
 SMALL = [
     "trainer.data.seq_length=64",
@@ -68,6 +71,13 @@ def trainer_env(attempt: int = 0) -> dict:
 def run_trainer(config: Path, run_dir: Path, attempt: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(trainer_cmd(config, run_dir), env=trainer_env(attempt), cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def beside(fn, *args, **kwargs) -> Future:
+    """fn(*args, **kwargs) started now in a thread, beside what the caller does next; `.result()` waits for it. For
+    independent trainer runs: one process of one thread (OMP_NUM_THREADS=1) leaves the second of the machine's two
+    cores idle, most of all through its start (imports, model build), so two of them take little more than one."""
+    return _BESIDE.submit(fn, *args, **kwargs)
 
 
 def log_text(run_dir: Path, attempt: int = 0) -> str:
