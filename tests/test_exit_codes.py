@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, ROOT, status_json
+from conftest import CLI, ROOT, cli, status_json
 from reliability_support import read, trainer_recipe, wait_for
 from test_train_support import SMALL
 from trainer.runtime.signals import EXIT_CONFIG, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
@@ -70,11 +70,18 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
                                                     "trainer.checkpoint.save_interval=2"], limit=_limit_fsize),
     }
     stopped = _follow(job_env, recipe, ["trainer.schedule.train_iters=100000"])
+    entries = {}
     try:
+        entries.update((proc, _read_entry(proc)) for proc in (*cases.values(), stopped))
+        # a cancel on bare metal: the trainer checkpoints and exits 75, and so do the job and the follow (cancelled
+        # first, so that its trainer no longer takes a core from the cases; checked after them)
+        log = Path(entries[stopped]["run_dir"]) / "logs" / "rank-0" / "debug.log"
+        wait_for(lambda: re.search(r"\] iteration \d+/", read(log)), 300, "training")
+        assert cli(job_env, "cancel", entries[stopped]["run_id"]).returncode == 0
+
         for want, proc in cases.items():
-            entry = _read_entry(proc)
             _, err = proc.communicate(timeout=400)
-            row = status_json(job_env, entry["run_id"])
+            row = status_json(job_env, entries[proc]["run_id"])
             text = _job_output(row)
             assert proc.returncode == want, (want, err[-2000:], text[-3000:])
             assert row["exit_code"] == want and row["trainer_exit_code"] == want, row
@@ -92,24 +99,18 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
                 assert sacct == [f"{want}:0"], sacct
         assert "checkpoint failed | iteration 2" in read(Path(row["run_dir"]) / "logs" / "rank-0" / "debug.log")
 
-        # a cancel on bare metal: the trainer checkpoints and exits 75, and so do the job and the follow
-        entry = _read_entry(stopped)
-        log = Path(entry["run_dir"]) / "logs" / "rank-0" / "debug.log"
-        wait_for(lambda: re.search(r"\] iteration \d+/", read(log)), 300, "training")
-        assert subprocess.run([str(CLI), "cancel", entry["run_id"]], env=job_env, capture_output=True).returncode == 0
         _, err = stopped.communicate(timeout=120)
-        row = status_json(job_env, entry["run_id"])
+        row = status_json(job_env, entries[stopped]["run_id"])
         text = _job_output(row)
         assert stopped.returncode == EXIT_PREEMPTED, (err[-2000:], text[-3000:])
         assert row["state"] == "CANCELLED" and row["exit_code"] == EXIT_PREEMPTED, row
         assert "] checkpoint saved | iteration" in read(log) and f"exit {EXIT_PREEMPTED}" in read(log)
         assert "Traceback" not in text and "SignalException" not in text, text[-3000:]
     finally:
+        # this test's runs, by their ids: a run whose follow has not ended is cancelled (a local job outlives its
+        # follow: a failed assert above would otherwise leave the 100000-iteration run training)
         for proc in (*cases.values(), stopped):
             if proc.poll() is None:
                 proc.kill()
-        subprocess.run(["scancel", "--name", f"codes-{executor}"], capture_output=True)
-        # a local job outlives its follow: end whatever still runs from this test's workspace (a failed assert
-        # above would otherwise leave the 100000-iteration run training)
-        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], capture_output=True)
-
+                if proc in entries:
+                    cli(job_env, "cancel", entries[proc]["run_id"])
