@@ -105,7 +105,7 @@ def local_training_run(tmp: Path, *sets: str, timeout: float = 1200, wrap: tuple
     end = time.monotonic() + timeout
     while not (run_dir / "exit_code").exists():
         assert time.monotonic() < end, (run_dir / "logs" / "local.out").read_text()[-3000:]
-        time.sleep(2)
+        time.sleep(0.5)
     assert (run_dir / "exit_code").read_text().strip() == "0", (run_dir / "logs" / "local.out").read_text()[-3000:]
     return env, entry, run_dir
 
