@@ -286,15 +286,30 @@ def test_paths_the_launcher_cannot_see_are_left_to_the_job(tmp_path):
         check_paths(remote, "local")
 
 
-def test_a_refusal_before_distributed_init_reaches_the_rank0_log(tmp_path):
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory) -> dict:
+    """The three trainer runs below, started at once when the first of their tests comes (one trainer thread each:
+    test_train_support.beside): {case: (run dir, future of run_trainer's result)}."""
+    from test_train_support import beside, run_trainer, write_recipe
+
+    tmp = {case: tmp_path_factory.mktemp(case) for case in ("refusal", "pretrained", "note")}
+    afile = tmp["pretrained"] / "afile"
+    afile.write_text("not a checkpoint\n")
+    recipes = {"refusal": write_recipe(tmp["refusal"], raw={"trainer.precision.fp8": "hybrid"}),  # refused on CPU
+               "pretrained": write_recipe(tmp["pretrained"], raw={"trainer.checkpoint.pretrained": str(afile)}),
+               "note": write_recipe(tmp["note"], "trainer.schedule.train_iters=2",
+                                    "trainer.precision.fp8_recipe=tensorwise")}
+    return {case: (tmp[case] / "run", beside(run_trainer, recipe, tmp[case] / "run"))
+            for case, recipe in recipes.items()}
+
+
+def test_a_refusal_before_distributed_init_reaches_the_rank0_log(trainer_runs):
     """The trainer's precision check runs before distributed init; its one line used to go only to stderr (inside
     torchrun's traceback), so `status` showed FAILED with no reason and `logs` found no trainer log."""
     from primus_slurm.jobs.progress import read_progress
-    from test_train_support import run_trainer, write_recipe
 
-    cfg = write_recipe(tmp_path, raw={"trainer.precision.fp8": "hybrid"})  # validation would refuse it on CPU
-    run_dir = tmp_path / "run"
-    res = run_trainer(cfg, run_dir)
+    run_dir, started = trainer_runs["refusal"]  # fp8 hybrid: validation would refuse it on CPU
+    res = started.result()
     assert res.returncode == 2, res.stderr[-2000:]
     log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
     assert "] config error | `trainer.precision.fp8`" in log, log
@@ -302,26 +317,21 @@ def test_a_refusal_before_distributed_init_reaches_the_rank0_log(tmp_path):
     assert progress.error.startswith("config error | `trainer.precision.fp8`") and progress.final_state == "FAILED"
 
 
-def test_a_pretrained_path_that_is_a_file_is_one_config_error_line(tmp_path):
+def test_a_pretrained_path_that_is_a_file_is_one_config_error_line(trainer_runs):
     """validate refuses it (tests/test_bad_recipes.py); a resolved recipe that names one anyway (edited, or the file
     appeared later) ends the trainer with one `config error` line and exit 2, not a traceback (was exit 1, with
     HFConfigError's traceback: `.../config.json cannot be read as JSON: [Errno 20] Not a directory`)."""
-    from test_train_support import run_trainer, write_recipe
-
-    afile = tmp_path / "afile"
-    afile.write_text("not a checkpoint\n")
-    res = run_trainer(write_recipe(tmp_path, raw={"trainer.checkpoint.pretrained": str(afile)}), tmp_path / "run")
+    run_dir, started = trainer_runs["pretrained"]  # trainer.checkpoint.pretrained: a file, `afile`
+    res = started.result()
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    log = (tmp_path / "run" / "logs" / "rank-0" / "debug.log").read_text()
+    log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
     assert "] config error | " in log and "afile" in log, log
 
 
-def test_the_trainer_logs_a_key_that_does_nothing(tmp_path):
+def test_the_trainer_logs_a_key_that_does_nothing(trainer_runs):
     """The notes validate and submit print (primus_contract.rules_dependent) are in the run's log too."""
-    from test_train_support import run_trainer, write_recipe
-
-    recipe = write_recipe(tmp_path, "trainer.schedule.train_iters=2", "trainer.precision.fp8_recipe=tensorwise")
-    res = run_trainer(recipe, tmp_path / "run")
+    run_dir, started = trainer_runs["note"]  # trainer.precision.fp8_recipe=tensorwise without FP8
+    res = started.result()
     assert res.returncode == 0, res.stderr[-2000:]
-    log = (tmp_path / "run" / "logs" / "rank-0" / "debug.log").read_text()
+    log = (run_dir / "logs" / "rank-0" / "debug.log").read_text()
     assert '] note | `trainer.precision.fp8_recipe` is "tensorwise" but does nothing without' in log, log[-3000:]
