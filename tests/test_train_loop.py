@@ -18,13 +18,32 @@ def _adapter(run_dir, iteration):
     return state
 
 
+SETS = {"loss": ("trainer.schedule.train_iters=40", "trainer.schedule.eval_interval=20",
+                 "trainer.schedule.eval_iters=2", "trainer.logging.log_interval=5",
+                 "trainer.checkpoint.save_interval=20"),
+        "nan": ("trainer.schedule.train_iters=20", "trainer.schedule.warmup_iters=0",
+                "trainer.schedule.lr_decay=constant", "trainer.schedule.clip_grad=0.0",
+                "trainer.checkpoint.save_interval=1", "trainer.logging.log_interval=4",
+                "trainer.schedule.lr=10", "trainer.schedule.min_lr=10")}  # (the schema's largest LR)
+TESTS = {"loss": "test_loss_goes_down_and_log_format",
+         "nan": "test_nan_loss_stops_with_exit_3_without_overwriting_checkpoint"}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> dict:
+    """The runs of the TESTS that this session selected (`make check` leaves the slow one out), started at once
+    when the first of them comes (one trainer thread each: test_train_support.beside): {case: (run dir, future of
+    run_trainer's result)}."""
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    tmp = {case: tmp_path_factory.mktemp(case) for case in SETS if TESTS[case] in selected}
+    return {case: (tmp[case] / "run", beside(run_trainer, write_recipe(tmp[case], *SETS[case]), tmp[case] / "run"))
+            for case in tmp}
+
+
 @pytest.mark.slow  # ~11 s on two cores under load: `make test` runs it, `make check` does not
-def test_loss_goes_down_and_log_format(tmp_path):
-    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=40", "trainer.schedule.eval_interval=20",
-                       "trainer.schedule.eval_iters=2", "trainer.logging.log_interval=5",
-                       "trainer.checkpoint.save_interval=20")
-    run = tmp_path / "run"
-    res = run_trainer(cfg, run)
+def test_loss_goes_down_and_log_format(runs):
+    run, started = runs["loss"]
+    res = started.result()
     assert res.returncode == 0, res.stderr[-3000:]
     text = log_text(run)
     curve = losses(text)
@@ -86,13 +105,9 @@ def test_signal_checkpoint_then_resume_matches_uninterrupted(tmp_path):
     assert b["data"]["consumed_samples"] == iters * 4
 
 
-def test_nan_loss_stops_with_exit_3_without_overwriting_checkpoint(tmp_path):
-    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=20", "trainer.schedule.warmup_iters=0",
-                       "trainer.schedule.lr_decay=constant", "trainer.schedule.clip_grad=0.0",
-                       "trainer.checkpoint.save_interval=1", "trainer.logging.log_interval=4",
-                       "trainer.schedule.lr=10", "trainer.schedule.min_lr=10")  # (the schema's largest LR)
-    run = tmp_path / "run"
-    res = run_trainer(cfg, run)
+def test_nan_loss_stops_with_exit_3_without_overwriting_checkpoint(runs):
+    run, started = runs["nan"]
+    res = started.result()
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
     text = log_text(run)
     diverged = [ln for ln in text.splitlines() if "] diverged | iteration " in ln]
