@@ -14,7 +14,10 @@ def start_idle(pool: ThreadPoolExecutor, fn, *args) -> Future:
     """fn(*args) in a thread of `pool` under SCHED_IDLE, which the processes it starts inherit (Linux: a thread's
     policy is its own, and a fork copies the forking thread's)."""
     def idle():
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        try:
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass  # not Linux, or a sandbox that refuses it: at normal priority, as it ran before
         return fn(*args)
     return pool.submit(idle)
 
