@@ -121,6 +121,7 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
     info = init_distributed(cfg)
     logger = TrainLogger(run_dir, info.rank, attempt)
     stop = StopSignal().install()
+    code = None
     try:
         rhash = ckpt.recipe_hash(cfg.trainer.to_dict(), seed=cfg.experiment.seed)
         resume_path, schedule_note = find_resume(cfg, run_dir, rhash)
@@ -133,12 +134,12 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
         if schedule_note:
             logger.line(schedule_note)
         trainer = _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path)
-        return trainer.run()
+        code = trainer.run()
     except (SetupError, DataError, ConfigError, TrackerError, ckpt.CheckpointError, HFConfigError) as err:
         # (CheckpointError: a checkpoint this run cannot resume from, e.g. a random base at another TP size on a GPU;
         # HFConfigError: trainer.checkpoint.pretrained is not the checkpoint the recipe describes, or not one at all)
         _say(str(err) if isinstance(err, SetupError) else f"config error | {err}", logger)
-        return EXIT_CONFIG
+        code = EXIT_CONFIG
     except Exception as err:  # noqa: BLE001
         from trainer.observability.stragglers import record_error
 
@@ -147,11 +148,17 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
         record_error(run_dir, err, lambda: stop.requested or stop.woken)
         logger.outcome(f"error | {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", EXIT_ERROR)
         traceback.print_exc()
-        return EXIT_ERROR
+        code = EXIT_ERROR
     finally:
+        # the exit code where the launcher reads it BEFORE the teardown: torchrun forwards a second SIGTERM, which the
+        # restored default handler turns into 143 during destroy_distributed (test_exit_codes[slurm] under load: the
+        # log said exit 75, the job 143)
+        if code is not None:
+            record_exit(code)
         stop.uninstall()
         logger.close()
         destroy_distributed()
+    return code
 
 
 def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
