@@ -161,9 +161,9 @@ SCHEMA: dict = {
                                         "tokens), so TE's cuDNN attention reuses a few execution graphs instead of "
                                         "building one for every new longest document (an H100 profile of a packed "
                                         "FP8 step showed two ~60 ms host stalls at attention's first forward and "
-                                        "backward); exact: an upper bound only; not yet run on a GPU, so off by "
-                                        "default until timed (bench/gpu_suite.sh kernels, buckets-on); false: the "
-                                        "longest document"),
+                                        "backward); the attention stays exact (max_seqlen is an upper bound); "
+                                        "not yet run on a GPU, so off by default until timed (bench/gpu_suite.sh "
+                                        "kernels, buckets-on); false: the longest document"),
             "pad_to_multiple_of": Field("int", 1, min=1, max=4096),
             "overlong": Field("str", "truncate", choices=("truncate", "drop")),
             "bad_records": Field("str", "error", choices=("error", "skip")),
