@@ -278,7 +278,8 @@ def test_a_gpu_run_costs_its_gpu_hours(lab, record):
     record(**cost)
     if DEV == "cuda":
         assert cost["gpu_hours"] > 0 and cost["tokens_per_gpu_hour"], cost
-        assert math.isclose(cost["gpu_hours"], cost["elapsed_s"] / 3600, rel_tol=0.01), cost  # one GPU held
+        # one GPU held the whole run; elapsed_s is whole seconds (43.55 s of GPU time read 44 s on 2026-12-06)
+        assert abs(cost["gpu_hours"] * 3600 - cost["elapsed_s"]) <= 1.0, cost
     else:
         assert cost["gpu_hours"] == 0, cost  # a CPU run holds no GPU
 
