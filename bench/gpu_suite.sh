@@ -164,7 +164,7 @@ case "${1:-}" in
             # the quantize; lost 2.4-3.0 % in FP8 on 2026-12-06, saves 6 GiB); epi-on (FP8: lora.epilogue true, the base
             # GEMMs in FP8 through TE's functional linear, trainer/model/lora/base_gemm.py; in BF16 it equals default);
             # buckets-on (data.max_seqlen_buckets: THD's max_seqlen a power of two, so cuDNN builds a few graphs;
-            # not yet timed; the ceiling follows PRIMUS_CEILING_BUCKETS=1; single-document cells run sbhd: equal).
+            # -0.2 to +0.0 % on an H100, 2026-12-06g: off; the ceiling follows PRIMUS_CEILING_BUCKETS=1).
             # `default` kept against an -off variant: that lever still
             # pays; an -on variant kept against `default`: it goes on by default (its median above default's max).
             # VARIANTS="default all-off norm-off" keeps only those (a short call)

@@ -85,7 +85,7 @@ def test_quickstart_trains_inside_the_image(runtime, image, local_slurm, job_env
         text = read(log)
         assert f"] training finished | iterations {ITERS} | exit 0" in text, text[-2000:]
         MS_PER_ITER[runtime] = float(re.search(r"\] training summary \|.*\| ms/iter ([0-9.]+)", text).group(1))
-        if runtime == "docker":
+        if runtime == "docker" and "podman" in MS_PER_ITER:  # both ran (not so under `-k docker`)
             assert MS_PER_ITER["docker"] <= 1.5 * MS_PER_ITER["podman"], MS_PER_ITER
         assert (run_dir / "adapter").is_dir() and any((run_dir / "adapter").iterdir())  # written by the container
         script = (run_dir / "job.sbatch").read_text()
