@@ -14,7 +14,7 @@ quickstart:
 # container and slow; conftest.py sets the first two from the fixtures a test takes).
 check:
 	scripts/setup-env.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not slurm and not container and not slow" tests
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $${CHECK_WORKERS:-2} -m "not slurm and not container and not slow" tests
 
 # The whole test suite; starts the project's local Slurm cluster when root and apt are available.
 test:

@@ -54,6 +54,7 @@ def test_wired_model_trains_exactly_as_the_unfused_one_on_cpu():
     assert ours == ref
 
 
+@pytest.mark.slow  # 18 s on 2 cores: make test runs it, make check does not
 def test_wired_model_with_the_kernels_trains_as_the_unfused_one():
     """The same 20 iterations with the Triton kernels themselves (interpreter): losses agree to 1e-5 relative."""
     pytest.importorskip("triton")
