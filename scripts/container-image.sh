@@ -22,7 +22,8 @@ SUITE=bookworm
 PACKAGES=(podman runc podman-docker debootstrap)
 MARK="# managed by primus-slurm scripts/container-image.sh"
 # What the job imports (trainer/, megatron-core's undeclared triton/psutil): requirements/cpu.txt without the
-# suite's own tools (pytest, pytest-timeout, pytest-xdist, matplotlib), plus PyYAML (the trainer reads its recipe with it).
+# suite's own tools (pytest, pytest-timeout, pytest-xdist, matplotlib), plus PyYAML (the trainer reads its recipe
+# with it).
 NOT_IN_IMAGE='^(pytest|pytest-timeout|pytest-xdist|matplotlib)$'
 
 say() { echo "container-image: $*" >&2; }
