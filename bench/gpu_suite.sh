@@ -16,6 +16,8 @@
 #   bash bench/gpu_suite.sh kernels-realtext   the same for the kernels levers on by default since 2026-12-06
 #   bash bench/gpu_suite.sh fp8attn-realtext   FP8 attention's loss: one document a row, on a head-dim-128 base made
 #                                     first (~40 s; TE's FP8 attention runs head dim 128 only), FP8
+#   bash bench/gpu_suite.sh swiglu8-realtext   fp8_swiglu_input's loss (the 70B's next lever): adapters on qkv/proj
+#                                     only, so megatron's SwiGLU keeps its input in FP8; FP8 (not yet run)
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh adapter-gemms   each LoRA adapter product at the 8B widths against its memory bound (~20 s)
 #   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
@@ -188,6 +190,11 @@ case "${1:-}" in
       "trainer.recompute.chunked_loss_kernel=false trainer.lora.triton_products=false trainer.lora.epilogue=false" \
       "trainer.recompute.chunked_loss_kernel=true trainer.lora.triton_products=true trainer.lora.epilogue=null" \
       trainer.recompute.chunked_loss_kernel=true ;;
+  swiglu8-realtext)  # the 70B's next lever, precision.fp8_swiglu_input (megatron-core keeps the SwiGLU input in FP8
+                     # e4m3 without a scale): does the loss stay within the spread? Adapters on qkv/proj only, as in
+                     # the 70B recipe, so the MLP runs megatron's SwiGLU and its store; FP8 only
+    PRECISIONS=fp8 bash bench/realtext_ab.sh swiglu8-realtext "trainer.lora.target_modules=[linear_qkv,linear_proj]" "" \
+      trainer.precision.fp8_swiglu_input=true ;;
   fp8attn-realtext)  # the condition for FP8 attention on by default in FP8 one-document runs: the real-text set with
                      # packing false, on a base of the same widths with one head (head dim 128, made first by
                      # scripts/make_realtext_base.py: the committed base's 4 heads of 32 have no FP8 attention backend,
@@ -464,5 +471,5 @@ PY
       --plot "$OUT/$1.png" | tee "$OUT/$1.txt"
     python3 -m primus_slurm verify-fp4 /tmp/cmp/$R/20261130-000000-000006 --fp8-run /tmp/cmp/$R/20261130-000000-000003 \
       2>&1 | tee -a "$OUT/$1.txt" ;;
-  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|kernels|epilogue-70b|swiglu-profile|levers|offload-70b|fp8attn-realtext|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
+  *) echo "usage: $0 8b|8bmem|swiglu|epilogue|kernels|epilogue-70b|swiglu-profile|levers|offload-70b|fp8attn-realtext|swiglu8-realtext|fp4|70b|70bbf16|70bfast|70bub|70bprofile|profile|moe|moe-fp8|moe-realtext|compare|compare-realtext|fp8param-hf" >&2; exit 2 ;;
 esac
