@@ -345,6 +345,15 @@ def fp8_attention_on(t: Mapping, profile: str) -> bool:
     return fp8_attention_fits(t) and nvidia_run(t, profile)
 
 
+def fp8_attention_data_note(t: Mapping, profile: str) -> str:
+    """What the recipe cannot tell about fp8_dot_product_attention null: '' unless it is planned off only for want
+    of the data, packed rows that may each hold one document (gating.follow_data turns it on at start then)."""
+    if (t["precision"]["fp8_dot_product_attention"] is None and not fp8_attention_on(t, profile)
+            and fp8_attention_fits(t, one_document_rows=True) and nvidia_run(t, profile)):
+        return " (on at start if every row of the train split holds one document)"
+    return ""
+
+
 def recipe_precision_rules(t: Mapping, profile: str) -> None:
     """precision_rules + profile_rules on the `trainer` section of a defaulted recipe."""
     precision_rules(t["precision"], t["model"]["num_layers"], t["parallelism"]["pipeline"], run_device(t, profile))

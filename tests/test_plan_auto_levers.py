@@ -41,3 +41,9 @@ def test_fp8_attention_is_priced_where_it_runs():
     assert auto.tokens_per_s_per_gpu > off.tokens_per_s_per_gpu
     packed = planned("trainer.precision.fp8=hybrid")  # THD: TE has no FP8 attention, nothing changes
     assert "precision.fp8_dot_product_attention off" in _note(packed)
+    # unless every packed row holds one document, which only the loaded data shows (trainer.precision.follow_data)
+    assert "off (on at start if every row of the train split holds one document)" in _note(packed)
+    current = _note(planned("trainer.precision.fp8=hybrid", "trainer.precision.fp8_recipe=tensorwise"))
+    assert "precision.fp8_dot_product_attention off" in current and "one document" not in current  # sm90: never
+    thd = _note(planned("trainer.precision.fp8=hybrid", "trainer.data.single_document_sbhd=false"))
+    assert "precision.fp8_dot_product_attention off" in thd and "one document" not in thd  # always THD

@@ -14,18 +14,20 @@ from primus_contract.plan.memory import offloaded_bytes, outside_torch_gib, peak
 from primus_contract.plan.offload import PCIE_GB_S
 from primus_contract.plan.shapes import Layout, layout_of
 from primus_contract.plan.speed import precision_of, step_time
-from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on
+from primus_contract.rules_precision import (epilogue_norm_on, epilogue_on, fp8_attention_data_note,
+                                             fp8_attention_on, fused_swiglu_on)
 
-# the keys whose null (auto) the plan resolves for the recipe's machine, and how (what the trainer decides alike)
-AUTO_LEVERS = (("lora", "fused_swiglu", fused_swiglu_on), ("lora", "epilogue", epilogue_on),
-               ("lora", "epilogue_norm", epilogue_norm_on),
-               ("precision", "fp8_dot_product_attention", fp8_attention_on))
+# the keys whose null (auto) the plan resolves for the recipe's machine, and how (what the trainer decides alike),
+# with what the data may change at start
+AUTO_LEVERS = (("lora", "fused_swiglu", fused_swiglu_on, None), ("lora", "epilogue", epilogue_on, None),
+               ("lora", "epilogue_norm", epilogue_norm_on, None),
+               ("precision", "fp8_dot_product_attention", fp8_attention_on, fp8_attention_data_note))
 
 
 def auto_levers(t: dict, profile: str) -> str:
     """`section.key on|off` for each null lever of the recipe, as it will run there ('' when none is null)."""
-    return ", ".join(f"{section}.{key} {'on' if on(t, profile) else 'off'}" for section, key, on in AUTO_LEVERS
-                     if t[section][key] is None)
+    return ", ".join(f"{section}.{key} {'on' if on(t, profile) else 'off'}{data(t, profile) if data else ''}"
+                     for section, key, on, data in AUTO_LEVERS if t[section][key] is None)
 
 
 @dataclass
