@@ -80,6 +80,9 @@ FP8ATTN_AUTO = 1796546991
 # trainer.lora.epilogue null on for FP8 with per-tensor scaling (the base GEMMs through TE's functional linear) from
 # here (thirteenth session, 2026-12-06): FP8 rows added before ran the fused path unless they set it
 FP8_EPILOGUE_AUTO = 1796557950
+# trainer.lora.dropout_recompute true by default from here (sixteenth session, 2026-12-06): under pre-dropout the fused
+# and epilogue nodes keep the input and the mask's bits; rows added before kept the dropped copy and a byte mask
+DROPOUT_RECOMPUTE = 1796586549
 # the epilogue's dh and dB by cuBLAS from here (0d8cd10, 2026-12-05 18:23): rows measured before ran its one-read
 # dh/dB kernel (dual_grad, 2.2-2.5x slower than cuBLAS's two products), whose time the plan no longer counts
 EPILOGUE_CUBLAS = 1796495022
@@ -180,6 +183,8 @@ def match(row: Row):
         era_overrides = ["trainer.lora.epilogue_norm=false", *era_overrides]
     if _added_before(row.file, FP8ATTN_AUTO):  # FP8 attention opt-in
         era_overrides = ["trainer.precision.fp8_dot_product_attention=false", *era_overrides]
+    if _added_before(row.file, DROPOUT_RECOMPUTE):  # the dropped copy and the byte mask kept
+        era_overrides = ["trainer.lora.dropout_recompute=false", *era_overrides]
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [

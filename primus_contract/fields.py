@@ -250,6 +250,12 @@ SCHEMA: dict = {
             "fused": Field("bool", True, help="two autograd nodes per adapter, its input gradient added in place "
                            "into the frozen base's (trainer/model/lora/fused.py): linear_proj/linear_fc2 and other "
                            "non-norm linears, any TP/SP layout, pre-dropout fused into A; elsewhere the unfused path"),
+            "dropout_recompute": Field("bool", True, help="with pre-dropout on the fused and epilogue paths, an "
+                                       "adapter keeps its input and the mask's bits (8 to a byte) instead of the "
+                                       "dropped copy and a byte mask, and recomputes the dropped copy in backward, "
+                                       "bitwise the same (trainer/model/lora/drop.py): 3 bytes an element become "
+                                       "0.125 where the input is kept anyway (linear_proj's attention output), else "
+                                       "2.125 (Llama2-70B, dropout 0.1 on qkv/proj: 0.23 GiB less a kept layer)"),
             "triton_products": Field("bool", True, help="the fused and epilogue paths' unmasked rank-r products "
                                      "(y += s h B^T, dx += dh A) as one Triton pass each on NVIDIA GPUs in BF16 "
                                      "instead of cuBLAS's addmm_ (trainer/model/lora/kernels.py masked_product); "

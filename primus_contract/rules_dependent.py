@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, run_device, triton_kernels_run
+from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, epilogue_on, run_device, triton_kernels_run
 from primus_contract.schema import field_at
 
 
@@ -58,6 +58,13 @@ def _lora_kernels(r: dict) -> bool:
             and bool(lora["fused"] or lora["epilogue"] is not False))
 
 
+def _fused_pre_dropout(r: dict) -> bool:
+    """LoRA pre-dropout on a path whose nodes draw it themselves (trainer.lora.fused, or the epilogue)."""
+    lora = r["trainer"]["lora"]
+    return (bool(lora["dropout"]) and lora["dropout_position"] == "pre"
+            and bool(lora["fused"] or epilogue_on(r["trainer"], r["cluster"]["env_profile"])))
+
+
 def _single_document_switch(r: dict) -> bool:  # (trainer/model/inputs.py batch_layout: THD under PP or CP)
     par = r["trainer"]["parallelism"]
     return r["trainer"]["data"]["packing"] and par["pipeline"] == 1 and par["context"] == 1
@@ -89,6 +96,8 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      "copies)", lambda r: bool(r["trainer"]["precision"]["fp8"] or r["trainer"]["precision"]["fp4"])),
     ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0",
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
+    ("trainer.lora.dropout_recompute", "`trainer.lora.dropout` above 0 with `dropout_position: pre` on the fused or "
+     "epilogue adapter path (`trainer.lora.fused` or `epilogue`)", _fused_pre_dropout),
     ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "
      "and runs sbhd), pipeline 1 and context 1 (those run THD)", _single_document_switch),
     ("trainer.data.max_seqlen_buckets", "`trainer.data.packing: true` on a GPU (the CPU's attention reads no "

@@ -4,7 +4,10 @@ With pre-dropout an adapter's A reads the dropped copy, so its backward needs th
 mask on a GPU: trainer/model/lora/drop.py; the scaled noise in x's dtype on CPU), never the input itself, and
 nothing folds or recomputes it (trainer/model/lora/inputs.py refuses pre-dropout). The planner counted the input
 as well (norm-fed in FP8: 1.5 inputs) plus the dropout's 1.5: on the one-H200 70B recipe (dropout 0.1 on qkv/proj,
-FP8) it planned block52 at 131.5 GiB and block60 at 116.8 (measured 125.3 and 111.5); now 126.1 and 112.8."""
+FP8) it planned block52 at 131.5 GiB and block60 at 116.8 (measured 125.3 and 111.5); now 126.1 and 112.8.
+
+With trainer.lora.dropout_recompute (the default) the fused and epilogue nodes keep the input and the mask's bits
+instead (8 to a byte, [tokens, ceil(width / 8)] uint8), and the planner counts that where those nodes run."""
 from __future__ import annotations
 
 import pytest
@@ -19,10 +22,10 @@ TARGETS = ("linear_qkv", "linear_proj", "linear_fc2")
 ROWS, SEQ = 2, 40  # 80 tokens: no other dimension of the tiny model is 80
 
 
-def _recipe(fold: bool, fp8: bool = False) -> dict:
+def _recipe(fold: bool, fp8: bool = False, recompute_drop: bool = False) -> dict:
     return apply_schema(deep_merge(TINY, {"trainer": {
         "precision": {"bf16": True}, "lora": {"target_modules": list(TARGETS), "dropout": 0.1,
-                                              "dropout_position": "pre"},
+                                              "dropout_position": "pre", "dropout_recompute": recompute_drop},
         "recompute": {"adapter_inputs": fold, "adapter_inputs_scope": "all"}}}))
 
 
@@ -71,3 +74,33 @@ def test_pre_dropout_term_is_the_same_in_fp8_and_with_the_fold():
     assert layer_activation_bytes(m, folded, lay, lins, False)["adapter"] == plain
     widths = sum(lin.in_local * 1.5 + t["lora"]["dim"] for lin in lins if lin.adapted)
     assert plain == SEQ * widths * 2  # 1.5 inputs (copy + bool mask) + h, bf16 bytes
+
+
+def test_recomputed_drop_keeps_the_input_and_the_masks_bits():
+    """dropout_recompute on (the fused path, every adapter of the CPU model): each adapter keeps its input (bf16) and
+    the mask's bits (uint8, a byte for 8 elements), no dropped copy, no byte mask. The planner counts the same on a
+    GPU run where those nodes run (norm-fed qkv there through the norm epilogue), but for linear_proj's input: the
+    GPU's core attention keeps its output, which is that input (one storage); the CPU attention does not keep it."""
+    r = _recipe(False, recompute_drop=True)
+    t, m = r["trainer"], r["trainer"]["model"]
+    layers, dim, tokens = m["num_layers"], t["lora"]["dim"], ROWS * SEQ
+    kept = _census(r)
+    lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=ROWS, gbs=ROWS, seq=SEQ)
+    lins = {lin.short: lin for lin in layer_linears_local(m, t["lora"], lay, 0)}
+    gpu_total = 0.0
+    for target in TARGETS:
+        width = lins[target].in_local
+        bits = -(-width // 8)
+        assert sorted(kept[target]) == sorted([(width, tokens * width * 2), (bits, tokens * bits)] * layers
+                                              + [(dim, tokens * dim * 2)] * layers), (target, kept[target])
+        gpu_total += sum(b for _, b in kept[target]) / layers
+        if target == "linear_proj":
+            gpu_total -= tokens * width * 2
+    gpu = deep_merge(r, {"cluster": {"env_profile": "h200"}, "trainer": {"distributed": {"device": "cuda"}}})
+    lins_all = layer_linears_local(m, t["lora"], lay, 0)
+    planned = layer_activation_bytes(m, gpu["trainer"], lay, lins_all, False, "h200")["adapter"]
+    assert planned == gpu_total
+    # off: the dropped copy and the bool mask again, 1.5 inputs an adapter
+    off = deep_merge(gpu, {"trainer": {"lora": {"dropout_recompute": False}}})
+    assert layer_activation_bytes(m, off["trainer"], lay, lins_all, False, "h200")["adapter"] == tokens * sum(
+        lin.in_local * 1.5 * 2 + dim * 2 for lin in lins_all if lin.adapted)

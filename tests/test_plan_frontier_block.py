@@ -1,7 +1,8 @@
 """plan --frontier searches block recompute: each layout's fewest recomputed layers that still fit (peak memory only
-falls as layers are recomputed), not only layers/4 and layers/2. The 70B on one H200 fits neither 20 nor 40 of its 80
-layers; its sweet spot is about 50 (measured: 52 layers 2,461 tokens/s at 125.3 GiB, 48 out of memory), faster than
-the full-uniform recompute the frontier recommended before (2,185 tokens/s planned)."""
+falls as layers are recomputed), not only layers/4 and layers/2. The 70B on one H200 does not fit 20 of its 80 layers;
+its sweet spot was about 50 (measured: 52 layers 2,461 tokens/s at 125.3 GiB, 48 out of memory, when each adapter kept
+its dropped copy; 46 with lazy NCCL; 40 planned with trainer.lora.dropout_recompute), faster than the full-uniform
+recompute the frontier recommended before (2,185 tokens/s planned)."""
 from __future__ import annotations
 
 import subprocess
@@ -26,7 +27,7 @@ def test_the_70b_on_one_h200_runs_fastest_with_the_fewest_block_layers_that_fit(
     best = fastest_fit(candidates(r))
     gran, method, n = _recompute(r, best.sets)
     assert (gran, method) == ("full", "block"), best.sets
-    assert 40 < n < 60, n  # between the old sampled points and the recipe's 60
+    assert 20 < n < 60, n  # between the old sampled point and the recipe's 60
     lines = [line.split(" ", 1)[1] for line in best.set_lines()]
     chosen = plan(load_recipe(RECIPE, lines).resolved)  # the contract takes it
     assert chosen.fits and abs(chosen.tokens_per_s_per_gpu - best.plan.tokens_per_s_per_gpu) < 1e-6

@@ -14,7 +14,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   adapters keep their own inputs (the norm outputs, fc2's input) unless trainer.recompute.adapter_inputs folds or
   recomputes them (MLA's q_proj / q_down_proj and kv_down_proj read one output of a separate norm: kept once a
   layer, never folded; with LoRA pre-dropout an adapter keeps its dropped copy and bool mask instead of its
-  input: tests/test_plan_dropout_memory.py); MoE layers keep router probabilities, routed tokens and expert
+  input, or with lora.dropout_recompute on its fused or epilogue path its input and the mask's bits:
+  tests/test_plan_dropout_memory.py); MoE layers keep router probabilities, routed tokens and expert
   outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
@@ -30,7 +31,7 @@ from primus_contract.plan import calibration as cal
 from primus_contract.plan.offload import in_flight_layers, offloaded_layers
 from primus_contract.plan.shapes import (INPUT_NORM_SHARED, Layout, Linear, layer_linears_local, lora_params_local,
                                          moe_layer, stage_layers)
-from primus_contract.rules_precision import triton_kernels_run
+from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, triton_kernels_run
 
 GIB = float(1 << 30)
 CHUNK_BYTES = 256 * (1 << 20)  # trainer/model/chunked_loss.py
@@ -61,8 +62,23 @@ def _fp8_layers(t: dict, layers: range, num_layers: int) -> set[int]:
     return {i for i in layers if lo <= i < hi}
 
 
-def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear], moe: bool) -> dict[str, float]:
-    """Bytes one layer keeps for its backward per micro-batch, split into base and adapter shares."""
+def drop_recomputed(t: dict, profile: str, lin: Linear) -> bool:
+    """Under pre-dropout, `lin`'s adapter keeps its input and the mask's bits, not the dropped copy and a bool mask
+    (trainer.lora.dropout_recompute): its nodes draw the dropout (the fused path on a non-norm linear, the epilogue,
+    the norm epilogue on a norm-fed one); experts keep their grouped path. (A GPU run at a p whose float scales differ
+    keeps the copy: trainer/model/lora/drop.py recomputable; p = 0.1 does not.)"""
+    lora = t["lora"]
+    if not lora["dropout_recompute"] or lin.expert:
+        return False
+    if lin.norm_fed:
+        return epilogue_norm_on(t, profile)
+    return bool(lora["fused"]) or epilogue_on(t, profile)
+
+
+def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear], moe: bool,
+                           profile: str = "none") -> dict[str, float]:
+    """Bytes one layer keeps for its backward per micro-batch, split into base and adapter shares (profile: the env
+    profile, for which adapter paths run)."""
     tokens = float(lay.mbs * lay.seq)
     shard, tp, h = lay.seq_shard, lay.tp, m["hidden_size"]
     rec, lora = t["recompute"], t["lora"]
@@ -96,7 +112,16 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             continue
         adapter += lora["dim"] * 2 * lin.uses  # A's output, the B GEMM's input
         in_bytes = lin.in_local * 2 * lin.uses / (shard if lin.in_local == h else 1)
-        if lora["dropout"] > 0 and lora["dropout_position"] == "pre":
+        if lora["dropout"] > 0 and lora["dropout_position"] == "pre" and drop_recomputed(t, profile, lin):
+            # the input and the mask's bits (in / 8 bytes); linear_proj's input is the attention output, which the
+            # core attention keeps; MLA's separate-norm linears share one input
+            adapter += in_bytes / 16
+            if lin.short in INPUT_NORM_SHARED:
+                adapter += 0.0 if shared_kept else in_bytes
+                shared_kept = True
+            elif lin.short != "linear_proj":
+                adapter += in_bytes
+        elif lora["dropout"] > 0 and lora["dropout_position"] == "pre":
             # the dropped copy and its bool mask (trainer/model/lora/drop.py) stand in for the input: A's gradient
             # reads the dropped copy, so neither path keeps the input itself (nor folds it)
             adapter += in_bytes * 1.5
@@ -161,7 +186,7 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
             if lin.adapted:
                 lora_params += lora_params_local(lin, t["lora"]["dim"])
             largest_linear = max(largest_linear, lin.params / (m["num_moe_experts"] / lay.ep if lin.expert else 1))
-        acts = layer_activation_bytes(m, t, lay, linears, moe)
+        acts = layer_activation_bytes(m, t, lay, linears, moe, r["cluster"]["env_profile"])
         per_layer_act.append((layer, acts))
         if moe:
             topk = m["moe_router_topk"]
@@ -230,7 +255,8 @@ def offloaded_bytes(r: dict, lay: Layout) -> float:
     layers = stage_layers(m, lay.pp, 0)
     total = 0.0
     for layer in sorted(offloaded_layers(t, layers)):
-        acts = layer_activation_bytes(m, t, lay, layer_linears_local(m, t["lora"], lay, layer), moe_layer(m, layer))
+        acts = layer_activation_bytes(m, t, lay, layer_linears_local(m, t["lora"], lay, layer), moe_layer(m, layer),
+                                      r["cluster"]["env_profile"])
         total += sum(acts.values())
     return total
 

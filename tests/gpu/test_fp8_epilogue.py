@@ -3,7 +3,8 @@ FP8 GEMMs through TE's functional linear with the module's own quantizers. Again
 its own GEMM, the adapter added after it) on real TE modules: the same outputs and gradients to BF16 rounding (the
 same FP8 operands; only where the adapter's sum is rounded differs), the module's delayed-scaling amaxes recorded
 forward and backward; and the tiny model's losses under delayed scaling and under tensorwise with FP8 weights
-(fp8_param, whose transposes must be gone after each backward). Seconds."""
+(fp8_param, whose transposes must be gone after each backward). With pre-dropout the nodes recompute the dropped
+copy (trainer.lora.dropout_recompute): the same bits as keeping it. Seconds."""
 from __future__ import annotations
 
 import pytest
@@ -51,7 +52,9 @@ def _module(norm: bool):
     return base
 
 
-def _run(norm: bool, epilogue: bool, p: float):
+def _run(norm: bool, epilogue: bool, p: float, recompute_drop: bool = True, kept: list | None = None):
+    """(the path taken, the amaxes, [y, dx, dA, dB]); kept: filled with the bytes of what autograd keeps per token
+    row (tensors with TOKENS leading rows)."""
     from transformer_engine.common.recipe import DelayedScaling
 
     from trainer.model.lora.layers import LoRALinear
@@ -59,7 +62,8 @@ def _run(norm: bool, epilogue: bool, p: float):
     base = _module(norm)
     lora = LoRALinear(base, "linear_qkv" if norm else "linear_proj", dim=16, alpha=32, dropout=p,
                       dropout_position="pre", a_init="kaiming", b_init="zero", tp_size=1, tp_rank=0,
-                      sequence_parallel=False, seed=2, fused=True, epilogue=epilogue, epilogue_norm=epilogue)
+                      sequence_parallel=False, seed=2, fused=True, epilogue=epilogue, epilogue_norm=epilogue,
+                      dropout_recompute=recompute_drop)
     lora.fp8_epilogue = epilogue
     with torch.no_grad():  # (drawn on the host: the same values for both runs)
         lora.lora_b.copy_(torch.randn(lora.lora_b.shape, generator=torch.Generator().manual_seed(4)) * 0.02)
@@ -68,8 +72,18 @@ def _run(norm: bool, epilogue: bool, p: float):
     x = torch.randn(TOKENS, 1, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
     up = torch.randn(TOKENS, 1, OUT, device="cuda", dtype=torch.bfloat16, generator=g)
     torch.cuda.manual_seed(7)  # the dropout's mask: one draw in either path
-    with te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()):
+    storages = {}
+
+    def keep(t):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == TOKENS:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()), \
+            torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         y, _ = lora(x)
+    if kept is not None:
+        kept.append(sum(storages.values()) - (storages.get(x.untyped_storage().data_ptr(), 0)))
     y.backward(up)
     amax = [float(base.fp8_meta[k].amax_history.abs().max()) for k in ("scaling_fwd", "scaling_bwd")]
     return taken, amax, [t.float() for t in (y.detach(), x.grad, lora.lora_a.grad, lora.lora_b.grad)]
@@ -86,6 +100,41 @@ def test_fp8_epilogue_matches_the_fused_path_on_te_modules(record, norm, p):
     assert taken and not ref_taken, "the FP8 epilogue did not take TE's module"
     assert all(a > 0 for a in amax), f"the module's delayed-scaling amaxes were not recorded: {amax}"
     assert all(e < 2e-2 for e in errors), errors
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["proj", "qkv-norm"])
+def test_fp8_epilogue_recomputes_the_dropped_copy_bit_for_bit(record, norm):
+    """trainer.lora.dropout_recompute on TE's modules under the FP8 epilogue: the same y, dx, dA, dB bits as keeping
+    the dropped copy, and less kept (beside the caller's x: the dropped copy and the byte mask, against the bits)."""
+    kept_off, kept_on = [], []
+    _, _, ref = _run(norm, True, 0.1, recompute_drop=False, kept=kept_off)
+    _, _, got = _run(norm, True, 0.1, recompute_drop=True, kept=kept_on)
+    record(**{f"{'qkv' if norm else 'proj'}_kept_bytes_off_on": [kept_off[0], kept_on[0]]})
+    assert all(torch.equal(g, r) for g, r in zip(got, ref)), [float((g - r).abs().max()) for g, r in zip(got, ref)]
+    assert kept_on[0] < kept_off[0], (kept_on, kept_off)
+
+
+def test_native_dropout_is_rebuilt_bit_for_bit_where_recomputable(record):
+    """trainer/model/lora/drop.py's premise on this GPU: native_dropout's output equals its backward op applied to x
+    and the mask wherever `recomputable(p)` says so (its forward and backward float scales agree); at a p where they
+    do not, the node keeps the dropped copy (recorded: how many elements the recompute would change there)."""
+    from trainer.model.lora.drop import kept_drop, recomputable
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    odd = next(q / 1000 for q in range(1, 990) if not recomputable(q / 1000))
+    seen = {}
+    for p in (0.1, 0.05, 0.2, 0.3, odd):
+        out, mask = torch.ops.aten.native_dropout(x, p, True)
+        rebuilt = torch.ops.aten.native_dropout_backward(x, mask, 1.0 / (1.0 - p))
+        seen[str(p)] = int((rebuilt != out).sum())
+        store, packed = kept_drop(mask, p)
+        if recomputable(p):
+            xd, keep = store.restore(x, packed)
+            assert torch.equal(keep, mask) and torch.equal(xd, out), p
+        else:
+            assert store is None, p
+    record(differing_elements_by_p=seen)
+    assert all(seen[str(p)] == 0 for p in (0.1, 0.05, 0.2, 0.3)), seen
 
 
 def _tiny(precision: dict, epilogue: bool, targets=None):

@@ -36,3 +36,80 @@ def undrop(g: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
 def keep_scale(keep: torch.Tensor, p: float) -> float:
     """The factor a kernel multiplies the kept mask by (1/(1-p) for a bool mask; the CPU noise holds it already)."""
     return 1.0 / (1.0 - p) if keep.dtype == torch.bool else 1.0
+
+
+# --- trainer.lora.dropout_recompute: the dropped copy recomputed in backward from the input and a bit-packed mask ---
+#
+#     store = kept_drop(x, keep, p)      # (x, keep packed 8 to a byte) where recomputable(p), else None
+#     xd, keep = store.restore(x, packed)  # in backward: keep as draw made it, xd == draw's xd bit for bit
+#
+# A fused or epilogue adapter under pre-dropout needs drop(x) for dA and the mask for dx. Kept as they are that is
+# 3 bytes an element (the BF16 dropped copy and a bool mask). Kept as x and 1 bit an element it is 2.125, and 0.125
+# where x is kept by another op anyway (linear_proj's input is the attention output, which the core attention keeps):
+# autograd then holds one storage for both. The recompute is one elementwise pass in backward, the op F.dropout's own
+# backward runs, so xd comes out bitwise: on a GPU native_dropout scales by float32(1 / float32(1 - p)) in its forward
+# and its backward by float32(1 / (1 - p)); `recomputable` keeps the dropped copy for a p where these two differ
+# (p = 0.1, the MLPerf recipes', is not one: tests/gpu/test_dropout_recompute.py checks it there). On CPU the keep is
+# the scaled noise (1 / (1 - p) in x's dtype) and xd = x * noise: rebuilt from its bits by the same division.
+
+
+def recomputable(p: float) -> bool:
+    """Whether x * mask * scale in backward reproduces native_dropout's forward output bit for bit at probability p:
+    its forward's float32 scale equals the one its backward takes (see above)."""
+    keep_p = torch.tensor(1.0 - p, dtype=torch.float32).item()  # the kernel's float keep probability
+    forward = torch.tensor(1.0 / keep_p, dtype=torch.float32)
+    backward = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    return bool(forward == backward)
+
+
+_SHIFTS: dict = {}
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _SHIFTS:
+        _SHIFTS[key] = torch.arange(8, dtype=torch.uint8, device=device)
+    return _SHIFTS[key]
+
+
+def pack_keep(keep: torch.Tensor) -> torch.Tensor:
+    """keep [..., n] (the bool mask, or the CPU noise: nonzero where kept) as bits, 8 to a byte along the last
+    dimension: uint8 [rows, ceil(n / 8)], bit j of byte i holding element 8 i + j (rows: the leading dimensions)."""
+    n = keep.shape[-1]
+    bits = keep.reshape(-1, n)
+    bits = bits if bits.dtype == torch.bool else bits != 0
+    pad = (-n) % 8
+    if pad:
+        bits = torch.cat([bits, bits.new_zeros(bits.shape[0], pad)], dim=1)
+    return (bits.view(bits.shape[0], -1, 8).to(torch.uint8) << _shifts(keep.device)).sum(-1, dtype=torch.uint8)
+
+
+def unpack_keep(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The bool mask [rows, n] that pack_keep packed."""
+    bits = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 1
+    return bits.view(packed.shape[0], -1)[:, :n].bool()
+
+
+class KeptDrop:
+    """What a node needs to rebuild (xd, keep) of a pre-dropout in backward: the keep's shape and kind (the bool
+    mask, or the CPU noise's dtype) and p. The tensors, x and the packed mask, go through save_for_backward."""
+    __slots__ = ("shape", "noise_dtype", "p")
+
+    def __init__(self, keep: torch.Tensor, p: float):
+        self.shape, self.p = keep.shape, p
+        self.noise_dtype = None if keep.dtype == torch.bool else keep.dtype
+
+    def restore(self, x: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(xd, keep) as draw returned them, from the undropped x and the packed mask."""
+        keep = unpack_keep(packed, self.shape[-1]).view(self.shape)
+        if self.noise_dtype is not None:  # the CPU noise: bernoulli's 0/1 in x's dtype divided as draw divides it
+            keep = keep.to(self.noise_dtype).div_(1 - self.p)
+        return undrop(x.reshape(self.shape), keep, self.p), keep
+
+
+def kept_drop(keep: torch.Tensor | None, p: float) -> tuple[KeptDrop | None, torch.Tensor | None]:
+    """(KeptDrop, the packed mask) for a node to keep instead of the dropped copy and the mask, or (None, None) where
+    there is no dropout or a GPU's recompute would not be bitwise (recomputable; the CPU noise always is)."""
+    if keep is None or not p or (keep.dtype == torch.bool and not recomputable(p)):
+        return None, None
+    return KeptDrop(keep, p), pack_keep(keep)

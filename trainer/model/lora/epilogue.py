@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from trainer.model.lora.base_gemm import TorchGemm, adds_bias, owns_fp8_base_gemm
-from trainer.model.lora.drop import draw
+from trainer.model.lora.drop import draw, kept_drop
 from trainer.model.lora.kernels import dual_grad, masked_product
 
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -74,9 +74,13 @@ def auto_blocker(device: torch.device, settings) -> str | None:
 
 class _Epilogue(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, u, gemm, a, b, scale, p, act, kernels, products):
+    def forward(ctx, x, u, gemm, a, b, scale, p, act, kernels, products, recompute_drop):
         y, xd2, keep, h, a_c, b_c = _forward(x, gemm, a, b, scale, p, kernels and products)
         kept = u.detach() if u is not None else xd2
+        # trainer.lora.dropout_recompute: x (the caller's storage) and the mask's bits instead of xd and the mask
+        ctx.drop, packed = kept_drop(keep, p) if recompute_drop else (None, None)
+        if ctx.drop is not None:
+            kept, keep = x.detach(), packed
         ctx.save_for_backward(kept, keep, h, a_c, b_c)
         ctx.gemm = gemm  # the frozen base GEMM (trainer.model.lora.base_gemm): its weight, or TE's FP8 operands
         ctx.meta = (scale, p, act if u is not None else None, kernels, x.shape, a.dtype, b.dtype)
@@ -92,23 +96,31 @@ class _Epilogue(torch.autograd.Function):
         # 8B's widths (H100, bench/adapter_gemms.py, 2026-12-05: bench/results/2026-12-05d_h100_speed)
         dh, db = dual_grad(dy2, b_c, h, scale, kernels=False)
         with torch.no_grad():
-            xin = kept if act is None else act(kept).reshape(-1, a_c.shape[1])
+            if ctx.drop is not None:  # xd rebuilt from x and the mask's bits (bitwise: trainer.model.lora.drop)
+                xin, keep = ctx.drop.restore(kept, keep)
+                ctx.drop = None
+            else:
+                xin = kept if act is None else act(kept).reshape(-1, a_c.shape[1])
         da = dh.t().mm(xin)
+        del xin
         dx = None
         if ctx.needs_input_grad[0]:
             dx = masked_product(dh, a_c, keep, p, kernels=kernels)
             gemm.dgrad_into(dy2, dx)  # the base dgrad GEMM accumulates into the adapter's input gradient (beta = 1)
             dx = dx.view(x_shape)
         gemm.done()
-        return dx, None, None, da.to(a_dtype), db.to(b_dtype), None, None, None, None, None
+        return dx, None, None, da.to(a_dtype), db.to(b_dtype), None, None, None, None, None, None
 
 
 def epilogue_adapter(w, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
-                     p: float = 0.0, u=None, act=None, kernels: bool = False, products: bool = False) -> torch.Tensor:
+                     p: float = 0.0, u=None, act=None, kernels: bool = False, products: bool = False,
+                     recompute_drop: bool = False) -> torch.Tensor:
     """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. w: the base weight, or its GEMM
     (trainer.model.lora.base_gemm: TorchGemm, TeFp8Gemm). With (u, act): x = act(u), u kept instead of x
     (trainer.model.lora.inputs; only without dropout). p: the pre-dropout probability in effect (0: none). kernels:
-    the Triton passes run here (dx's masked product); products: s h B^T by one too (trainer.lora.triton_products)."""
+    the Triton passes run here (dx's masked product); products: s h B^T by one too (trainer.lora.triton_products).
+    recompute_drop (trainer.lora.dropout_recompute): under pre-dropout keep x and the mask's bits, not xd and the
+    mask (trainer.model.lora.drop.kept_drop)."""
     gemm = TorchGemm(w) if isinstance(w, torch.Tensor) else w
     if u is not None and p:
         raise ValueError("the epilogue path recomputes x = act(u) only without dropout")
@@ -118,7 +130,7 @@ def epilogue_adapter(w, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
         # rounds differently (audit, 2026-12-06: the two differed in 1 ulp, so recompute was not exact)
         with torch.no_grad():
             return _forward(x, gemm, a, b, scale, p, kernels and products)[0]
-    return _Epilogue.apply(x, u, gemm, a, b, scale, float(p), act, kernels, products)
+    return _Epilogue.apply(x, u, gemm, a, b, scale, float(p), act, kernels, products, recompute_drop)
 
 
 def _forward(x, gemm, a, b, scale, p, products):

@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.model.lora.drop import kept_drop
 from trainer.model.lora.kernels import masked_product
 
 
@@ -90,23 +91,33 @@ class _AdapterA(torch.autograd.Function):
     and the mask handed to the tap."""
 
     @staticmethod
-    def forward(ctx, x, u, a, dtype, slot, act, xd=None, keep=None):
+    def forward(ctx, x, u, a, dtype, slot, act, xd=None, keep=None, recompute_drop=False):
         a_c = a.to(dtype)
         src = x if xd is None else xd
         ctx.slot, ctx.act, ctx.a_dtype = slot, act if u is not None else None, a.dtype
-        ctx.save_for_backward(u if u is not None else src, a_c, keep)
+        kept = u if u is not None else src
+        # trainer.lora.dropout_recompute: x and the mask's bits instead of xd and the mask (trainer.model.lora.drop)
+        ctx.drop, packed = kept_drop(keep, slot.p) if recompute_drop and u is None else (None, None)
+        if ctx.drop is not None:
+            kept, keep = x, packed
+        ctx.save_for_backward(kept, a_c, keep)
         return F.linear(src, a_c)
 
     @staticmethod
     def backward(ctx, dh):
         kept, a_c, keep = ctx.saved_tensors
         with torch.no_grad():
-            xin = kept if ctx.act is None else ctx.act(kept)
+            if ctx.drop is not None:  # xd rebuilt from x and the mask's bits (bitwise), the mask handed to the tap
+                xin, keep = ctx.drop.restore(kept, keep)
+                ctx.drop = None
+            else:
+                xin = kept if ctx.act is None else ctx.act(kept)
         dh2 = dh.reshape(-1, dh.shape[-1])
         da = dh2.t().mm(xin.reshape(-1, xin.shape[-1]))
+        del xin
         slot, ctx.slot = ctx.slot, None
         slot.dh, slot.a, slot.keep = dh2, a_c, keep
-        return None, None, da.to(ctx.a_dtype), None, None, None, None, None
+        return None, None, da.to(ctx.a_dtype), None, None, None, None, None, None
 
 
 class _AdapterB(torch.autograd.Function):
@@ -142,11 +153,12 @@ class _AdapterB(torch.autograd.Function):
 
 def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, args=(), kwargs=None,
                   u=None, act=None, collective=None, drop=None, p: float = 0.0, kernels: bool = False,
-                  products: bool = False, parts: bool = False):
+                  products: bool = False, parts: bool = False, recompute_drop: bool = False):
     """(y, bias) of base(x) + scale * collective(drop(x) A^T) B^T through the fused path; base returns (out, bias).
     `collective`: the TP/SP mapping between A and B (megatron's autograd functions), None at TP 1. `drop`: pre-dropout
     of probability p, a callable x -> (xd, keep) (trainer.model.lora.drop.draw under the caller's RNG rules).
-    parts: ((out, h), bias), B left to the caller (trainer.model.lora.norm_epilogue: the SwiGLU fold applies it)."""
+    parts: ((out, h), bias), B left to the caller (trainer.model.lora.norm_epilogue: the SwiGLU fold applies it).
+    recompute_drop (trainer.lora.dropout_recompute): A keeps x and the mask's bits, not xd and the mask."""
     slot = _Slot(p, kernels, products)
     needs_dx = torch.is_grad_enabled() and x.requires_grad
     # A reads the tapped x too (and gives it no gradient): the tap's backward then waits for A's, whose dh it adds
@@ -155,7 +167,7 @@ def fused_adapter(base, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
     if not out.is_contiguous():
         out = out.contiguous()
     xd, keep = drop(x.detach()) if drop is not None else (None, None)  # drawn after the base, as the unfused path
-    h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act, xd, keep)
+    h = _AdapterA.apply(x_in, None if u is None else u.detach(), a, out.dtype, slot, act, xd, keep, recompute_drop)
     if collective is not None:
         h = collective(h)
     if parts:

@@ -102,7 +102,7 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
                  dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
                  sequence_parallel: bool, seed: int, fused: bool = False, epilogue: bool = False,
-                 triton_products: bool = False, epilogue_norm: bool = False):
+                 triton_products: bool = False, epilogue_norm: bool = False, dropout_recompute: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -141,6 +141,8 @@ class LoRALinear(nn.Module):
         # (primus_contract.rules_precision.epilogue_norm_on)
         self.epilogue_norm = bool(epilogue_norm)
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
+        # trainer.lora.dropout_recompute: the fused and epilogue nodes keep x and the pre-dropout mask's bits
+        self.dropout_recompute = bool(dropout_recompute)
         # set by trainer.model.transforms (trainer.lora.epilogue on in an FP8 run): the epilogue runs the base's
         # GEMMs in FP8 through TE's functional linear (trainer.model.lora.base_gemm)
         self.fp8_epilogue = False
@@ -285,7 +287,7 @@ class LoRALinear(nn.Module):
             with base_gemm(self.base, x, self.fp8_epilogue) as (x, gemm):
                 y = epilogue_adapter(gemm, x, self.lora_a, self.lora_b, self.scale, self._p(), u=u,
                                      act=self.input_act if u is not None else None, kernels=self._kernels(x),
-                                     products=self.triton_products)
+                                     products=self.triton_products, recompute_drop=self.dropout_recompute)
             return y, None
         if self.uses_fused_path():
             u, p = self._take_act_input(x), self._p()
@@ -294,7 +296,8 @@ class LoRALinear(nn.Module):
             return fused_adapter(self.base, x, self.lora_a, self.lora_b, self.scale, args, kwargs,
                                  u=u, act=self.input_act if u is not None else None,
                                  collective=self._collective if self.tp_size > 1 else None, drop=drop, p=p,
-                                 kernels=self._kernels(x), products=self.triton_products)
+                                 kernels=self._kernels(x), products=self.triton_products,
+                                 recompute_drop=self.dropout_recompute)
         # (the masked dh A in one pass: its Triton kernel matched the torch ops on an H200 at the 8B's widths,
         # bench/kernel_check.py, 2026-12-05)
         out, bias, h = self._base_and_h(x, args, kwargs)
@@ -364,7 +367,8 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             seed=_seed(seed, global_name(name)), fused=bool(getattr(lcfg, "fused", False)),
             epilogue=bool(getattr(lcfg, "epilogue", False)),
             epilogue_norm=getattr(lcfg, "epilogue_norm", False) is not False,
-            triton_products=bool(getattr(lcfg, "triton_products", False)))
+            triton_products=bool(getattr(lcfg, "triton_products", False)),
+            dropout_recompute=bool(getattr(lcfg, "dropout_recompute", False)))
         setattr(parent, leaf, wrapped)
     return names
 

@@ -60,7 +60,7 @@ def norm_epilogue(lora, x: torch.Tensor, p: float, kernels: bool) -> torch.Tenso
     (its base GEMM in FP8 with lora.fp8_epilogue: trainer.model.lora.base_gemm)."""
     with base_gemm(lora.base, norm(lora.base, x), lora.fp8_epilogue) as (xn, gemm):
         return epilogue_adapter(gemm, xn, lora.lora_a, lora.lora_b, lora.scale, p, kernels=kernels,
-                                products=lora.triton_products)
+                                products=lora.triton_products, recompute_drop=lora.dropout_recompute)
 
 
 class _BaseLinear(torch.autograd.Function):
@@ -87,4 +87,4 @@ def norm_parts(lora, x: torch.Tensor, p: float, kernels: bool):
             (lambda z: (_BaseLinear.apply(z, gemm), None))
         return fused_adapter(base, xn, lora.lora_a, lora.lora_b, lora.scale,
                              drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
-                             products=lora.triton_products, parts=True)[0]
+                             products=lora.triton_products, parts=True, recompute_drop=lora.dropout_recompute)[0]
