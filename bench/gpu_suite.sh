@@ -27,6 +27,8 @@
 #   bash bench/gpu_suite.sh 70b       Llama2-70B shape, TP=2 on two GPUs, FP8 and BF16
 #   bash bench/gpu_suite.sh 70b1      Llama2-70B on ONE GPU (TP=1, FP8 weights, transposes per linear): the recompute
 #                                     frontier (RUNS="full block60 block40 none selective ..."; -ai adds adapter_inputs)
+#   bash bench/gpu_suite.sh store-70b the 70B cut to 20 layers, no recompute: the activation stores (dropout_recompute
+#                                     off / on, recompute.norm_output), interleaved x3
 #   bash bench/gpu_suite.sh 70b1-loss the 20-layer cut at TP=1 on the real-text set, with and without the release
 #   bash bench/gpu_suite.sh 70bfast   fp8_param tensorwise vs delayed, with and without full recompute (RUNS=...)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
@@ -314,6 +316,19 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
       $TP --recipe bench/recipes/llama2_70b_1xh200.yaml --nproc 1 --docs packed --label "70b-1gpu-$r${TAG70:+-$TAG70}" \
           --timeout 420 "${set_r[@]}"
     done 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1.jsonl" ;;
+  store-70b)  # the 70B's activation stores (sixteenth session, 2026-12-06): the recipe (FP8 tensorwise, fp8_param,
+              # dropout 0.1 on qkv/proj) cut to LAYERS70C layers (default 20: an H100's 80 GB) with no recompute, so
+              # every layer keeps its activations: the dropped copy and byte mask kept (trainer.lora.dropout_recompute
+              # false, what ran before) against the default (the input and the mask's bits kept, the copy recomputed)
+              # and with trainer.recompute.norm_output (qkv's norm output recomputed too), interleaved, 3 repeats
+              # (bench/interleaved.py). Planned at 20 layers on an H100: 54.8 / 50.1 / 47.6 GiB, the same speed
+    timeout $(( ${BUDGET_S:-420} + 60 )) python3 bench/interleaved.py --recipe bench/recipes/llama2_70b_1xh200.yaml \
+      --label "70b-${LAYERS70C:-20}layers-store" --set "trainer.model.num_layers=${LAYERS70C:-20}" \
+      --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 --steps "${STEPS:-6}" \
+      --variant drop-kept=trainer.lora.dropout_recompute=false --variant default= \
+      --variant norm-output=trainer.recompute.norm_output=true --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
+      --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/store-70b.jsonl"
+    python3 bench/spread.py --baseline drop-kept "$OUT/store-70b.jsonl" | tee "$OUT/store-70b-spread.jsonl" ;;
   70b1-loss)
     python3 bench/fp8_release_loss.py --layers 20 --iters 24 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1-loss.jsonl" ;;
   70b)

@@ -298,6 +298,12 @@ SCHEMA: dict = {
             "adapter_inputs": Field("bool", False, help="adapters keep only what the frozen base keeps anyway (fc2: "
                                     "SwiGLU recomputed from fc1's output; RMSNorm linears: norm folded into A): "
                                     "Llama-3-8B at 8192 tokens 50.4 -> 39.4 GiB, ~5 % slower in bf16, ~8 % in FP8"),
+            "norm_output": Field("bool", False, help="the norm epilogue's adapters (qkv, fc1 where "
+                                 "trainer.lora.epilogue_norm runs) keep the norm's input, which the norm keeps for its "
+                                 "own backward anyway, instead of the norm's output, and run the norm again in "
+                                 "backward for dA, bitwise the same (trainer/model/lora/norm_epilogue.py): hidden x 2 "
+                                 "bytes a token less per norm-fed adapter, one norm pass more; with pre-dropout only "
+                                 "with trainer.lora.dropout_recompute"),
             "chunked_loss": Field("bool", True, help="output layer + cross-entropy a chunk of tokens at a time with "
                                   "the input gradient computed in forward (frozen output layer): the [tokens, "
                                   "vocab] logits are never kept (Llama-3-8B at 8192 tokens: 53.7 -> 50.4 GiB, "

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, epilogue_on, run_device, triton_kernels_run
+from primus_contract.rules_precision import (LORA_KERNEL_MAX_RANK, epilogue_norm_on, epilogue_on, run_device,
+                                             triton_kernels_run)
 from primus_contract.schema import field_at
 
 
@@ -65,6 +66,13 @@ def _fused_pre_dropout(r: dict) -> bool:
             and bool(lora["fused"] or epilogue_on(r["trainer"], r["cluster"]["env_profile"])))
 
 
+def _norm_recomputable(r: dict) -> bool:
+    """The norm epilogue runs (its nodes own the norm), and under pre-dropout the dropped copy is recomputed."""
+    lora = r["trainer"]["lora"]
+    pre = bool(lora["dropout"]) and lora["dropout_position"] == "pre"
+    return epilogue_norm_on(r["trainer"], r["cluster"]["env_profile"]) and (not pre or lora["dropout_recompute"])
+
+
 def _single_document_switch(r: dict) -> bool:  # (trainer/model/inputs.py batch_layout: THD under PP or CP)
     par = r["trainer"]["parallelism"]
     return r["trainer"]["data"]["packing"] and par["pipeline"] == 1 and par["context"] == 1
@@ -98,6 +106,8 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.lora.dropout_recompute", "`trainer.lora.dropout` above 0 with `dropout_position: pre` on the fused or "
      "epilogue adapter path (`trainer.lora.fused` or `epilogue`)", _fused_pre_dropout),
+    ("trainer.recompute.norm_output", "`trainer.lora.epilogue_norm` in effect (a GPU run with the epilogue on), and "
+     "with pre-dropout `trainer.lora.dropout_recompute`", _norm_recomputable),
     ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "
      "and runs sbhd), pipeline 1 and context 1 (those run THD)", _single_document_switch),
     ("trainer.data.max_seqlen_buckets", "`trainer.data.packing: true` on a GPU (the CPU's attention reads no "

@@ -15,7 +15,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   recomputes them (MLA's q_proj / q_down_proj and kv_down_proj read one output of a separate norm: kept once a
   layer, never folded; with LoRA pre-dropout an adapter keeps its dropped copy and bool mask instead of its
   input, or with lora.dropout_recompute on its fused or epilogue path its input and the mask's bits:
-  tests/test_plan_dropout_memory.py); MoE layers keep router probabilities, routed tokens and expert
+  tests/test_plan_dropout_memory.py; with recompute.norm_output the norm epilogue's adapters keep the norm's
+  input, which the norm keeps anyway: tests/test_norm_output_recompute.py); MoE layers keep router probabilities, routed tokens and expert
   outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
@@ -75,6 +76,15 @@ def drop_recomputed(t: dict, profile: str, lin: Linear) -> bool:
     return bool(lora["fused"]) or epilogue_on(t, profile)
 
 
+def norm_recomputed(t: dict, profile: str, lin: Linear) -> bool:
+    """`lin` is a norm-fed linear whose adapter keeps the norm's input (kept by the norm anyway), not its output
+    (trainer.recompute.norm_output where the norm epilogue runs; under pre-dropout with the dropped copy recomputed)."""
+    lora = t["lora"]
+    if not (t["recompute"]["norm_output"] and lin.norm_fed and not lin.expert and epilogue_norm_on(t, profile)):
+        return False
+    return not (lora["dropout"] > 0 and lora["dropout_position"] == "pre") or drop_recomputed(t, profile, lin)
+
+
 def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear], moe: bool,
                            profile: str = "none") -> dict[str, float]:
     """Bytes one layer keeps for its backward per micro-batch, split into base and adapter shares (profile: the env
@@ -119,7 +129,7 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             if lin.short in INPUT_NORM_SHARED:
                 adapter += 0.0 if shared_kept else in_bytes
                 shared_kept = True
-            elif lin.short != "linear_proj":
+            elif lin.short != "linear_proj" and not norm_recomputed(t, profile, lin):
                 adapter += in_bytes
         elif lora["dropout"] > 0 and lora["dropout_position"] == "pre":
             # the dropped copy and its bool mask (trainer/model/lora/drop.py) stand in for the input: A's gradient
@@ -131,7 +141,7 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             adapter += 0.0 if shared_kept else in_bytes
             shared_kept = True
         elif lin.norm_fed and not lin.expert:
-            if not folded_norm:
+            if not folded_norm and not norm_recomputed(t, profile, lin):
                 adapter += in_bytes * (1.5 if fp8 else 1.0)  # FP8: the adapter also keeps a cast of it
         elif lin.short == "linear_fc2" and not lin.expert and ".shared_experts." not in f".{lin.path}":
             if not folded_fc2:

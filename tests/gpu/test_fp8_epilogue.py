@@ -52,7 +52,8 @@ def _module(norm: bool):
     return base
 
 
-def _run(norm: bool, epilogue: bool, p: float, recompute_drop: bool = True, kept: list | None = None):
+def _run(norm: bool, epilogue: bool, p: float, recompute_drop: bool = True, kept: list | None = None,
+         norm_recompute: bool = False):
     """(the path taken, the amaxes, [y, dx, dA, dB]); kept: filled with the bytes of what autograd keeps per token
     row (tensors with TOKENS leading rows)."""
     from transformer_engine.common.recipe import DelayedScaling
@@ -63,7 +64,7 @@ def _run(norm: bool, epilogue: bool, p: float, recompute_drop: bool = True, kept
     lora = LoRALinear(base, "linear_qkv" if norm else "linear_proj", dim=16, alpha=32, dropout=p,
                       dropout_position="pre", a_init="kaiming", b_init="zero", tp_size=1, tp_rank=0,
                       sequence_parallel=False, seed=2, fused=True, epilogue=epilogue, epilogue_norm=epilogue,
-                      dropout_recompute=recompute_drop)
+                      dropout_recompute=recompute_drop, norm_recompute=norm_recompute)
     lora.fp8_epilogue = epilogue
     with torch.no_grad():  # (drawn on the host: the same values for both runs)
         lora.lora_b.copy_(torch.randn(lora.lora_b.shape, generator=torch.Generator().manual_seed(4)) * 0.02)
@@ -112,6 +113,18 @@ def test_fp8_epilogue_recomputes_the_dropped_copy_bit_for_bit(record, norm):
     record(**{f"{'qkv' if norm else 'proj'}_kept_bytes_off_on": [kept_off[0], kept_on[0]]})
     assert all(torch.equal(g, r) for g, r in zip(got, ref)), [float((g - r).abs().max()) for g, r in zip(got, ref)]
     assert kept_on[0] < kept_off[0], (kept_on, kept_off)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_fp8_norm_epilogue_recomputes_the_norm_output_bit_for_bit(record, p):
+    """trainer.recompute.norm_output on TE's LayerNormLinear under the FP8 epilogue: the same y, dx, dA, dB bits as
+    keeping the norm's output, and less kept beside x (the fused RMSNorm keeps x itself for its backward)."""
+    kept_off, kept_on = [], []
+    _, _, ref = _run(True, True, p, kept=kept_off)
+    _, _, got = _run(True, True, p, kept=kept_on, norm_recompute=True)
+    record(**{f"qkv_p{p}_kept_bytes_off_on": [kept_off[0], kept_on[0]]})
+    assert all(torch.equal(g, r) for g, r in zip(got, ref)), [float((g - r).abs().max()) for g, r in zip(got, ref)]
+    assert kept_on[0] <= kept_off[0] - TOKENS * HIDDEN * 2, (kept_on, kept_off)  # the BF16 norm output
 
 
 def test_native_dropout_is_rebuilt_bit_for_bit_where_recomputable(record):

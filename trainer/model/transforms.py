@@ -75,7 +75,7 @@ def _lora(model, ctx: BuildContext) -> Optional[str]:
     lora = ctx.cfg.trainer.lora
     wrapped = apply_lora(model, lora, tp_size=ps.get_tensor_model_parallel_world_size(),
                          tp_rank=ps.get_tensor_model_parallel_rank(), sequence_parallel=ctx.config.sequence_parallel,
-                         seed=int(ctx.cfg.experiment.seed))
+                         seed=int(ctx.cfg.experiment.seed), norm_recompute=bool(ctx.cfg.trainer.recompute.norm_output))
     if not lora.enabled:
         return None
     trainable = sum(p.numel() for p in trainable_parameters(model))
@@ -191,6 +191,8 @@ def _epilogue(model, ctx: BuildContext) -> str:
     how = ("Triton rank-r kernels" if kernels_usable(ctx.device, int(ctx.cfg.trainer.lora.dim), _dtype(ctx))
            else "torch ops (no Triton device here, or a rank above the kernels')")
     norm = f" (norm-fed {normed})" if normed or ctx.cfg.trainer.lora.epilogue_norm else ""
+    if normed and ctx.cfg.trainer.recompute.norm_output:  # (lora/norm_epilogue.py: the norm's input kept)
+        norm += ", their norm output recomputed in backward"
     gemms = "FP8 base GEMMs (TE's functional linear)" if fp8 else "base GEMMs"
     return f"lora epilogue | {gemms} accumulate the adapters | {taken} of {len(wrapped)} linears{norm} | {how}"
 

@@ -100,11 +100,11 @@ class KeptDrop:
         self.noise_dtype = None if keep.dtype == torch.bool else keep.dtype
 
     def restore(self, x: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(xd, keep) as draw returned them, from the undropped x and the packed mask."""
+        """(xd as a 2-D [tokens, width], keep as draw returned it), from the undropped x and the packed mask."""
         keep = unpack_keep(packed, self.shape[-1]).view(self.shape)
         if self.noise_dtype is not None:  # the CPU noise: bernoulli's 0/1 in x's dtype divided as draw divides it
             keep = keep.to(self.noise_dtype).div_(1 - self.p)
-        return undrop(x.reshape(self.shape), keep, self.p), keep
+        return undrop(x.reshape(self.shape), keep, self.p).reshape(-1, self.shape[-1]), keep
 
 
 def kept_drop(keep: torch.Tensor | None, p: float) -> tuple[KeptDrop | None, torch.Tensor | None]:
@@ -113,3 +113,25 @@ def kept_drop(keep: torch.Tensor | None, p: float) -> tuple[KeptDrop | None, tor
     if keep is None or not p or (keep.dtype == torch.bool and not recomputable(p)):
         return None, None
     return KeptDrop(keep, p), pack_keep(keep)
+
+
+def kept_for_grad(x: torch.Tensor, xd: torch.Tensor, keep, p: float, u=None, act=None, recompute_drop: bool = False):
+    """What an adapter node saves for dA = dh^T xd (and dx's mask): (kept, keep or its bits, KeptDrop or None, the
+    act in effect). x: the adapter's input; xd: its dropped copy (x itself without dropout); (u, act): x = act(u)
+    recomputable from u, which another op keeps anyway (trainer.model.lora.inputs, the norm epilogue's
+    recompute.norm_output). With dropout u is used only with recompute_drop where the recompute is bitwise."""
+    if keep is None:
+        return (u, None, None, act) if u is not None else (xd, None, None, None)
+    store, packed = kept_drop(keep, p) if recompute_drop else (None, None)
+    if store is None:
+        return xd, keep, None, None
+    return (u, packed, store, act) if u is not None else (x, packed, store, None)
+
+
+def input_for_grad(kept: torch.Tensor, keep, store, act) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the 2-D input of dA, the mask for dx) in backward from what kept_for_grad kept."""
+    with torch.no_grad():
+        full = kept if act is None else act(kept)
+        if store is not None:
+            return store.restore(full, keep)
+        return full.reshape(-1, full.shape[-1]), keep

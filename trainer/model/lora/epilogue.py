@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from trainer.model.lora.base_gemm import TorchGemm, adds_bias, owns_fp8_base_gemm
-from trainer.model.lora.drop import draw, kept_drop
+from trainer.model.lora.drop import draw, input_for_grad, kept_for_grad
 from trainer.model.lora.kernels import dual_grad, masked_product
 
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -76,14 +76,12 @@ class _Epilogue(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, u, gemm, a, b, scale, p, act, kernels, products, recompute_drop):
         y, xd2, keep, h, a_c, b_c = _forward(x, gemm, a, b, scale, p, kernels and products)
-        kept = u.detach() if u is not None else xd2
-        # trainer.lora.dropout_recompute: x (the caller's storage) and the mask's bits instead of xd and the mask
-        ctx.drop, packed = kept_drop(keep, p) if recompute_drop else (None, None)
-        if ctx.drop is not None:
-            kept, keep = x.detach(), packed
+        # trainer.lora.dropout_recompute: x (the caller's storage, or u) and the mask's bits instead of xd and the mask
+        kept, keep, ctx.drop, act = kept_for_grad(x.detach(), xd2, keep, p, None if u is None else u.detach(), act,
+                                                  recompute_drop)
         ctx.save_for_backward(kept, keep, h, a_c, b_c)
         ctx.gemm = gemm  # the frozen base GEMM (trainer.model.lora.base_gemm): its weight, or TE's FP8 operands
-        ctx.meta = (scale, p, act if u is not None else None, kernels, x.shape, a.dtype, b.dtype)
+        ctx.meta = (scale, p, act, kernels, x.shape, a.dtype, b.dtype)
         return y
 
     @staticmethod
@@ -95,12 +93,8 @@ class _Epilogue(torch.autograd.Function):
         # dh and dB by cuBLAS, dy read twice: the one-read Triton kernel (dual_grad's) took 2.2-2.5x their time at the
         # 8B's widths (H100, bench/adapter_gemms.py, 2026-12-05: bench/results/2026-12-05d_h100_speed)
         dh, db = dual_grad(dy2, b_c, h, scale, kernels=False)
-        with torch.no_grad():
-            if ctx.drop is not None:  # xd rebuilt from x and the mask's bits (bitwise: trainer.model.lora.drop)
-                xin, keep = ctx.drop.restore(kept, keep)
-                ctx.drop = None
-            else:
-                xin = kept if act is None else act(kept).reshape(-1, a_c.shape[1])
+        xin, keep = input_for_grad(kept, keep, ctx.drop, act)  # (xd rebuilt bitwise: trainer.model.lora.drop)
+        ctx.drop = None
         da = dh.t().mm(xin)
         del xin
         dx = None
@@ -117,13 +111,14 @@ def epilogue_adapter(w, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
                      recompute_drop: bool = False) -> torch.Tensor:
     """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. w: the base weight, or its GEMM
     (trainer.model.lora.base_gemm: TorchGemm, TeFp8Gemm). With (u, act): x = act(u), u kept instead of x
-    (trainer.model.lora.inputs; only without dropout). p: the pre-dropout probability in effect (0: none). kernels:
+    (trainer.model.lora.inputs; with dropout only with recompute_drop). p: the pre-dropout probability in effect (0:
+    none). kernels:
     the Triton passes run here (dx's masked product); products: s h B^T by one too (trainer.lora.triton_products).
     recompute_drop (trainer.lora.dropout_recompute): under pre-dropout keep x and the mask's bits, not xd and the
     mask (trainer.model.lora.drop.kept_drop)."""
     gemm = TorchGemm(w) if isinstance(w, torch.Tensor) else w
-    if u is not None and p:
-        raise ValueError("the epilogue path recomputes x = act(u) only without dropout")
+    if u is not None and p and not recompute_drop:
+        raise ValueError("the epilogue path recomputes x = act(u) under dropout only with recompute_drop")
     if not (torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)):
         # the node's own forward ops in its order (s h B^T first, then the base GEMM accumulates): megatron's
         # recompute runs a layer's first forward without grad and its replay with grad, and in BF16 the other order

@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.model.lora.drop import kept_drop
+from trainer.model.lora.drop import input_for_grad, kept_for_grad
 from trainer.model.lora.kernels import masked_product
 
 
@@ -94,26 +94,19 @@ class _AdapterA(torch.autograd.Function):
     def forward(ctx, x, u, a, dtype, slot, act, xd=None, keep=None, recompute_drop=False):
         a_c = a.to(dtype)
         src = x if xd is None else xd
-        ctx.slot, ctx.act, ctx.a_dtype = slot, act if u is not None else None, a.dtype
-        kept = u if u is not None else src
-        # trainer.lora.dropout_recompute: x and the mask's bits instead of xd and the mask (trainer.model.lora.drop)
-        ctx.drop, packed = kept_drop(keep, slot.p) if recompute_drop and u is None else (None, None)
-        if ctx.drop is not None:
-            kept, keep = x, packed
+        ctx.a_dtype, ctx.slot = a.dtype, slot
+        # trainer.lora.dropout_recompute: x (or u) and the mask's bits instead of xd and the mask
+        kept, keep, ctx.drop, ctx.act = kept_for_grad(x, src, keep, slot.p, u, act, recompute_drop)
         ctx.save_for_backward(kept, a_c, keep)
         return F.linear(src, a_c)
 
     @staticmethod
     def backward(ctx, dh):
         kept, a_c, keep = ctx.saved_tensors
-        with torch.no_grad():
-            if ctx.drop is not None:  # xd rebuilt from x and the mask's bits (bitwise), the mask handed to the tap
-                xin, keep = ctx.drop.restore(kept, keep)
-                ctx.drop = None
-            else:
-                xin = kept if ctx.act is None else ctx.act(kept)
+        xin, keep = input_for_grad(kept, keep, ctx.drop, ctx.act)  # (xd rebuilt bitwise: trainer.model.lora.drop)
+        ctx.drop = ctx.act = None
         dh2 = dh.reshape(-1, dh.shape[-1])
-        da = dh2.t().mm(xin.reshape(-1, xin.shape[-1]))
+        da = dh2.t().mm(xin)
         del xin
         slot, ctx.slot = ctx.slot, None
         slot.dh, slot.a, slot.keep = dh2, a_c, keep

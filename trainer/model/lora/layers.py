@@ -102,7 +102,8 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, leaf_name: str, dim: int, alpha: float, dropout: float,
                  dropout_position: str, a_init: str, b_init: str, tp_size: int, tp_rank: int,
                  sequence_parallel: bool, seed: int, fused: bool = False, epilogue: bool = False,
-                 triton_products: bool = False, epilogue_norm: bool = False, dropout_recompute: bool = False):
+                 triton_products: bool = False, epilogue_norm: bool = False, dropout_recompute: bool = False,
+                 norm_recompute: bool = False):
         super().__init__()
         if dropout_position not in ("pre", "post"):
             raise ValueError(f"lora.dropout_position must be pre|post, got {dropout_position!r}")
@@ -143,6 +144,7 @@ class LoRALinear(nn.Module):
         self.triton_products = bool(triton_products)  # trainer.lora.triton_products: unmasked products in Triton
         # trainer.lora.dropout_recompute: the fused and epilogue nodes keep x and the pre-dropout mask's bits
         self.dropout_recompute = bool(dropout_recompute)
+        self.norm_recompute = bool(norm_recompute)  # trainer.recompute.norm_output: the norm epilogue keeps its input
         # set by trainer.model.transforms (trainer.lora.epilogue on in an FP8 run): the epilogue runs the base's
         # GEMMs in FP8 through TE's functional linear (trainer.model.lora.base_gemm)
         self.fp8_epilogue = False
@@ -341,8 +343,9 @@ def lora_targets(model: nn.Module, target_modules, exclude_modules) -> list[str]
 
 
 def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
-               sequence_parallel: bool = False, seed: int = 0) -> list[str]:
-    """Freeze the base and wrap the target linears; returns the wrapped module names."""
+               sequence_parallel: bool = False, seed: int = 0, norm_recompute: bool = False) -> list[str]:
+    """Freeze the base and wrap the target linears; returns the wrapped module names. norm_recompute:
+    trainer.recompute.norm_output."""
     for p in model.parameters():
         p.requires_grad_(False)
     if not lcfg.enabled:
@@ -368,7 +371,7 @@ def apply_lora(model: nn.Module, lcfg, tp_size: int = 1, tp_rank: int = 0,
             epilogue=bool(getattr(lcfg, "epilogue", False)),
             epilogue_norm=getattr(lcfg, "epilogue_norm", False) is not False,
             triton_products=bool(getattr(lcfg, "triton_products", False)),
-            dropout_recompute=bool(getattr(lcfg, "dropout_recompute", False)))
+            dropout_recompute=bool(getattr(lcfg, "dropout_recompute", False)), norm_recompute=norm_recompute)
         setattr(parent, leaf, wrapped)
     return names
 

@@ -19,8 +19,15 @@ Numerics: the norm is torch's, not TE's kernel (both compute in fp32 and round t
 stand-in's norm is torch's, so the CPU tests compare the same ops: tests/test_norm_epilogue.py). Runs where the
 epilogue does (16/32-bit base GEMMs, TP 1: FP8/FP4 and TP > 1 keep it off) on a LayerNormLinear without a
 GEMM bias whose norm is RMSNorm or LayerNorm; elsewhere the linear keeps its path.
+
+With trainer.recompute.norm_output the nodes keep the norm's input x (which F.rms_norm / F.layer_norm keep for their
+own backward: the same storage) instead of its output, and run the norm again in backward for dA: the same op on the
+same input, so the same bits (tests/test_norm_output_recompute.py); [tokens, hidden] x 2 bytes less per norm-fed
+adapter, one norm pass more.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -55,11 +62,21 @@ def norm(base, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, shape, gamma.to(x.dtype), None if bias is None else bias.to(x.dtype), eps)
 
 
+def _recomputed_from(lora, x: torch.Tensor, p: float):
+    """(u, act) for the node to keep x (the norm's input, kept by the norm's own backward anyway) and run the norm
+    again in backward (trainer.recompute.norm_output; under pre-dropout only with trainer.lora.dropout_recompute),
+    else (None, None): the node keeps the norm's output."""
+    if not lora.norm_recompute or (p and not lora.dropout_recompute):
+        return None, None
+    return x, functools.partial(norm, lora.base)
+
+
 def norm_epilogue(lora, x: torch.Tensor, p: float, kernels: bool) -> torch.Tensor:
     """base(x) + scale * drop_p(norm(x)) A^T B^T of a norm-fed LoRALinear, through the epilogue node on norm(x)
     (its base GEMM in FP8 with lora.fp8_epilogue: trainer.model.lora.base_gemm)."""
+    u, act = _recomputed_from(lora, x, p)
     with base_gemm(lora.base, norm(lora.base, x), lora.fp8_epilogue) as (xn, gemm):
-        return epilogue_adapter(gemm, xn, lora.lora_a, lora.lora_b, lora.scale, p, kernels=kernels,
+        return epilogue_adapter(gemm, xn, lora.lora_a, lora.lora_b, lora.scale, p, u=u, act=act, kernels=kernels,
                                 products=lora.triton_products, recompute_drop=lora.dropout_recompute)
 
 
@@ -82,9 +99,10 @@ class _BaseLinear(torch.autograd.Function):
 def norm_parts(lora, x: torch.Tensor, p: float, kernels: bool):
     """(norm(x) W^T, drop_p(norm(x)) A^T) of a norm-fed LoRALinear whose consumer applies B itself (the SwiGLU fold),
     dh A added in place into the base's dgrad by the fused path's tap."""
+    u, act = _recomputed_from(lora, x, p)
     with base_gemm(lora.base, norm(lora.base, x), lora.fp8_epilogue) as (xn, gemm):
         base = (lambda z: (F.linear(z, gemm.w), None)) if isinstance(gemm, TorchGemm) else \
             (lambda z: (_BaseLinear.apply(z, gemm), None))
-        return fused_adapter(base, xn, lora.lora_a, lora.lora_b, lora.scale,
+        return fused_adapter(base, xn, lora.lora_a, lora.lora_b, lora.scale, u=u, act=act,
                              drop=(lambda t: draw(t, p)) if p else None, p=p, kernels=kernels,
                              products=lora.triton_products, parts=True, recompute_drop=lora.dropout_recompute)[0]
