@@ -111,3 +111,54 @@ def test_tiny_model_trains_to_the_same_losses(lora):
 
     on, off = run(True), run(False)
     assert on[-1] < on[0] and on == off
+
+
+KERNELS = """
+import torch
+from trainer.model.lora.bits import pack_bits, undrop_bits
+from trainer.model.lora.drop import KeptDrop, draw, kept_drop, pack_keep
+from trainer.model.lora.epilogue import epilogue_adapter
+from trainer.model.lora.fused import fused_adapter
+
+torch.manual_seed(0)
+for rows, n in ((5, 1), (17, 13), (33, 64), (3, 300)):
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(rows, n).to(dtype)
+        xd, noise = draw(x, 0.1)
+        mask = noise != 0
+        for keep in (noise, mask):
+            packed = pack_bits(keep)
+            assert torch.equal(packed, pack_keep(keep)), (rows, n, keep.dtype)
+            ref = KeptDrop(keep, 0.1).restore(x, packed)
+            got = KeptDrop(keep, 0.1, kernels=True).restore(x, packed)
+            assert got[1].dtype == ref[1].dtype and torch.equal(got[1], ref[1]), (rows, n, keep.dtype)
+            if dtype == torch.float32:  # bitwise, the signs of zeros included ((mask * x) * scale, as the dropout's
+                # own ops); the interpreter truncates fp32 to bf16 where a GPU rounds to nearest even, so BF16 is
+                # checked on the GPU (tests/gpu/test_fp8_epilogue.py)
+                assert torch.equal(got[0].view(torch.int32), ref[0].view(torch.int32)), (rows, n, keep.dtype)
+# the nodes with their kernels: the copy recomputed by the Triton passes gives the bits of keeping it
+w = torch.randn(40, 48)
+paths = [lambda x, a1, b1, rd: epilogue_adapter(w, x, a1, b1, 2.0, 0.1, kernels=True, recompute_drop=rd)]
+paths += [lambda x, a1, b1, rd: fused_adapter(lambda z: (z @ w.t(), None), x, a1, b1, 2.0,
+                                              drop=lambda z: draw(z, 0.1), p=0.1, kernels=True, recompute_drop=rd)[0]]
+for path in paths:
+    grads = []
+    for rd in (False, True):
+        x = torch.randn(3, 7, 48, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        a1 = torch.randn(4, 48, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+        b1 = torch.randn(40, 4, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+        torch.manual_seed(5)
+        y = path(x, a1, b1, rd)
+        (y * torch.linspace(-1, 1, 40)).sum().backward()
+        grads.append((y.detach(), x.grad, a1.grad, b1.grad))
+    assert all(torch.equal(g, r) for g, r in zip(*grads))
+print("bits ok")
+"""
+
+
+def test_the_bits_kernels_match_the_torch_ops_in_the_interpreter():
+    pytest.importorskip("triton")
+    from tests.model_helpers import interpreted
+
+    done = interpreted("-c", KERNELS)
+    assert done.returncode == 0 and "bits ok" in done.stdout, done.stderr[-3000:]

@@ -92,37 +92,58 @@ def unpack_keep(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 class KeptDrop:
     """What a node needs to rebuild (xd, keep) of a pre-dropout in backward: the keep's shape and kind (the bool
-    mask, or the CPU noise's dtype) and p. The tensors, x and the packed mask, go through save_for_backward."""
-    __slots__ = ("shape", "noise_dtype", "p")
+    mask, or the CPU noise's dtype), p, and whether the Triton passes run (trainer.model.lora.bits). The tensors, x
+    and the packed mask, go through save_for_backward."""
+    __slots__ = ("shape", "noise_dtype", "p", "kernels")
 
-    def __init__(self, keep: torch.Tensor, p: float):
-        self.shape, self.p = keep.shape, p
+    def __init__(self, keep: torch.Tensor, p: float, kernels: bool = False):
+        self.shape, self.p, self.kernels = keep.shape, p, kernels
         self.noise_dtype = None if keep.dtype == torch.bool else keep.dtype
 
     def restore(self, x: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(xd as a 2-D [tokens, width], keep as draw returned it), from the undropped x and the packed mask."""
-        keep = unpack_keep(packed, self.shape[-1]).view(self.shape)
+        n = self.shape[-1]
+        if self.kernels:  # one pass: x and the bits read, xd and the mask written (trainer.model.lora.bits)
+            from trainer.model.lora.bits import undrop_bits
+
+            scale = 1.0 / (1.0 - self.p) if self.noise_dtype is None else _noise_value(self.noise_dtype, self.p)
+            xd, keep = undrop_bits(x.reshape(-1, n), packed, scale, self.noise_dtype)
+            return xd, keep.view(self.shape)
+        keep = unpack_keep(packed, n).view(self.shape)
         if self.noise_dtype is not None:  # the CPU noise: bernoulli's 0/1 in x's dtype divided as draw divides it
             keep = keep.to(self.noise_dtype).div_(1 - self.p)
-        return undrop(x.reshape(self.shape), keep, self.p).reshape(-1, self.shape[-1]), keep
+        return undrop(x.reshape(self.shape), keep, self.p).reshape(-1, n), keep
 
 
-def kept_drop(keep: torch.Tensor | None, p: float) -> tuple[KeptDrop | None, torch.Tensor | None]:
+def _noise_value(dtype: torch.dtype, p: float) -> float:
+    """The kept elements' value of draw's CPU noise: 1 divided by (1 - p) in `dtype`, as draw divides."""
+    return torch.ones(1, dtype=dtype).div_(1 - p).item()
+
+
+def kept_drop(keep: torch.Tensor | None, p: float, kernels: bool = False) -> tuple[KeptDrop | None,
+                                                                                 torch.Tensor | None]:
     """(KeptDrop, the packed mask) for a node to keep instead of the dropped copy and the mask, or (None, None) where
-    there is no dropout or a GPU's recompute would not be bitwise (recomputable; the CPU noise always is)."""
+    there is no dropout or a GPU's recompute would not be bitwise (recomputable; the CPU noise always is). kernels:
+    pack and rebuild with the Triton passes (trainer.model.lora.bits; where the node's kernels run)."""
     if keep is None or not p or (keep.dtype == torch.bool and not recomputable(p)):
         return None, None
+    if kernels:
+        from trainer.model.lora.bits import pack_bits
+
+        return KeptDrop(keep, p, True), pack_bits(keep.reshape(-1, keep.shape[-1]))
     return KeptDrop(keep, p), pack_keep(keep)
 
 
-def kept_for_grad(x: torch.Tensor, xd: torch.Tensor, keep, p: float, u=None, act=None, recompute_drop: bool = False):
+def kept_for_grad(x: torch.Tensor, xd: torch.Tensor, keep, p: float, u=None, act=None, recompute_drop: bool = False,
+                  kernels: bool = False):
     """What an adapter node saves for dA = dh^T xd (and dx's mask): (kept, keep or its bits, KeptDrop or None, the
     act in effect). x: the adapter's input; xd: its dropped copy (x itself without dropout); (u, act): x = act(u)
     recomputable from u, which another op keeps anyway (trainer.model.lora.inputs, the norm epilogue's
-    recompute.norm_output). With dropout u is used only with recompute_drop where the recompute is bitwise."""
+    recompute.norm_output). With dropout u is used only with recompute_drop where the recompute is bitwise. kernels:
+    the mask packed and the copy rebuilt by Triton passes (trainer.model.lora.bits)."""
     if keep is None:
         return (u, None, None, act) if u is not None else (xd, None, None, None)
-    store, packed = kept_drop(keep, p) if recompute_drop else (None, None)
+    store, packed = kept_drop(keep, p, kernels) if recompute_drop else (None, None)
     if store is None:
         return xd, keep, None, None
     return (u, packed, store, act) if u is not None else (x, packed, store, None)

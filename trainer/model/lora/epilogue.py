@@ -78,7 +78,7 @@ class _Epilogue(torch.autograd.Function):
         y, xd2, keep, h, a_c, b_c = _forward(x, gemm, a, b, scale, p, kernels and products)
         # trainer.lora.dropout_recompute: x (the caller's storage, or u) and the mask's bits instead of xd and the mask
         kept, keep, ctx.drop, act = kept_for_grad(x.detach(), xd2, keep, p, None if u is None else u.detach(), act,
-                                                  recompute_drop)
+                                                  recompute_drop, kernels)
         ctx.save_for_backward(kept, keep, h, a_c, b_c)
         ctx.gemm = gemm  # the frozen base GEMM (trainer.model.lora.base_gemm): its weight, or TE's FP8 operands
         ctx.meta = (scale, p, act, kernels, x.shape, a.dtype, b.dtype)

@@ -96,7 +96,7 @@ class _AdapterA(torch.autograd.Function):
         src = x if xd is None else xd
         ctx.a_dtype, ctx.slot = a.dtype, slot
         # trainer.lora.dropout_recompute: x (or u) and the mask's bits instead of xd and the mask
-        kept, keep, ctx.drop, ctx.act = kept_for_grad(x, src, keep, slot.p, u, act, recompute_drop)
+        kept, keep, ctx.drop, ctx.act = kept_for_grad(x, src, keep, slot.p, u, act, recompute_drop, slot.kernels)
         ctx.save_for_backward(kept, a_c, keep)
         return F.linear(src, a_c)
 
