@@ -37,14 +37,18 @@ def _census(r: dict) -> dict:
     return kept
 
 
+def _measured(r: dict):
+    """(trainer, model, the layout, layer 0's linears by name, the census) of the tiny model's one step."""
+    t, m = r["trainer"], r["trainer"]["model"]
+    lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=ROWS, gbs=ROWS, seq=SEQ)
+    return t, m, lay, {lin.short: lin for lin in layer_linears_local(m, t["lora"], lay, 0)}, _census(r)
+
+
 @pytest.mark.parametrize("fold", [False, True])
 def test_pre_dropout_adapters_keep_the_dropped_copy_and_the_keep_not_the_input(fold):
     r = _recipe(fold)
-    t, m = r["trainer"], r["trainer"]["model"]
+    t, m, lay, lins, kept = _measured(r)
     layers, dim, tokens = m["num_layers"], t["lora"]["dim"], ROWS * SEQ
-    kept = _census(r)
-    lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=ROWS, gbs=ROWS, seq=SEQ)
-    lins = {lin.short: lin for lin in layer_linears_local(m, t["lora"], lay, 0)}
     census_total = 0.0
     for target in TARGETS:
         width = lins[target].in_local
@@ -82,11 +86,8 @@ def test_recomputed_drop_keeps_the_input_and_the_masks_bits():
     GPU run where those nodes run (norm-fed qkv there through the norm epilogue), but for linear_proj's input: the
     GPU's core attention keeps its output, which is that input (one storage); the CPU attention does not keep it."""
     r = _recipe(False, recompute_drop=True)
-    t, m = r["trainer"], r["trainer"]["model"]
+    t, m, lay, lins, kept = _measured(r)
     layers, dim, tokens = m["num_layers"], t["lora"]["dim"], ROWS * SEQ
-    kept = _census(r)
-    lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=ROWS, gbs=ROWS, seq=SEQ)
-    lins = {lin.short: lin for lin in layer_linears_local(m, t["lora"], lay, 0)}
     gpu_total = 0.0
     for target in TARGETS:
         width = lins[target].in_local
