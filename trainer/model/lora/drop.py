@@ -11,6 +11,8 @@ native_dropout by construction).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -53,6 +55,7 @@ def keep_scale(keep: torch.Tensor, p: float) -> float:
 # the scaled noise (1 / (1 - p) in x's dtype) and xd = x * noise: rebuilt from its bits by the same division.
 
 
+@functools.lru_cache(maxsize=None)
 def recomputable(p: float) -> bool:
     """Whether x * mask * scale in backward reproduces native_dropout's forward output bit for bit at probability p:
     its forward's float32 scale equals the one its backward takes (see above)."""
