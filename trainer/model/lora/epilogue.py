@@ -111,10 +111,9 @@ def epilogue_adapter(w, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
                      recompute_drop: bool = False) -> torch.Tensor:
     """x W^T + scale * drop_p(x) A^T B^T through the epilogue node. w: the base weight, or its GEMM
     (trainer.model.lora.base_gemm: TorchGemm, TeFp8Gemm). With (u, act): x = act(u), u kept instead of x
-    (trainer.model.lora.inputs; with dropout only with recompute_drop). p: the pre-dropout probability in effect (0:
-    none). kernels:
-    the Triton passes run here (dx's masked product); products: s h B^T by one too (trainer.lora.triton_products).
-    recompute_drop (trainer.lora.dropout_recompute): under pre-dropout keep x and the mask's bits, not xd and the
+    (trainer.model.lora.inputs, the norm epilogue's recompute.norm_output; with dropout only with recompute_drop).
+    p: the pre-dropout probability in effect (0: none). kernels: the Triton passes run here (dx's masked product);
+    products: s h B^T by one too (trainer.lora.triton_products). recompute_drop (trainer.lora.dropout_recompute): under pre-dropout keep x and the mask's bits, not xd and the
     mask (trainer.model.lora.drop.kept_drop)."""
     gemm = TorchGemm(w) if isinstance(w, torch.Tensor) else w
     if u is not None and p and not recompute_drop:
