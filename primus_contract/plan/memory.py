@@ -28,6 +28,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.offload import in_flight_layers, offloaded_layers
 from primus_contract.plan.shapes import (INPUT_NORM_SHARED, Layout, Linear, layer_linears_local, lora_params_local,
@@ -63,32 +65,43 @@ def _fp8_layers(t: dict, layers: range, num_layers: int) -> set[int]:
     return {i for i in layers if lo <= i < hi}
 
 
-def drop_recomputed(t: dict, profile: str, lin: Linear) -> bool:
-    """Under pre-dropout, `lin`'s adapter keeps its input and the mask's bits, not the dropped copy and a bool mask
-    (trainer.lora.dropout_recompute): its nodes draw the dropout (the fused path on a non-norm linear, the epilogue,
-    the norm epilogue on a norm-fed one); experts keep their grouped path. (A GPU run at a p whose float scales differ
-    keeps the copy: trainer/model/lora/drop.py recomputable; p = 0.1 does not.)"""
-    lora = t["lora"]
-    if not lora["dropout_recompute"] or lin.expert:
-        return False
-    if lin.norm_fed:
-        return epilogue_norm_on(t, profile)
-    return bool(lora["fused"]) or epilogue_on(t, profile)
+@dataclass(frozen=True)
+class AdapterStores:
+    """What the adapters keep in place of their inputs, decided once a plan (the paths are recipe-wide):
+    drop_plain / drop_norm: under pre-dropout the non-norm / norm-fed adapters keep their input and the mask's bits,
+    not the dropped copy and a bool mask (trainer.lora.dropout_recompute; their nodes draw the dropout: the fused path
+    or the epilogue on a non-norm linear, the norm epilogue on a norm-fed one; experts keep their grouped path; a GPU
+    run at a p whose float scales differ keeps the copy, trainer/model/lora/drop.py recomputable, which p = 0.1 does
+    not). norm_output: the norm epilogue's adapters keep the norm's input (kept by the norm anyway), not its output
+    (trainer.recompute.norm_output; under pre-dropout only with the dropped copy recomputed)."""
+    drop_plain: bool = False
+    drop_norm: bool = False
+    norm_output: bool = False
+
+    def drop(self, lin: Linear) -> bool:
+        return not lin.expert and (self.drop_norm if lin.norm_fed else self.drop_plain)
+
+    def norm(self, lin: Linear) -> bool:
+        return self.norm_output and lin.norm_fed and not lin.expert
 
 
-def norm_recomputed(t: dict, profile: str, lin: Linear) -> bool:
-    """`lin` is a norm-fed linear whose adapter keeps the norm's input (kept by the norm anyway), not its output
-    (trainer.recompute.norm_output where the norm epilogue runs; under pre-dropout with the dropped copy recomputed)."""
+def adapter_stores(t: dict, profile: str) -> AdapterStores:
     lora = t["lora"]
-    if not (t["recompute"]["norm_output"] and lin.norm_fed and not lin.expert and epilogue_norm_on(t, profile)):
-        return False
-    return not (lora["dropout"] > 0 and lora["dropout_position"] == "pre") or drop_recomputed(t, profile, lin)
+    pre = lora["dropout"] > 0 and lora["dropout_position"] == "pre"
+    norm_epilogue = epilogue_norm_on(t, profile) if (pre and lora["dropout_recompute"]) or \
+        t["recompute"]["norm_output"] else False
+    drop_norm = bool(pre and lora["dropout_recompute"] and norm_epilogue)
+    drop_plain = bool(pre and lora["dropout_recompute"] and (lora["fused"] or epilogue_on(t, profile)))
+    norm_output = bool(t["recompute"]["norm_output"] and norm_epilogue and (not pre or drop_norm))
+    return AdapterStores(drop_plain, drop_norm, norm_output)
 
 
 def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear], moe: bool,
-                           profile: str = "none") -> dict[str, float]:
+                           profile: str = "none", stores: AdapterStores | None = None) -> dict[str, float]:
     """Bytes one layer keeps for its backward per micro-batch, split into base and adapter shares (profile: the env
-    profile, for which adapter paths run)."""
+    profile, for which adapter paths run; stores: adapter_stores(t, profile), computed once by a caller that plans
+    every layer)."""
+    stores = stores if stores is not None else adapter_stores(t, profile)
     tokens = float(lay.mbs * lay.seq)
     shard, tp, h = lay.seq_shard, lay.tp, m["hidden_size"]
     rec, lora = t["recompute"], t["lora"]
@@ -122,14 +135,14 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             continue
         adapter += lora["dim"] * 2 * lin.uses  # A's output, the B GEMM's input
         in_bytes = lin.in_local * 2 * lin.uses / (shard if lin.in_local == h else 1)
-        if lora["dropout"] > 0 and lora["dropout_position"] == "pre" and drop_recomputed(t, profile, lin):
+        if lora["dropout"] > 0 and lora["dropout_position"] == "pre" and stores.drop(lin):
             # the input and the mask's bits (in / 8 bytes); linear_proj's input is the attention output, which the
             # core attention keeps; MLA's separate-norm linears share one input
             adapter += in_bytes / 16
             if lin.short in INPUT_NORM_SHARED:
                 adapter += 0.0 if shared_kept else in_bytes
                 shared_kept = True
-            elif lin.short != "linear_proj" and not norm_recomputed(t, profile, lin):
+            elif lin.short != "linear_proj" and not stores.norm(lin):
                 adapter += in_bytes
         elif lora["dropout"] > 0 and lora["dropout_position"] == "pre":
             # the dropped copy and its bool mask (trainer/model/lora/drop.py) stand in for the input: A's gradient
@@ -141,7 +154,7 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             adapter += 0.0 if shared_kept else in_bytes
             shared_kept = True
         elif lin.norm_fed and not lin.expert:
-            if not folded_norm and not norm_recomputed(t, profile, lin):
+            if not folded_norm and not stores.norm(lin):
                 adapter += in_bytes * (1.5 if fp8 else 1.0)  # FP8: the adapter also keeps a cast of it
         elif lin.short == "linear_fc2" and not lin.expert and ".shared_experts." not in f".{lin.path}":
             if not folded_fc2:
@@ -174,6 +187,7 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
     offloaded = offloaded_layers(t, layers)  # (not with recompute: rules_levers) their activations live on the host
     kept_layers -= offloaded
     per_layer_act = []
+    stores = adapter_stores(t, r["cluster"]["env_profile"])
     lora_params = 0.0
     for layer in layers:
         linears = layer_linears_local(m, t["lora"], lay, layer)
@@ -196,7 +210,7 @@ def stage_memory(r: dict, lay: Layout, stage: int) -> dict[str, float]:
             if lin.adapted:
                 lora_params += lora_params_local(lin, t["lora"]["dim"])
             largest_linear = max(largest_linear, lin.params / (m["num_moe_experts"] / lay.ep if lin.expert else 1))
-        acts = layer_activation_bytes(m, t, lay, linears, moe, r["cluster"]["env_profile"])
+        acts = layer_activation_bytes(m, t, lay, linears, moe, stores=stores)
         per_layer_act.append((layer, acts))
         if moe:
             topk = m["moe_router_topk"]
@@ -263,10 +277,11 @@ def offloaded_bytes(r: dict, lay: Layout) -> float:
     t = r["trainer"]
     m = t["model"]
     layers = stage_layers(m, lay.pp, 0)
+    stores = adapter_stores(t, r["cluster"]["env_profile"])
     total = 0.0
     for layer in sorted(offloaded_layers(t, layers)):
         acts = layer_activation_bytes(m, t, lay, layer_linears_local(m, t["lora"], lay, layer), moe_layer(m, layer),
-                                      r["cluster"]["env_profile"])
+                                      stores=stores)
         total += sum(acts.values())
     return total
 
