@@ -324,7 +324,8 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
               # (bench/interleaved.py). Planned at 20 layers on an H100: 54.8 / 50.1 / 47.6 GiB, the same speed
     timeout $(( ${BUDGET_S:-420} + 60 )) python3 bench/interleaved.py --recipe bench/recipes/llama2_70b_1xh200.yaml \
       --label "70b-${LAYERS70C:-20}layers-store" --set "trainer.model.num_layers=${LAYERS70C:-20}" \
-      --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 --steps "${STEPS:-6}" \
+      --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 \
+      --steps "${STEPS:-6}" \
       --variant drop-kept=trainer.lora.dropout_recompute=false --variant default= \
       --variant norm-output=trainer.recompute.norm_output=true --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
       --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/store-70b.jsonl"

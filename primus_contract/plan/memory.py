@@ -16,8 +16,8 @@ the measured peaks in bench/results; calibration.py lists the rows):
   layer, never folded; with LoRA pre-dropout an adapter keeps its dropped copy and bool mask instead of its
   input, or with lora.dropout_recompute on its fused or epilogue path its input and the mask's bits:
   tests/test_plan_dropout_memory.py; with recompute.norm_output the norm epilogue's adapters keep the norm's
-  input, which the norm keeps anyway: tests/test_norm_output_recompute.py); MoE layers keep router probabilities, routed tokens and expert
-  outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
+  input, which the norm keeps anyway: tests/test_norm_output_recompute.py); MoE layers keep router probabilities,
+  routed tokens and expert outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
   keep nothing (their activations are in host memory), one layer's copy is in flight (offload.py). Pipeline stage 0 holds min(pp, micro-batches)
