@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import (LORA_KERNEL_MAX_RANK, epilogue_norm_on, epilogue_on, run_device,
-                                             triton_kernels_run)
+from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, run_device, triton_kernels_run
 from primus_contract.schema import field_at
 
 
@@ -59,18 +58,24 @@ def _lora_kernels(r: dict) -> bool:
             and bool(lora["fused"] or lora["epilogue"] is not False))
 
 
+def _stores_if(r: dict, lora: dict | None = None, recompute: dict | None = None):
+    """The planner's adapter stores (primus_contract.plan.memory.adapter_stores: the one rule of where they act) with
+    these keys set: where a store would act if it were on."""
+    from primus_contract.plan.memory import adapter_stores
+
+    t = r["trainer"]
+    t = {**t, "lora": {**t["lora"], **(lora or {})}, "recompute": {**t["recompute"], **(recompute or {})}}
+    return adapter_stores(t, r["cluster"]["env_profile"])
+
+
 def _fused_pre_dropout(r: dict) -> bool:
     """LoRA pre-dropout on a path whose nodes draw it themselves (trainer.lora.fused, or the epilogue)."""
-    lora = r["trainer"]["lora"]
-    return (bool(lora["dropout"]) and lora["dropout_position"] == "pre"
-            and bool(lora["fused"] or epilogue_on(r["trainer"], r["cluster"]["env_profile"])))
+    return _stores_if(r, lora={"dropout_recompute": True}).drop_plain
 
 
 def _norm_recomputable(r: dict) -> bool:
     """The norm epilogue runs (its nodes own the norm), and under pre-dropout the dropped copy is recomputed."""
-    lora = r["trainer"]["lora"]
-    pre = bool(lora["dropout"]) and lora["dropout_position"] == "pre"
-    return epilogue_norm_on(r["trainer"], r["cluster"]["env_profile"]) and (not pre or lora["dropout_recompute"])
+    return _stores_if(r, recompute={"norm_output": True}).norm_output
 
 
 def _single_document_switch(r: dict) -> bool:  # (trainer/model/inputs.py batch_layout: THD under PP or CP)

@@ -3,14 +3,15 @@ it replaces there:
 
     packed = pack_bits(keep)                          # keep [rows, n] (bool, or the CPU noise) read once -> uint8
                                                       # [rows, ceil(n / 8)], bit j of byte i = element 8 i + j
-    xd, keep = undrop_bits(x, packed, n, scale, kind) # x and the bits read once; the dropped copy and the mask
-                                                      # (bool, or the noise in `kind`) written once
+    xd, keep = undrop_bits(x, packed, scale, noise_dtype)  # x and the bits read once; the dropped copy and the
+                                                           # mask (bool, or the noise in noise_dtype) written once
 
 The torch ops stream the mask several times (pack: a uint8 copy, the shift, the sum; restore: the shift, the and, the
 bool copy, then the dropout's backward op): ~15 bytes an element against ~6 here. The dropped copy is computed as the
 dropout's own ops compute it, (mask * x) * scale in fp32 and one rounding: native_dropout's forward and its backward
 op on a GPU (scale 1 / (1 - p), which drop.recomputable checks is the forward's float), x * noise on CPU (scale the
-noise's value): bitwise (tests/test_lora_dropout_recompute.py, in Triton's interpreter).
+noise's value): bitwise (tests/test_lora_dropout_recompute.py in Triton's interpreter for fp32, whose bf16 casts
+truncate; tests/gpu/test_fp8_epilogue.py for bf16 on a GPU).
 """
 from __future__ import annotations
 
