@@ -29,6 +29,8 @@
 #                                     frontier (RUNS="full block60 block40 none selective ..."; -ai adds adapter_inputs)
 #   bash bench/gpu_suite.sh store-70b the 70B cut to 20 layers, no recompute: the activation stores (dropout_recompute
 #                                     off / on, recompute.norm_output), interleaved x3
+#   bash bench/gpu_suite.sh costs-70b the same cut: what the dropout (0.1 against 0) and fp8_swiglu_input cost a step,
+#                                     interleaved x3: the planner's dropout and SwiGLU-store prices against the GPU
 #   bash bench/gpu_suite.sh 70b1-loss the 20-layer cut at TP=1 on the real-text set, with and without the release
 #   bash bench/gpu_suite.sh 70bfast   fp8_param tensorwise vs delayed, with and without full recompute (RUNS=...)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
@@ -330,6 +332,17 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
       --variant norm-output=trainer.recompute.norm_output=true --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
       --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/store-70b.jsonl"
     python3 bench/spread.py --baseline drop-kept "$OUT/store-70b.jsonl" | tee "$OUT/store-70b-spread.jsonl" ;;
+  costs-70b)  # seventeenth session: the planner prices the 70B's pre-dropout at 0.42 s of its 3.3 s step (the fitted
+              # dropout_pre_elementwise cost, ~114 bytes an element at the H200's bandwidth, from 2026-11-30's unfused
+              # TP=2 rows) and fp8_swiglu_input's casts at nothing, while block 44 with the store ran 7.5 % under its
+              # plan. The same 20-layer cut as store-70b, no recompute: the defaults, the dropout off, the SwiGLU store
+    timeout $(( ${BUDGET_S:-420} + 60 )) python3 bench/interleaved.py --recipe bench/recipes/llama2_70b_1xh200.yaml \
+      --label "70b-${LAYERS70C:-20}layers-costs" --set "trainer.model.num_layers=${LAYERS70C:-20}" \
+      --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 \
+      --steps "${STEPS:-6}" --variant default= --variant no-dropout=trainer.lora.dropout=0.0 \
+      --variant swiglu8=trainer.precision.fp8_swiglu_input=true --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
+      --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/costs-70b.jsonl"
+    python3 bench/spread.py --baseline default "$OUT/costs-70b.jsonl" | tee "$OUT/costs-70b-spread.jsonl" ;;
   70b1-loss)
     python3 bench/fp8_release_loss.py --layers 20 --iters 24 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1-loss.jsonl" ;;
   70b)
