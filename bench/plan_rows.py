@@ -27,7 +27,8 @@ FIRST = ("first session (2026-11-30 00:53-02:00): adapters kept their inputs, TE
 SECOND = ("second session: adapter_inputs on by default, no chunked loss, delayed scaling",
           ["trainer.recompute.chunked_loss=false", "trainer.recompute.adapter_inputs=true",
            "trainer.precision.fp8_recipe=delayed"])
-# (file glob under bench/results, what differed, overrides in today's keys; or None: the file is not reproducible)
+# (file glob under bench/results, or "file:label" for one row; what differed; overrides in today's keys, or None: not
+# reproducible)
 ERAS = [
     ("2026-11-30_h200x2_llama2_70b_tp2_first.jsonl", FIRST[0] + ", TE's cached FP8 weight copies on",
      FIRST[1] + ["trainer.precision.fp8_weight_cache=true"]),
@@ -47,6 +48,8 @@ ERAS = [
     ("2026-11-30_s5_h200x2/*", "fifth session: the 70B recipe had delayed scaling",
      ["trainer.precision.fp8_recipe=delayed"]),
     ("2026-11-30_h200_*", *FIRST),
+    ("2026-12-06i_h200_speed/70b1.jsonl:70b-1gpu-block13-normout-swiglu8-prof", "under torch.profiler over "
+     "iterations 8-9 (2,894 tokens/s; the unprofiled repeats ran 2,757-2,767): not a speed row", None),
     ("2026-12-05d_h100_speed/epilogue-swiglu-profile.jsonl", "under torch.profiler over iterations 8-9: the packed "
      "run's 12,507 tokens/s holds the profiler's cost (the same code ran 14,894 unprofiled): not a speed row", None),
 ]
@@ -151,9 +154,10 @@ def rows() -> list[Row]:
     return out
 
 
-def era(file: str) -> tuple[str, list | None]:
+def era(file: str, label: str = "") -> tuple[str, list | None]:
+    """The ERAS entry of a results file, or of one row of it (a pattern "file:label")."""
     for pattern, what, overrides in ERAS:
-        if fnmatch.fnmatch(file, pattern):
+        if fnmatch.fnmatch(file, pattern) or (label and fnmatch.fnmatch(f"{file}:{label}", pattern)):
             return what, overrides
     return "current code", []
 
@@ -171,7 +175,7 @@ def match(row: Row):
         return None, "the run failed before measuring (not out of memory): " + _error(d)
     if not row.oom and not (d.get("peak_mem_gib") and d.get("tokens_per_s_per_gpu")):
         return None, "no peak memory or tokens/s recorded"
-    what, era_overrides = era(row.file)
+    what, era_overrides = era(row.file, row.label)
     if era_overrides is None:
         return None, what
     nproc = int(d.get("nproc") or 1)
