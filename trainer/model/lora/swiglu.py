@@ -35,6 +35,9 @@ try:
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
+if triton is not None:
+    from trainer.model.swiglu_fp8 import swiglu_grads
+
 
 def swiglu_lora_reference(u_base, h, b, scale: float, act=gated_silu) -> torch.Tensor:
     """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora/layers.py), then `act`, the SwiGLU megatron
@@ -77,9 +80,7 @@ if triton is not None:
         g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
         m = (rt < T)[:, None] & (rn < N)[None, :]
         d = tl.load(d_ptr + rt[:, None] * sd + rn[None, :], mask=m, other=0.0).to(tl.float32)
-        sig = tl.sigmoid(g)
-        dg = d * v * sig * (1.0 + g * (1.0 - sig))
-        dv = d * g * sig
+        dg, dv = swiglu_grads(d, g, v)
         out_ty = du_ptr.dtype.element_ty
         tl.store(du_ptr + rt[:, None] * sdu + rn[None, :], dg.to(out_ty), mask=m)
         tl.store(du_ptr + rt[:, None] * sdu + rn[None, :] + N, dv.to(out_ty), mask=m)

@@ -1,0 +1,81 @@
+"""trainer.precision.fp8_swiglu_kernels (trainer/model/swiglu_fp8.py): the FP8 SwiGLU input store in two Triton
+passes instead of megatron's two casts.
+
+The kernels run in Triton's CPU interpreter: the FP8 copy they keep is torch's float8_e4m3fn cast byte for byte (the
+integer encoding is exact in the interpreter as on a GPU), over every edge of the format; the activation is the
+unfused SwiGLU's and the gradient megatron's at that copy, to fp32 rounding. On CPU the wiring is checked with the
+kernels swapped for the unfused reference: the wired model's loss equals megatron's unfused SwiGLU bit for bit and
+its gradients are those at the FP8 copy."""
+import textwrap
+
+import pytest
+import torch
+
+from tests.model_helpers import interpreted
+
+KERNELS = textwrap.dedent("""
+    import math
+    import torch
+    from trainer.model import swiglu_fp8 as mod
+    from trainer.model.swiglu_fp8 import saturates, swiglu_fp8, swiglu_fp8_reference
+    torch.manual_seed(0)
+    edges = [0.0, -0.0, 2.0 ** -10, 2.0 ** -9, 1.5 * 2.0 ** -9, 2.5 * 2.0 ** -9, 2.0 ** -6, 2.0 ** -6 * 1.0625,
+             0.015625 * 1.0625, 1.0 + 1 / 16, 1.0 + 3 / 16, 448.0, 460.0, 464.0, 464.5, 479.9, 480.0, 1e6,
+             float("inf"), float("-inf"), float("nan"), -3.3e-3, 300.0, -17.25]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    cases = [torch.tensor(edges + [-x for x in edges]), codes, torch.randn(4096) * 40, torch.randn(4096) * 1e-2]
+    for vals in cases:
+        n = vals.numel()
+        u = torch.stack([vals, vals.flip(0)], 0).reshape(1, 2 * n)  # every value as gate and as up
+        ref = u.to(torch.float8_e4m3fn).view(torch.uint8)
+        act = swiglu_fp8(u.clone().requires_grad_(True))
+        got = act.grad_fn.saved_tensors[0].view(torch.uint8)
+        assert torch.equal(got, ref), (u[got != ref][:8], got[got != ref][:8], ref[got != ref][:8])
+    # older torch (c10 before saturation): finite magnitudes past 464 become NaN (0x7F with the sign) instead of 448
+    mod.saturates.cache_clear()
+    mod.saturates = lambda device: False
+    u = torch.stack([cases[0], cases[0].flip(0)], 0).reshape(1, -1)
+    want = u.to(torch.float8_e4m3fn).view(torch.uint8).clone()
+    past = (u.abs() > 464) & ~u.isnan()
+    want[past] = (want[past] & 0x80) | 0x7F
+    got = swiglu_fp8(u.clone().requires_grad_(True)).grad_fn.saved_tensors[0].view(torch.uint8)
+    assert past.sum() >= 10 and torch.equal(got, want), (u[got != want], got[got != want], want[got != want])
+    mod.saturates = saturates
+    print("bytes ok")
+    for shape in ((70, 80), (33, 260), (3, 5, 64), (1, 2)):
+        for dtype in (torch.float32, torch.bfloat16):
+            u = (torch.randn(*shape) * 3).to(dtype)
+            d = torch.randn(*shape[:-1], shape[-1] // 2).to(dtype)
+            outs = []
+            for fn in (swiglu_fp8_reference, swiglu_fp8):
+                x = u.clone().requires_grad_(True)
+                y = fn(x)
+                y.backward(d)
+                outs.append((y.detach().float(), x.grad.float()))
+            (y0, g0), (y1, g1) = outs
+            tol = 2e-5 if dtype == torch.float32 else 2e-2  # (the interpreter truncates to bf16; a GPU rounds)
+            torch.testing.assert_close(y1, y0, rtol=tol, atol=tol, msg=f"act {shape} {dtype}")
+            torch.testing.assert_close(g1, g0, rtol=tol, atol=tol, msg=f"du {shape} {dtype}")
+            assert y0.abs().sum() > 0 and g0.abs().sum() > 0
+            if dtype == torch.float32:  # the gradient is the one at the FP8 copy, not at u
+                x = u.clone().requires_grad_(True)
+                half = shape[-1] // 2
+                exact = torch.autograd.grad(torch.nn.functional.silu(x[..., :half]) * x[..., half:], x, d)[0]
+                assert not torch.allclose(exact, g1, rtol=1e-4, atol=1e-4)
+    # every FP8 code decoded: the backward at u = the codes themselves (NaN where the code is NaN)
+    u = torch.cat([codes, codes.flip(0)]).reshape(1, 512)
+    d = torch.ones(1, 256)
+    grads = []
+    for fn in (swiglu_fp8_reference, swiglu_fp8):
+        x = u.clone().requires_grad_(True)
+        fn(x).backward(d)
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=2e-5, atol=2e-5, equal_nan=True)
+    print("kernels ok")
+""")
+
+
+def test_kernels_keep_torchs_fp8_bytes_and_megatrons_gradient_in_the_interpreter():
+    pytest.importorskip("triton")
+    done = interpreted("-c", KERNELS)
+    assert done.returncode == 0 and "bytes ok" in done.stdout and "kernels ok" in done.stdout, done.stderr[-3000:]

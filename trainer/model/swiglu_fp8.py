@@ -1,0 +1,198 @@
+"""The FP8 SwiGLU input store in two Triton passes (trainer.precision.fp8_swiglu_kernels, with fp8_swiglu_input).
+
+megatron's store (activation_func_fp8_input_store) keeps fc1's output u for the SwiGLU's backward as
+u.to(float8_e4m3fn), a cast pass after the activation's own read of u, and its backward first copies that back to
+16 bits (u8.to(bfloat16)) before the SwiGLU's backward reads it. On the Llama2-70B shape on an H200 those two passes
+took ~190 ms of a 2,941 ms step (bench/results/2026-12-06i_h200_speed: the copy back runs at 0.83 TB/s). Here the
+forward kernel reads u once and writes both the activation and the FP8 copy; the backward kernel reads the FP8 copy
+and the incoming gradient and writes du. Nothing else is written.
+
+    act = swiglu_fp8(u)      # u [..., 2 ffn]: act = silu(u_gate) * u_up, u kept as float8_e4m3fn
+
+The copy is torch's own cast bit for bit (the byte c10's fp8e4m3fn_from_fp32_value makes: round to nearest even,
+subnormals, and past 448 the running torch's choice: 448 on 2.13, NaN on older c10 code; `saturates` asks it), computed with integer operations so that the interpreter and every GPU agree; the
+backward decodes those bytes the same way. The gradient is therefore megatron's at the same FP8 copy, to fp32
+rounding (u in fp32 registers), and the activation megatron's to one rounding of the fp32 result.
+tests/test_swiglu_fp8.py runs both kernels in Triton's CPU interpreter against torch's cast and the unfused ops.
+
+`wire_swiglu_fp8(model)` routes every dense gated-SiLU MLP that keeps its input in FP8 and whose fc1 adapter
+fused_swiglu did not fold (its kernels read their own FP8 copy, trainer/model/lora/swiglu.py) through these kernels;
+MoE experts, activation offload (megatron marks its saved input for the host) and everything else keep megatron's.
+"""
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+from trainer.model.lora.inputs import gated_silu, swiglu_of
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+_BT, _BN = 32, 128
+
+
+if triton is not None:
+    @triton.jit
+    def e4m3fn_byte(x, SAT: tl.constexpr):
+        """torch's float32 -> float8_e4m3fn byte (c10 fp8e4m3fn_from_fp32_value), as int32. SAT: magnitudes past
+        448 (rounded) become 448 (torch 2.13's cast), else NaN (older torch: see saturates)."""
+        bits = x.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        a = bits & 0x7FFFFFFF
+        # below 2^-6: adding 2^14 rounds to a multiple of 2^-9 (nearest even); the low bits are the subnormal code
+        sub = (a.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
+        odd = (a >> 20) & 1
+        normal = (a - (120 << 23) + 0x7FFFF + odd) >> 20
+        code = tl.where(a >= 0x43F00000, 0x7F, tl.where(a < (121 << 23), sub, normal))
+        if SAT:  # (a NaN stays NaN)
+            code = tl.where((code == 0x7F) & (a <= 0x7F800000), 0x7E, code)
+        return code | sign
+
+    @triton.jit
+    def e4m3fn_value(byte):
+        """The float32 value of a float8_e4m3fn byte (int32 0..255): exact."""
+        e = (byte >> 3) & 0xF
+        m = byte & 0x7
+        normal = ((e + 120) << 23) | (m << 20)
+        mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))  # m x 2^-9
+        mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+        return tl.where(byte >= 128, -mag, mag)
+
+    @triton.jit
+    def swiglu_grads(d, g, v):
+        """(d act / d gate, d act / d up) x d for act = silu(g) v, in fp32 (megatron's swiglu_back)."""
+        sig = tl.sigmoid(g)
+        return d * v * sig * (1.0 + g * (1.0 - sig)), d * g * sig
+
+    @triton.jit
+    def _fwd_kernel(u_ptr, o_ptr, q_ptr, T, N, su, so, sq, SAT: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+        rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)  # int64 rows: rows x stride can pass 2**31
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        m = (rt < T)[:, None] & (rn < N)[None, :]
+        at = rt[:, None] * su + rn[None, :]
+        g = tl.load(u_ptr + at, mask=m, other=0.0).to(tl.float32)
+        v = tl.load(u_ptr + at + N, mask=m, other=0.0).to(tl.float32)
+        tl.store(o_ptr + rt[:, None] * so + rn[None, :], (g * tl.sigmoid(g) * v).to(o_ptr.dtype.element_ty), mask=m)
+        qt = rt[:, None] * sq + rn[None, :]
+        tl.store(q_ptr + qt, e4m3fn_byte(g, SAT).to(tl.uint8), mask=m)
+        tl.store(q_ptr + qt + N, e4m3fn_byte(v, SAT).to(tl.uint8), mask=m)
+
+    @triton.jit
+    def _bwd_kernel(q_ptr, d_ptr, du_ptr, T, N, sq, sd, sdu, BT: tl.constexpr, BN: tl.constexpr):
+        rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        m = (rt < T)[:, None] & (rn < N)[None, :]
+        qt = rt[:, None] * sq + rn[None, :]
+        g = e4m3fn_value(tl.load(q_ptr + qt, mask=m, other=0).to(tl.int32))
+        v = e4m3fn_value(tl.load(q_ptr + qt + N, mask=m, other=0).to(tl.int32))
+        d = tl.load(d_ptr + rt[:, None] * sd + rn[None, :], mask=m, other=0.0).to(tl.float32)
+        dg, dv = swiglu_grads(d, g, v)
+        at = rt[:, None] * sdu + rn[None, :]
+        tl.store(du_ptr + at, dg.to(du_ptr.dtype.element_ty), mask=m)
+        tl.store(du_ptr + at + N, dv.to(du_ptr.dtype.element_ty), mask=m)
+
+
+@functools.lru_cache(maxsize=None)
+def saturates(device: torch.device) -> bool:
+    """Whether this torch's float8_e4m3fn cast on `device` saturates finite overflow to 448 (2.13: yes; older
+    c10 code made it NaN). Asked of torch once a device, so that the kernels' copy is the cast megatron makes."""
+    probe = torch.tensor([1e6, 470.0], device=device).to(torch.float8_e4m3fn).view(torch.uint8)
+    return bool((probe == 0x7E).all())
+
+
+class _SwigluFP8(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        u2 = u.reshape(-1, u.shape[-1]).contiguous()
+        t, n = u2.shape[0], u2.shape[1] // 2
+        out = torch.empty(t, n, dtype=u2.dtype, device=u2.device)
+        q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device)
+        grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
+        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), SAT=saturates(u2.device),
+                          BT=_BT, BN=_BN)
+        ctx.save_for_backward(q.view(torch.float8_e4m3fn))  # (what megatron keeps: the same bytes, the same dtype)
+        ctx.shape = u.shape
+        return out.view(*u.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx, dact):
+        (q8,) = ctx.saved_tensors
+        q = q8.view(torch.uint8)
+        d2 = dact.reshape(-1, dact.shape[-1]).contiguous()
+        du = torch.empty(q.shape, dtype=dact.dtype, device=q.device)
+        t, n = q.shape[0], q.shape[1] // 2
+        grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
+        _bwd_kernel[grid](q, d2, du, t, n, q.stride(0), d2.stride(0), du.stride(0), BT=_BT, BN=_BN)
+        return du.view(ctx.shape)
+
+
+def swiglu_fp8(u: torch.Tensor) -> torch.Tensor:
+    """silu(u_gate) * u_up, differentiable in u, keeping only u's FP8 e4m3 copy for the backward (Triton)."""
+    if triton is None:
+        raise RuntimeError("trainer.precision.fp8_swiglu_kernels needs Triton")
+    return _SwigluFP8.apply(u)
+
+
+def swiglu_fp8_reference(u: torch.Tensor) -> torch.Tensor:
+    """The same function by megatron's ops: the activation from u, its backward at u.to(float8_e4m3fn) in u's
+    dtype (megatron's SwiGLUFunction with fp8_input_store, the unfused math)."""
+    return _Reference.apply(u)
+
+
+class _Reference(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        ctx.save_for_backward(u.to(torch.float8_e4m3fn))
+        ctx.dtype = u.dtype
+        return gated_silu(u)
+
+    @staticmethod
+    def backward(ctx, d):
+        (q,) = ctx.saved_tensors
+        with torch.enable_grad():
+            u = q.to(ctx.dtype).detach().requires_grad_(True)
+            act = gated_silu(u)
+        return torch.autograd.grad(act, u, d)[0]
+
+
+def usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Where the kernels run: an NVIDIA GPU with Triton, 16-bit activations (fp8_swiglu_input's e4m3fn is NVIDIA's
+    FP8; the contract asks for BF16)."""
+    return (triton is not None and device.type == "cuda" and not torch.version.hip
+            and dtype in (torch.bfloat16, torch.float16))
+
+
+def _store_forward(self, hidden_states, per_token_scale=None, **kwargs):
+    """megatron's dense MLP forward with the SwiGLU through swiglu_fp8 (no bias: checked when wired). Per-token
+    scales (MoE routing) go to megatron's own forward."""
+    if per_token_scale is not None:
+        return self._primus_megatron_forward(hidden_states, per_token_scale, **kwargs)
+    u, _ = self.linear_fc1(hidden_states)
+    return self.linear_fc2(swiglu_fp8(u))
+
+
+def wire_swiglu_fp8(model) -> int:
+    """Route every dense MLP that keeps its SwiGLU input in FP8 and is not already rewired (fused_swiglu's fold)
+    through swiglu_fp8; returns how many. Leaves MoE experts and activation offload to megatron."""
+    from megatron.core.transformer.mlp import MLP
+
+    wired = 0
+    for name, module in model.named_modules():
+        if type(module) is not MLP or "experts" in name.split(".") or hasattr(module, "_primus_megatron_forward"):
+            continue
+        config = module.config  # (megatron keeps the FP8 copy only in its fused bias_swiglu)
+        if not (getattr(config, "activation_func_fp8_input_store", False) and config.bias_activation_fusion) \
+                or getattr(config, "cpu_offloading", False):
+            continue
+        if swiglu_of(config, fp8_store_ok=True) is None or getattr(module.linear_fc2, "input_act", None) is not None:
+            continue
+        module._primus_megatron_forward = module.forward
+        module.forward = types.MethodType(_store_forward, module)
+        wired += 1
+    return wired
