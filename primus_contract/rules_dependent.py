@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import LORA_KERNEL_MAX_RANK, run_device, triton_kernels_run
+from primus_contract.rules_precision import (LORA_KERNEL_MAX_RANK, dense_mlp_free, fused_swiglu_on, run_device,
+                                             triton_kernels_run)
 from primus_contract.schema import field_at
 
 
@@ -50,6 +51,15 @@ def _container(r: dict) -> bool:
 
 def _nvidia_16bit(r: dict) -> bool:
     return triton_kernels_run(r["trainer"], r["cluster"]["env_profile"])
+
+
+def _swiglu_store_unfolded(r: dict) -> bool:
+    t, profile = r["trainer"], r["cluster"]["env_profile"]
+    if not (t["precision"]["fp8_swiglu_input"] and _nvidia_16bit(r)) or dense_mlp_free(t["model"]):
+        return False
+    from primus_contract.rules_model import targeted_linears
+
+    return not (fused_swiglu_on(t, profile) and "mlp.linear_fc1" in targeted_linears(t["model"], t["lora"]))
 
 
 def _lora_kernels(r: dict) -> bool:
@@ -120,6 +130,9 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      != "cpu"),
     ("trainer.recompute.chunked_loss_kernel", "`trainer.recompute.chunked_loss: true`, an NVIDIA GPU and BF16 (the "
      "torch ops run elsewhere)", lambda r: r["trainer"]["recompute"]["chunked_loss"] and _nvidia_16bit(r)),
+    ("trainer.precision.fp8_swiglu_kernels", "`trainer.precision.fp8_swiglu_input: true` on an NVIDIA GPU in BF16, "
+     "with a dense MLP whose fc1 adapter `trainer.lora.fused_swiglu` does not fold (the fold's kernels keep their "
+     "own FP8 copy)", _swiglu_store_unfolded),
     ("trainer.lora.triton_products", f"an NVIDIA GPU, BF16, `trainer.lora.dim` up to {LORA_KERNEL_MAX_RANK} and the "
      "fused or epilogue adapter path (the torch ops run elsewhere)", _lora_kernels),
     *((f"trainer.model.{key}", "`trainer.model.num_moe_experts`", _moe)

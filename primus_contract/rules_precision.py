@@ -151,7 +151,7 @@ def swiglu_blocker(t: Mapping, profile: str, known_device_only: bool = False) ->
     if rec["adapter_inputs"] and rec["adapter_inputs_scope"] in ("all", "fc2"):
         return (f"`trainer.recompute.adapter_inputs` scope {rec['adapter_inputs_scope']} recomputes fc2's input from "
                 "fc1's full output, which the fold never writes")
-    if _no_dense_mlp(m):
+    if dense_mlp_free(m):
         return "every layer of the model is MoE (experts keep their grouped path)"
     from primus_contract.rules_model import targeted_linears
 
@@ -218,7 +218,7 @@ def epilogue_owner_rules(t: Mapping, profile: str) -> None:
              "target linear_proj / linear_fc2, or set epilogue: false")
 
 
-def _no_dense_mlp(m: Mapping) -> bool:
+def dense_mlp_free(m: Mapping) -> bool:
     """Every layer is MoE: the dense MLP's linears (which model_linear_names lists for MoE models too) exist nowhere."""
     return bool(m["num_moe_experts"]) and m["moe_first_k_dense"] == 0 and m["moe_layer_freq"] == 1
 
@@ -228,7 +228,7 @@ def _te_norm_linears(m: Mapping) -> tuple:
     (where a dense layer exists; not a shared expert's, whose norm is the MLP's own), MLA's up-projections (their
     latent norms)."""
     mla = ("self_attention.linear_q_up_proj", "self_attention.linear_kv_up_proj") if m["multi_latent_attention"] else ()
-    return ("self_attention.linear_qkv",) + (() if _no_dense_mlp(m) else ("mlp.linear_fc1",)) + mla
+    return ("self_attention.linear_qkv",) + (() if dense_mlp_free(m) else ("mlp.linear_fc1",)) + mla
 
 
 def norm_fed_targets(t: Mapping) -> list:

@@ -79,3 +79,94 @@ def test_kernels_keep_torchs_fp8_bytes_and_megatrons_gradient_in_the_interpreter
     pytest.importorskip("triton")
     done = interpreted("-c", KERNELS)
     assert done.returncode == 0 and "bytes ok" in done.stdout and "kernels ok" in done.stdout, done.stderr[-3000:]
+
+
+def _losses(wired_with=None, **lora):
+    """8 iterations of the tiny model with fused_swiglu off; wired_with: route its MLPs through wire_swiglu_fp8 with
+    that function standing in for the kernels (megatron's store is GPU-only: its fused bias_swiglu)."""
+    import trainer.model.swiglu_fp8 as mod
+    from tests.model_helpers import tiny_cfg, train_losses
+
+    wired = []
+
+    def check(model):
+        if wired_with is None:
+            return
+        model.config.activation_func_fp8_input_store = True  # what precision.fp8_swiglu_input sets on a GPU
+        model.config.bias_activation_fusion = True
+        wired.append(mod.wire_swiglu_fp8(model))
+        wired.append(mod.wire_swiglu_fp8(model))  # (a second call finds them rewired already)
+
+    saved = mod.swiglu_fp8
+    mod.swiglu_fp8 = wired_with or saved
+    try:
+        losses = train_losses(tiny_cfg(trainer={"lora": {"fused_swiglu": False, **lora}}), 8, seed=3,
+                              check_model=check)
+    finally:
+        mod.swiglu_fp8 = saved
+    return losses, wired
+
+
+def test_wired_mlps_keep_the_forward_and_take_the_gradient_at_the_fp8_copy():
+    """Every dense MLP is rewired once; the first loss equals megatron's unfused SwiGLU bit for bit (the forward reads
+    u itself), and training follows it closely but not exactly (the backward reads the FP8 copy)."""
+    from trainer.model.swiglu_fp8 import swiglu_fp8_reference
+
+    ref, _ = _losses()
+    ours, wired = _losses(swiglu_fp8_reference)
+    assert wired == [2, 0]
+    assert ours[0] == ref[0] and ref[-1] < ref[0]
+    assert ours != ref
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref), rtol=2e-2, atol=0)
+
+
+def test_what_is_left_to_megatron():
+    """Not wired: without the store or megatron's fused SwiGLU (which alone keeps the copy), with activation
+    offload (megatron marks the saved input for the host), an MLP fused_swiglu folded, MoE experts."""
+    from tests.model_helpers import dist_session, tiny_cfg
+    from trainer.model import build_model
+    from trainer.model.lora.swiglu import wire_fused_swiglu
+    from trainer.model.swiglu_fp8 import wire_swiglu_fp8
+
+    cfg = tiny_cfg(trainer={"lora": {"fused_swiglu": False}})
+    with dist_session(cfg) as info:
+        for store, fusion, offload, n in ((False, True, False, 0), (True, False, False, 0), (True, True, True, 0),
+                                          (True, True, False, 2)):
+            model = build_model(cfg, info.device)
+            model.config.activation_func_fp8_input_store, model.config.bias_activation_fusion = store, fusion
+            model.config.cpu_offloading = offload
+            assert wire_swiglu_fp8(model) == n, (store, fusion, offload)
+        model = build_model(cfg, info.device)
+        assert wire_fused_swiglu(model, strict=False) == 2  # the fold (its kernels keep their own FP8 copy)
+        model.config.activation_func_fp8_input_store, model.config.bias_activation_fusion = True, True
+        assert wire_swiglu_fp8(model) == 0
+    moe = tiny_cfg(trainer={"lora": {"fused_swiglu": False}, "model": {
+        "num_moe_experts": 4, "moe_ffn_hidden_size": 32, "moe_router_topk": 2, "moe_first_k_dense": 1}})
+    with dist_session(moe) as info:
+        model = build_model(moe, info.device)
+        model.config.activation_func_fp8_input_store, model.config.bias_activation_fusion = True, True
+        assert wire_swiglu_fp8(model) == 1  # the dense first layer; the experts keep megatron's
+
+
+def test_the_planner_prices_megatrons_casts_and_not_the_kernels():
+    """primus_contract/plan/speed.py swiglu_store_casts on the 70B recipe (fc1 without an adapter): megatron's cast
+    in every forward and its copy back before every backward, at the H200 profile's kernel times; none with the
+    store's kernels on an NVIDIA GPU; on ROCm (no kernels) the casts stay; the fold keeps the forward cast only."""
+    from primus_contract.plan import calibration as cal
+    from primus_contract.plan import plan
+    from primus_slurm.config.recipe import load_recipe
+
+    base = ["cluster.env_profile=h200", "trainer.data.train.path=.", "trainer.precision.fp8_swiglu_input=true",
+            "trainer.recompute.method=block", "trainer.recompute.num_layers=40"]
+
+    def casts(*sets, recipe="bench/recipes/llama2_70b_1xh200.yaml"):
+        return plan(load_recipe(recipe, [*base, *sets]).resolved).time_parts.get("fp8 swiglu store casts", 0.0)
+
+    elements = 8192 * 57344 * 80
+    want = elements * (cal.FP8_SWIGLU_CAST_S * 1.5 + cal.FP8_SWIGLU_UNCAST_S)  # 40 of 80 layers recomputed
+    assert abs(casts() / want - 1) < 1e-9 and 0.15 < casts() < 0.25
+    assert casts("trainer.precision.fp8_swiglu_kernels=true") == 0.0
+    assert casts("trainer.precision.fp8_swiglu_kernels=true", "cluster.env_profile=mi300x") > 0.15
+    folded = casts("trainer.lora.target_modules=[linear_qkv,linear_fc1]")
+    assert abs(folded / (elements * cal.FP8_SWIGLU_CAST_S * 1.5) - 1) < 1e-9
+    assert casts("trainer.precision.fp8_swiglu_input=false") == 0.0

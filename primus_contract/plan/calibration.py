@@ -27,6 +27,15 @@ NCCL_COMM_GIB = 0.38          # each further one (the same probe; NCCL's default
 # against 442.0 ms without, 20.7 ms of the 90.0 ms this model plans for attention there. Not a fitted cost: one shape.
 FP8_ATTENTION_TIME = 0.77
 
+# megatron's FP8 SwiGLU store (precision.fp8_swiglu_input), seconds an element of fc1's output on the H200: its cast
+# after the activation, u.to(float8_e4m3fn), each forward (vectorized_elementwise_kernel: 105.5 ms / 186 calls), and
+# the copy back to 16 bits before the backward (unrolled_elementwise_kernel: 274.4 ms / 160 calls, 0.83 TB/s), both
+# over 8,192 x 57,344 elements (bench/results/2026-12-06i_h200_speed/profile-70b-1gpu-block13-normout-swiglu8-prof.txt).
+# Kernel times read off one profile, not fitted. fused_swiglu's kernels keep the forward cast only; the store's own
+# kernels (precision.fp8_swiglu_kernels) neither (trainer/model/swiglu_fp8.py: planned at nothing, not yet timed)
+FP8_SWIGLU_CAST_S = 1.2073e-12
+FP8_SWIGLU_UNCAST_S = 3.6503e-12
+
 # --- fitted by scripts/plan_calibrate.py ---
 COST = {
     'gemm_bf16': 1.4489e-15,

@@ -41,7 +41,8 @@ from __future__ import annotations
 from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
-from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on
+from primus_contract.rules_precision import (epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on,
+                                             run_device, triton_kernels_run)
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.memory import chunked_loss_path, offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
@@ -130,6 +131,38 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     return f
 
 
+def swiglu_store_casts(r: dict, lay: Layout) -> float:
+    """Seconds a step (on the H200) of megatron's FP8 SwiGLU store passes (calibration.FP8_SWIGLU_CAST_S /
+    UNCAST_S): on a GPU with precision.fp8_swiglu_input, each dense MLP's fc1 output is cast in every forward (the
+    recomputed layers' twice) and copied back before its backward; an MLP fused_swiglu folds keeps the cast only, and
+    one the store's kernels take (precision.fp8_swiglu_kernels: an NVIDIA GPU in BF16) neither."""
+    t, profile = r["trainer"], r["cluster"]["env_profile"]
+    if not t["precision"]["fp8_swiglu_input"]:
+        return 0.0
+    if run_device(t, profile) == "cpu":  # (refused by the contract: megatron keeps it only on a GPU)
+        return 0.0
+    kernels = t["precision"]["fp8_swiglu_kernels"] and triton_kernels_run(t, profile)
+    folded = fused_swiglu_on(t, profile)
+    lora = {**t["lora"], "fused_swiglu": folded}
+    layers = t["model"]["num_layers"]
+    rec = t["recompute"]
+    recomputed = 0
+    if rec["granularity"] == "full":
+        recomputed = min(rec["num_layers"] * lay.pp, layers) if rec["method"] == "block" else layers
+    tokens = float(lay.mbs * lay.seq) * lay.micro_batches / lay.pp
+    seconds = 0.0
+    for layer in range(layers):
+        for lin in layer_linears_local(t["model"], lora, lay, layer):
+            if lin.short != "linear_fc1" or lin.expert or ".shared_experts." in f".{lin.path}":
+                continue
+            fold = folded and lin.adapted
+            if kernels and not fold:
+                continue
+            cast = cal.FP8_SWIGLU_CAST_S * (1 + recomputed / layers)
+            seconds += lin.out_local * lin.uses * tokens * (cast + (0.0 if fold else cal.FP8_SWIGLU_UNCAST_S))
+    return seconds
+
+
 def _expert_fwd_flops_per_token(m: dict) -> float:
     total = 0.0
     for layer in range(m["num_layers"]):
@@ -166,6 +199,9 @@ def step_time(r: dict, lay: Layout, gpu: Gpu | None) -> dict[str, float]:
             if fp4_units and name.endswith("fp8"):
                 cost *= gpu.fp8_tflops / gpu.fp4_tflops  # not measured: FP8's efficiency at the FP4 peak
             out[name] = work * cost
+    casts = swiglu_store_casts(r, lay)
+    if casts:
+        out["fp8 swiglu store casts"] = casts * _scale("elementwise", gpu)
     bubble = (lay.pp - 1) / lay.micro_batches if lay.pp > 1 else 0.0
     out["pipeline bubble"] = sum(out.values()) * bubble
     if r["trainer"]["recompute"]["activation_offload_layers"]:  # (pipeline 1: rules_levers)

@@ -216,6 +216,17 @@ def _fp8_epilogue(wrapped, ctx: BuildContext) -> bool:
     return True
 
 
+def _swiglu_fp8(model, ctx: BuildContext) -> str:
+    """trainer.precision.fp8_swiglu_kernels: the FP8 SwiGLU store of the MLPs not folded by fused_swiglu in two
+    Triton passes (trainer/model/swiglu_fp8.py) instead of megatron's cast and copy back."""
+    from trainer.model.swiglu_fp8 import usable, wire_swiglu_fp8
+
+    if not usable(ctx.device, _dtype(ctx)):  # (the contract's note says so at submit: an NVIDIA GPU in BF16)
+        return "fp8 swiglu kernels | not on this device (an NVIDIA GPU in BF16): megatron's casts"
+    wired = wire_swiglu_fp8(model)
+    return f"fp8 swiglu kernels | {wired} MLPs keep fc1's output in FP8 by the SwiGLU's own passes"
+
+
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
     from trainer.model.ce_kernel import ce_kernel_usable
 
@@ -239,6 +250,8 @@ TRANSFORMS = (
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
     Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
+    Transform("fp8 swiglu kernels", lambda ctx: bool(getattr(ctx.cfg.trainer.precision, "fp8_swiglu_kernels", False))
+              and bool(ctx.cfg.trainer.precision.fp8_swiglu_input), _swiglu_fp8),
     Transform("lora epilogue", lambda ctx: ctx.cfg.trainer.lora.epilogue is True
               or (ctx.cfg.trainer.lora.epilogue is None and bool(ctx.cfg.trainer.lora.enabled)), _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),

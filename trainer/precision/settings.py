@@ -64,6 +64,7 @@ class PrecisionSettings:
     fp4_param: bool = _DEFAULTS["fp4_param"].default
     fp8_param: bool = _DEFAULTS["fp8_param"].default
     fp8_swiglu_input: bool = _DEFAULTS["fp8_swiglu_input"].default
+    fp8_swiglu_kernels: bool = _DEFAULTS["fp8_swiglu_kernels"].default
     # (the contract's default is null: from_cfg resolves it from the recipe; built directly, off)
     fp8_dot_product_attention: bool = False
     fp4_param_gather: bool = _DEFAULTS["fp4_param_gather"].default

@@ -1,0 +1,63 @@
+"""trainer.precision.fp8_swiglu_kernels (trainer/model/swiglu_fp8.py) against megatron's own FP8 SwiGLU store on the
+GPU: the same FP8 bytes kept (this torch's cast, whatever it does past 448), the activation and the gradient to BF16
+rounding, at the 70B's fc1 width (two halves of 28,672) over 2,048 tokens; and the tiny model trained through the
+wiring against megatron's store. The CPU tests run the kernels in the interpreter (tests/test_swiglu_fp8.py); only a
+GPU shows them beside megatron's compiled swiglu and its cast. Seconds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lifecycle_support as ls
+
+if ls.device() != "cuda":
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+pytestmark = pytest.mark.gpu
+
+TOKENS, FFN = 2048, 28672
+
+
+def test_kernels_keep_megatrons_bytes_and_match_its_swiglu(record):
+    from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+
+    from trainer.model.swiglu_fp8 import saturates, swiglu_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    u = torch.randn(TOKENS, 1, 2 * FFN, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+    u[0, 0, :8] = torch.tensor([500.0, -470.0, 1e4, 2.0 ** -8, -(2.0 ** -9), 0.0, -0.0, 448.0], device="cuda")
+    d = torch.randn(TOKENS, 1, FFN, device="cuda", dtype=torch.bfloat16, generator=g)
+    outs = []
+    for fn in (lambda x: bias_swiglu_impl(x, None, True, False), swiglu_fp8):
+        x = u.clone().requires_grad_(True)
+        y = fn(x)
+        kept = y.grad_fn.saved_tensors[0]
+        y.backward(d)
+        outs.append((y.detach(), x.grad, kept))
+    (y0, g0, k0), (y1, g1, k1) = outs
+    same_bytes = torch.equal(k0.view(torch.uint8), k1.view(torch.uint8))
+    act_diff = (y1.float() - y0.float()).abs()
+    du_err = float((g1.float() - g0.float()).norm() / g0.float().norm())
+    record(kept_dtype=[str(k0.dtype), str(k1.dtype)], same_bytes=same_bytes, saturates=saturates(u.device),
+           act_max_abs=float(act_diff.max()), act_differing=int((act_diff > 0).sum()), du_rel_err=round(du_err, 6))
+    assert k0.dtype == k1.dtype == torch.float8_e4m3fn and same_bytes
+    torch.testing.assert_close(y1, y0, rtol=1.6e-2, atol=1e-2)
+    assert du_err < 1e-2
+
+
+def test_the_tiny_model_trains_through_the_wiring_like_megatrons_store(record):
+    from tests.model_helpers import tiny_cfg, train_losses
+
+    def run(kernels: bool):
+        cfg = tiny_cfg(trainer={"precision": {"bf16": True, "fp8_swiglu_input": True, "fp8_swiglu_kernels": kernels},
+                                "distributed": {"device": "cuda"}, "lora": {"fused_swiglu": False}})
+        wired = []
+        losses = train_losses(cfg, 8, seed=3, check_model=lambda m: wired.append(
+            sum(hasattr(x, "_primus_megatron_forward") for x in m.modules())))
+        return losses, wired
+
+    ref, ref_wired = run(False)
+    ours, wired = run(True)
+    record(megatron=ref, kernels=ours, wired=[ref_wired, wired])
+    assert ref_wired == [0] and wired == [2]
+    assert ref[-1] < ref[0]
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref), rtol=1e-2, atol=0)
