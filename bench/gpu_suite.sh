@@ -18,6 +18,7 @@
 #                                     first (~40 s; TE's FP8 attention runs head dim 128 only), FP8
 #   bash bench/gpu_suite.sh swiglu8-realtext   fp8_swiglu_input's loss (the 70B's next lever): adapters on qkv/proj
 #                                     only, so megatron's SwiGLU keeps its input in FP8; FP8 (not yet run)
+#   bash bench/gpu_suite.sh swiglu8k-realtext  the same with the store's own kernels (precision.fp8_swiglu_kernels)
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh adapter-gemms   each LoRA adapter product at the 8B widths against its memory bound (~20 s)
 #   bash bench/gpu_suite.sh levers    8B single-document: packed THD layout vs one document a row (sbhd) vs sbhd + TE's
@@ -199,6 +200,10 @@ case "${1:-}" in
                      # the 70B recipe, so the MLP runs megatron's SwiGLU and its store; FP8 only
     PRECISIONS=fp8 bash bench/realtext_ab.sh swiglu8-realtext "trainer.lora.target_modules=[linear_qkv,linear_proj]" "" \
       trainer.precision.fp8_swiglu_input=true ;;
+  swiglu8k-realtext)  # the same with the store's own kernels (precision.fp8_swiglu_kernels, seventeenth session: the
+                      # same FP8 bytes as megatron's cast, the activation and its gradient in fp32 registers)
+    PRECISIONS=fp8 bash bench/realtext_ab.sh swiglu8k-realtext "trainer.lora.target_modules=[linear_qkv,linear_proj]" \
+      "" "trainer.precision.fp8_swiglu_input=true trainer.precision.fp8_swiglu_kernels=true" ;;
   fp8attn-realtext)  # the condition for FP8 attention on by default in FP8 one-document runs: the real-text set with
                      # packing false, on a base of the same widths with one head (head dim 128, made first by
                      # scripts/make_realtext_base.py: the committed base's 4 heads of 32 have no FP8 attention backend,
