@@ -59,9 +59,8 @@ if triton is not None:
         """The float32 value of a float8_e4m3fn byte (int32 0..255): exact."""
         e = (byte >> 3) & 0xF
         m = byte & 0x7
-        normal = ((e + 120) << 23) | (m << 20)
-        mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))  # m x 2^-9
-        mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+        bits = tl.where((e == 15) & (m == 7), 0x7FC00000, ((e + 120) << 23) | (m << 20))  # (S.1111.111: NaN)
+        mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, bits.to(tl.float32, bitcast=True))  # m x 2^-9
         return tl.where(byte >= 128, -mag, mag)
 
     @triton.jit
@@ -117,7 +116,7 @@ class _SwigluFP8(torch.autograd.Function):
         _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), SAT=saturates(u2.device),
                           BT=_BT, BN=_BN)
         ctx.save_for_backward(q.view(torch.float8_e4m3fn))  # (what megatron keeps: the same bytes, the same dtype)
-        ctx.shape = u.shape
+        ctx.shape, ctx.dtype = u.shape, u.dtype
         return out.view(*u.shape[:-1], n)
 
     @staticmethod
@@ -125,7 +124,7 @@ class _SwigluFP8(torch.autograd.Function):
         (q8,) = ctx.saved_tensors
         q = q8.view(torch.uint8)
         d2 = dact.reshape(-1, dact.shape[-1]).contiguous()
-        du = torch.empty(q.shape, dtype=dact.dtype, device=q.device)
+        du = torch.empty(q.shape, dtype=ctx.dtype, device=q.device)
         t, n = q.shape[0], q.shape[1] // 2
         grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
         _bwd_kernel[grid](q, d2, du, t, n, q.stride(0), d2.stride(0), du.stride(0), BT=_BT, BN=_BN)
