@@ -1,0 +1,55 @@
+"""The Triton kernels of the FP8 SwiGLU store compiled for the H100/H200 (sm_90) on this CPU machine, with the ptxas
+that ships in Triton's wheel: the interpreter (tests/test_swiglu_fp8.py, tests/test_lora_swiglu.py) runs their
+numerics but never lowers them, so a kernel that only a GPU's compiler refuses would first fail in a device session.
+The GPU's Triton may be another version than this machine's: a compile here is necessary, not sufficient."""
+import pytest
+
+triton = pytest.importorskip("triton")
+
+
+def _compile(fn, signature: dict, constexprs: dict):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}},
+                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+def _ptxas_here() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return bool(get_ptxas(90).path)
+    except Exception:  # noqa: BLE001  (no NVIDIA backend in this Triton build)
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _ptxas_here(), reason="this Triton has no NVIDIA backend / ptxas")
+
+
+def test_the_fp8_store_kernels_compile_for_sm90():
+    """(SAT true: the saturating branch; false only drops it)"""
+    import trainer.model.swiglu_fp8 as m
+
+    ints = {k: "i32" for k in ("T", "N")}
+    fwd = _compile(m._fwd_kernel, {"u_ptr": "*bf16", "o_ptr": "*bf16", "q_ptr": "*u8", **ints,
+                                   "su": "i32", "so": "i32", "sq": "i32"}, {"SAT": True, "BT": m._BT, "BN": m._BN})
+    bwd = _compile(m._bwd_kernel, {"q_ptr": "*u8", "d_ptr": "*bf16", "du_ptr": "*bf16", **ints, "sq": "i32",
+                                   "sd": "i32", "sdu": "i32"}, {"BT": m._BT, "BN": m._BN})
+    for k in (fwd, bwd):
+        assert k.asm["cubin"] and ".target sm_90" in k.asm["ptx"]
+
+
+def test_the_fold_kernels_compile_for_sm90():
+    """fused_swiglu's kernels (their backward calls swiglu_fp8's swiglu_grads) reading the FP8 copy of fc1's output
+    (precision.fp8_swiglu_input; the 16-bit form runs in every GPU session)."""
+    import trainer.model.lora.swiglu as s
+
+    common = {"h_ptr": "*bf16", "b_ptr": "*bf16", "T": "i32", "N": "i32", "R": "i32", "su": "i32", "sh": "i32",
+              "sb": "i32"}
+    consts = {"BT": s._BT, "BN": s._BN, "RP": 16}
+    u = "*fp8e4nv"
+    fwd = _compile(s._fwd_kernel, {"u_ptr": u, **common, "o_ptr": "*bf16", "so": "i32", "scale": "fp32"}, consts)
+    bwd = _compile(s._bwd_kernel, {"u_ptr": u, **common, "d_ptr": "*bf16", "du_ptr": "*bf16", "sd": "i32",
+                                   "sdu": "i32", "scale": "fp32"}, consts)
+    assert fwd.asm["cubin"] and bwd.asm["cubin"]
