@@ -18,6 +18,7 @@
 #                                     first (~40 s; TE's FP8 attention runs head dim 128 only), FP8
 #   bash bench/gpu_suite.sh swiglu8-realtext   fp8_swiglu_input's loss (the 70B's next lever): adapters on qkv/proj
 #                                     only, so megatron's SwiGLU keeps its input in FP8; FP8 (not yet run)
+#   bash bench/gpu_suite.sh swiglu8-speed   the store's kernels vs megatron's store, one 70B fc1 output, fwd/bwd ms
 #   bash bench/gpu_suite.sh swiglu8k-realtext  the same with the store's own kernels (precision.fp8_swiglu_kernels)
 #   bash bench/gpu_suite.sh swiglu-profile   FP8 single-document default vs fused_swiglu under torch.profiler
 #   bash bench/gpu_suite.sh adapter-gemms   each LoRA adapter product at the 8B widths against its memory bound (~20 s)
@@ -200,6 +201,8 @@ case "${1:-}" in
                      # the 70B recipe, so the MLP runs megatron's SwiGLU and its store; FP8 only
     PRECISIONS=fp8 bash bench/realtext_ab.sh swiglu8-realtext "trainer.lora.target_modules=[linear_qkv,linear_proj]" "" \
       trainer.precision.fp8_swiglu_input=true ;;
+  swiglu8-speed)  # the store's kernels against megatron's store on one 70B fc1 output, interleaved (~30 s)
+    python3 bench/swiglu_fp8_speed.py | tee -a "$OUT/swiglu8-speed.jsonl" ;;
   swiglu8k-realtext)  # the same with the store's own kernels (precision.fp8_swiglu_kernels, seventeenth session: the
                       # same FP8 bytes as megatron's cast, the activation and its gradient in fp32 registers)
     PRECISIONS=fp8 bash bench/realtext_ab.sh swiglu8k-realtext "trainer.lora.target_modules=[linear_qkv,linear_proj]" \
