@@ -170,3 +170,24 @@ def test_the_planner_prices_megatrons_casts_and_not_the_kernels():
     folded = casts("trainer.lora.target_modules=[linear_qkv,linear_fc1]")
     assert abs(folded / (elements * cal.FP8_SWIGLU_CAST_S * 1.5) - 1) < 1e-9
     assert casts("trainer.precision.fp8_swiglu_input=false") == 0.0
+
+
+def test_the_contract_notes_where_the_kernels_do_nothing():
+    """trainer.precision.fp8_swiglu_kernels acts only with the store, on an NVIDIA GPU in BF16, on an MLP the fold
+    does not take: elsewhere validate and submit say so (rules_dependent), and nothing is refused."""
+    from primus_contract.rules_dependent import inert_keys
+    from primus_slurm.config.recipe import load_recipe
+
+    base = ["trainer.data.train.path=.", "trainer.precision.fp8_swiglu_kernels=true"]
+
+    def noted(*sets):
+        r = load_recipe("bench/recipes/llama2_70b_1xh200.yaml", [*base, *sets]).resolved
+        return any("fp8_swiglu_kernels" in line for line in inert_keys(r))
+
+    store = "trainer.precision.fp8_swiglu_input=true"
+    assert not noted(store, "cluster.env_profile=h200")
+    assert noted("cluster.env_profile=h200")  # no store
+    assert noted(store, "cluster.env_profile=mi300x")  # ROCm: megatron's casts
+    assert noted(store, "cluster.env_profile=h200", "trainer.lora.target_modules=[linear_fc1]")  # every MLP folded
+    assert not noted(store, "cluster.env_profile=h200", "trainer.lora.target_modules=[linear_fc1]",
+                     "trainer.lora.fused_swiglu=false")
