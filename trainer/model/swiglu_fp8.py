@@ -10,10 +10,14 @@ and the incoming gradient and writes du. Nothing else is written.
     act = swiglu_fp8(u)      # u [..., 2 ffn]: act = silu(u_gate) * u_up, u kept as float8_e4m3fn
 
 The copy is torch's own cast bit for bit (the byte c10's fp8e4m3fn_from_fp32_value makes: round to nearest even,
-subnormals, and past 448 the running torch's choice: 448 on 2.13, NaN on older c10 code; `saturates` asks it), computed with integer operations so that the interpreter and every GPU agree; the
-backward decodes those bytes the same way. The gradient is therefore megatron's at the same FP8 copy, to fp32
-rounding (u in fp32 registers), and the activation megatron's to one rounding of the fp32 result.
-tests/test_swiglu_fp8.py runs both kernels in Triton's CPU interpreter against torch's cast and the unfused ops.
+subnormals, and past 448 the running torch's choice: 448 on 2.13, NaN on older c10 code; `saturates` asks it). Where
+torch saturates, a GPU converts with its own instruction (cvt.rn.satfinite: the same bytes but a NaN's sign bit);
+elsewhere, and in the interpreter, by integer operations that follow c10's code (e4m3fn_byte). The backward decodes
+the bytes exactly (the GPU's conversion, or e4m3fn_value). The gradient is therefore megatron's at the same FP8
+copy, to fp32 rounding (u in fp32 registers), and the activation megatron's to one rounding of the fp32 result.
+tests/test_swiglu_fp8.py runs both kernels in Triton's CPU interpreter against torch's cast and the unfused ops;
+tests/test_triton_sm90.py compiles both forms for sm_90; tests/gpu/test_swiglu_fp8.py holds the GPU's bytes to
+megatron's.
 
 `wire_swiglu_fp8(model)` routes every dense gated-SiLU MLP that keeps its input in FP8 and whose fc1 adapter
 fused_swiglu did not fold (its kernels read their own FP8 copy, trainer/model/lora/swiglu.py) through these kernels;
@@ -70,7 +74,23 @@ if triton is not None:
         return d * v * sig * (1.0 + g * (1.0 - sig)), d * g * sig
 
     @triton.jit
-    def _fwd_kernel(u_ptr, o_ptr, q_ptr, T, N, su, so, sq, SAT: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+    def _to_byte(x, SAT: tl.constexpr, HW: tl.constexpr):
+        """HW: the GPU's own conversion (cvt.rn.satfinite on sm_89+: round to nearest even, saturating; the cast
+        of a saturating torch, ~20 integer operations an element fewer); else e4m3fn_byte."""
+        if HW:
+            return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        return e4m3fn_byte(x, SAT).to(tl.uint8)
+
+    @triton.jit
+    def _from_byte(byte, HW: tl.constexpr):
+        """The float32 value of a kept byte: the GPU's conversion (exact), or e4m3fn_value (the interpreter)."""
+        if HW:
+            return byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        return e4m3fn_value(byte.to(tl.int32))
+
+    @triton.jit
+    def _fwd_kernel(u_ptr, o_ptr, q_ptr, T, N, su, so, sq, SAT: tl.constexpr, HW: tl.constexpr, BT: tl.constexpr,
+                    BN: tl.constexpr):
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)  # int64 rows: rows x stride can pass 2**31
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         m = (rt < T)[:, None] & (rn < N)[None, :]
@@ -79,17 +99,17 @@ if triton is not None:
         v = tl.load(u_ptr + at + N, mask=m, other=0.0).to(tl.float32)
         tl.store(o_ptr + rt[:, None] * so + rn[None, :], (g * tl.sigmoid(g) * v).to(o_ptr.dtype.element_ty), mask=m)
         qt = rt[:, None] * sq + rn[None, :]
-        tl.store(q_ptr + qt, e4m3fn_byte(g, SAT).to(tl.uint8), mask=m)
-        tl.store(q_ptr + qt + N, e4m3fn_byte(v, SAT).to(tl.uint8), mask=m)
+        tl.store(q_ptr + qt, _to_byte(g, SAT, HW), mask=m)
+        tl.store(q_ptr + qt + N, _to_byte(v, SAT, HW), mask=m)
 
     @triton.jit
-    def _bwd_kernel(q_ptr, d_ptr, du_ptr, T, N, sq, sd, sdu, BT: tl.constexpr, BN: tl.constexpr):
+    def _bwd_kernel(q_ptr, d_ptr, du_ptr, T, N, sq, sd, sdu, HW: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         m = (rt < T)[:, None] & (rn < N)[None, :]
         qt = rt[:, None] * sq + rn[None, :]
-        g = e4m3fn_value(tl.load(q_ptr + qt, mask=m, other=0).to(tl.int32))
-        v = e4m3fn_value(tl.load(q_ptr + qt + N, mask=m, other=0).to(tl.int32))
+        g = _from_byte(tl.load(q_ptr + qt, mask=m, other=0), HW)
+        v = _from_byte(tl.load(q_ptr + qt + N, mask=m, other=0), HW)
         d = tl.load(d_ptr + rt[:, None] * sd + rn[None, :], mask=m, other=0.0).to(tl.float32)
         dg, dv = swiglu_grads(d, g, v)
         at = rt[:, None] * sdu + rn[None, :]
@@ -113,8 +133,9 @@ class _SwigluFP8(torch.autograd.Function):
         out = torch.empty(t, n, dtype=u2.dtype, device=u2.device)
         q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device)
         grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
-        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), SAT=saturates(u2.device),
-                          BT=_BT, BN=_BN)
+        sat = saturates(u2.device)
+        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), SAT=sat,
+                          HW=sat and u2.device.type == "cuda", BT=_BT, BN=_BN)
         ctx.save_for_backward(q.view(torch.float8_e4m3fn))  # (what megatron keeps: the same bytes, the same dtype)
         ctx.shape, ctx.dtype = u.shape, u.dtype
         return out.view(*u.shape[:-1], n)
@@ -127,7 +148,8 @@ class _SwigluFP8(torch.autograd.Function):
         du = torch.empty(q.shape, dtype=ctx.dtype, device=q.device)
         t, n = q.shape[0], q.shape[1] // 2
         grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
-        _bwd_kernel[grid](q, d2, du, t, n, q.stride(0), d2.stride(0), du.stride(0), BT=_BT, BN=_BN)
+        _bwd_kernel[grid](q, d2, du, t, n, q.stride(0), d2.stride(0), du.stride(0), HW=q.device.type == "cuda",
+                          BT=_BT, BN=_BN)
         return du.view(ctx.shape)
 
 
