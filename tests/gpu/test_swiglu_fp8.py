@@ -29,10 +29,13 @@ def test_kernels_keep_megatrons_bytes_and_match_its_swiglu(record):
     outs = []
     for fn in (lambda x: bias_swiglu_impl(x, None, True, False), swiglu_fp8):
         x = u.clone().requires_grad_(True)
-        y = fn(x)
-        kept = y.grad_fn.saved_tensors[0]
+        kept = []  # what each keeps for its backward (megatron's output is a view made outside its Function)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            y = fn(x)
         y.backward(d)
-        outs.append((y.detach(), x.grad, kept))
+        fp8 = [t for t in kept if t.dtype == torch.float8_e4m3fn]
+        assert len(fp8) == 1 and fp8[0].numel() == u.numel(), [(t.dtype, t.shape) for t in kept]
+        outs.append((y.detach(), x.grad, fp8[0]))
     (y0, g0, k0), (y1, g1, k1) = outs
     same_bytes = torch.equal(k0.view(torch.uint8), k1.view(torch.uint8))
     act_diff = (y1.float() - y0.float()).abs()
