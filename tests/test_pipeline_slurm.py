@@ -3,13 +3,14 @@ jobs, each behind the one before (afterok, --kill-on-invalid-dep=yes); a failed 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli
+from conftest import JOBS_DIR, ROOT, cli
 from primus_contract import run_files
 from reliability_support import trainer_recipe
 from test_train_support import SMALL
@@ -30,36 +31,34 @@ def chain_when(env, run_id: str, done, timeout: float = 600) -> dict:
     raise AssertionError(f"run {run_id}: {row.get('state')} {row.get('pipeline')}")
 
 
-def test_train_eval_export_chain(local_slurm, job_env, tmp_path):
+def chain_ended(row: dict) -> bool:
+    return bool(row["pipeline"]) and all(s["state"] in ("COMPLETED", "FAILED", "CANCELLED") for s in row["pipeline"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chain(request, tmp_path_factory):
+    """test_train_eval_export_chain's train -> eval -> export, submitted when the module starts if that test is
+    selected: its three jobs (one trainer thread each, and Slurm's waits between them) run beside
+    test_failed_training_leaves_no_pending_step (the tiny test job, mostly waiting on Slurm too), which comes first
+    and no longer after them. The module's end cancels the chain if its test left it running (by its run id).
+    (env, the submit's JSON entry), or None when that test is not selected."""
+    if not any(item.originalname == "test_train_eval_export_chain" for item in request.session.items
+               if item.module is request.module):
+        yield None
+        return
+    request.getfixturevalue("local_slurm")
+    tmp_path = tmp_path_factory.mktemp("chain")
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PYTHONPATH=str(JOBS_DIR))  # as job_env
     sets = [x for s in (*SMALL, "trainer.schedule.train_iters=8", "trainer.schedule.eval_interval=8",
                         "trainer.checkpoint.save_interval=8") for x in ("--set", s)]
-    out = cli(job_env, "submit", str(trainer_recipe(tmp_path, "pipe")), *sets, "--json",
+    out = cli(env, "submit", str(trainer_recipe(tmp_path, "pipe")), *sets, "--json",
               "--then", "eval", "--then", "export", "--merged")
     assert out.returncode == 0, out.stderr
     entry = json.loads(out.stdout)
-    row = chain_when(job_env, entry["run_id"], lambda r: r["pipeline"] and all(s["state"] in ("COMPLETED", "FAILED",
-                     "CANCELLED") for s in r["pipeline"]))
-    assert row["state"] == "COMPLETED" and [s["step"] for s in row["pipeline"]] == ["eval", "export"]
-    assert [s["state"] for s in row["pipeline"]] == ["COMPLETED", "COMPLETED"], row["pipeline"]
-    train, ev, ex = entry["job_id"], *(s["job_id"] for s in row["pipeline"])
-    for step, after in ((ev, train), (ex, ev)):  # each behind the one before, never left pending
-        script = next(Path(entry["run_dir"]).glob(f"*/*/slurm-{step}.out")).parent / "job.sh"
-        assert f"#SBATCH --dependency=afterok:{after}\n#SBATCH --kill-on-invalid-dep=yes\n" in script.read_text()
-
-    run_dir = Path(entry["run_dir"])
-    logged = [e["eval_loss"] for e in run_files.read_events(run_dir / "logs/rank-0/events.jsonl")
-              if e["event"] == "eval" and e["iteration"] == 8]
-    result = json.loads((Path(row["pipeline"][0]["dir"]) / "result.json").read_text())
-    assert result["iteration"] == 8 and abs(result["eval_loss"] - logged[0]) <= 2e-6 * logged[0], (result, logged)
-
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    export = json.loads((Path(row["pipeline"][1]["dir"]) / "result.json").read_text())
-    base = AutoModelForCausalLM.from_pretrained(ROOT / "recipes" / "data" / "quickstart" / "base")
-    PeftModel.from_pretrained(base, export["adapter"])  # loads in peft
-    assert (Path(export["merged"]) / "config.json").is_file()
-    assert "pipeline: train" in cli(job_env, "status", entry["run_id"]).stdout
+    yield env, entry
+    row = json.loads(cli(env, "status", entry["run_id"], "--json").stdout or "{}")
+    if not (row.get("state") in ("COMPLETED", "FAILED", "CANCELLED") and chain_ended(row)):
+        cli(env, "cancel", entry["run_id"])
 
 
 def test_failed_training_leaves_no_pending_step(local_slurm, job_env, job_recipe):
@@ -90,3 +89,29 @@ def test_failed_training_leaves_no_pending_step(local_slurm, job_env, job_recipe
     posts = {p["path"]: p["state"] for p in row["post"]}
     assert len(posts) == 4 and set(posts.values()) == {"CANCELLED"}, row["post"]
     assert {s["dir"] for s in new["pipeline_before"]} <= set(posts)
+
+
+def test_train_eval_export_chain(local_slurm, chain):
+    job_env, entry = chain
+    row = chain_when(job_env, entry["run_id"], chain_ended)
+    assert row["state"] == "COMPLETED" and [s["step"] for s in row["pipeline"]] == ["eval", "export"]
+    assert [s["state"] for s in row["pipeline"]] == ["COMPLETED", "COMPLETED"], row["pipeline"]
+    train, ev, ex = entry["job_id"], *(s["job_id"] for s in row["pipeline"])
+    for step, after in ((ev, train), (ex, ev)):  # each behind the one before, never left pending
+        script = next(Path(entry["run_dir"]).glob(f"*/*/slurm-{step}.out")).parent / "job.sh"
+        assert f"#SBATCH --dependency=afterok:{after}\n#SBATCH --kill-on-invalid-dep=yes\n" in script.read_text()
+
+    run_dir = Path(entry["run_dir"])
+    logged = [e["eval_loss"] for e in run_files.read_events(run_dir / "logs/rank-0/events.jsonl")
+              if e["event"] == "eval" and e["iteration"] == 8]
+    result = json.loads((Path(row["pipeline"][0]["dir"]) / "result.json").read_text())
+    assert result["iteration"] == 8 and abs(result["eval_loss"] - logged[0]) <= 2e-6 * logged[0], (result, logged)
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    export = json.loads((Path(row["pipeline"][1]["dir"]) / "result.json").read_text())
+    base = AutoModelForCausalLM.from_pretrained(ROOT / "recipes" / "data" / "quickstart" / "base")
+    PeftModel.from_pretrained(base, export["adapter"])  # loads in peft
+    assert (Path(export["merged"]) / "config.json").is_file()
+    assert "pipeline: train" in cli(job_env, "status", entry["run_id"]).stdout
