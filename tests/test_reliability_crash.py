@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reliability_support import Inotify
-from test_train_support import ROOT, log_text, losses, run_trainer, trainer_cmd, trainer_env, write_recipe
+from test_train_support import ROOT, beside, log_text, losses, run_trainer, trainer_cmd, trainer_env, write_recipe
 from trainer.checkpointing import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,17 @@ class _SmallDisk:
                               text=True, timeout=300, preexec_fn=self.preexec)
 
 
-def test_disk_full_during_save_keeps_latest_and_resume_works(tmp_path):
+@pytest.fixture(scope="module", autouse=True)
+def disk_full_start(request, tmp_path_factory):
+    """test_disk_full_during_save_keeps_latest_and_resume_works's small disk and its first run (2 iterations, the
+    one checkpoint that fits), started when the module starts if that test is selected: one trainer thread
+    (test_train_support.beside) beside test_kill_9's, instead of after it. (full recipe, run dir, disk, future of the
+    first run's result), or None; the module's end unmounts the disk."""
+    if not any(item.originalname == "test_disk_full_during_save_keeps_latest_and_resume_works"
+               for item in request.session.items if item.module is request.module):
+        yield None
+        return
+    tmp_path = tmp_path_factory.mktemp("diskfull")
     # LoRA dim pinned: the 640 KiB tmpfs is sized for one checkpoint of this adapter (~420 KiB), not two
     sets = ("trainer.checkpoint.save_interval=2", "trainer.checkpoint.keep_last=1", "trainer.lora.dim=8",
             "trainer.lora.alpha=16", "trainer.schedule.lr_decay_iters=6")  # the same LR schedule for both lengths
@@ -124,37 +134,43 @@ def test_disk_full_during_save_keeps_latest_and_resume_works(tmp_path):
     full = write_recipe(tmp_path, "trainer.schedule.train_iters=6", *sets, name="full.yaml")
     run = tmp_path / "run"
     disk = _SmallDisk(run / "checkpoints")
+    # rlimit: the first checkpoint is written without the limit
+    first = beside(run_trainer, short, run) if disk.kind == "rlimit" else beside(disk.run, short, run, 0)
     try:
-        if disk.kind == "rlimit":  # the first checkpoint is written without the limit
-            assert run_trainer(short, run).returncode == 0
-        else:
-            assert disk.run(short, run, 0).returncode == 0
-        assert (run / "checkpoints" / "latest").read_text() == "iter_0000002"
-        before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints" / "iter_0000002").iterdir()}
-
-        # attempt 1 resumes at 2, trains 3-4, and its save at 4 does not fit
-        res = disk.run(full, run, 1)
-        assert res.returncode == 4, (disk.kind, res.stdout[-2000:], res.stderr[-2000:])
-        text = log_text(run, 1)
-        failed = next(line for line in text.splitlines() if "] checkpoint failed | iteration 4 |" in line)
-        assert "writing shards" in failed
-        assert ("No space left on device" if disk.kind == "tmpfs" else "File too large") in failed, failed
-        assert text.rstrip().endswith("training finished | iterations 4 | exit 4")
-        ck = run / "checkpoints"
-        assert sorted(p.name for p in ck.iterdir()) == ["iter_0000002", "latest"]  # no temp dir left
-        assert {p.name: p.stat().st_mtime_ns for p in (ck / "iter_0000002").iterdir()} == before
-        assert _latest_state(ck) == 2
-
-        # room again (a requeue after the disk was cleaned up): resume from 2 and finish
-        disk.lift()
-        res = disk.run(full, run, 2)
-        assert res.returncode == 0, res.stderr[-3000:]
-        third = log_text(run, 2)
-        assert "resumed_from checkpoints/iter_0000002" in third
-        assert losses(third)[3] == losses(text)[3] and losses(third)[4] == losses(text)[4]
-        assert _latest_state(ck) == 6
+        yield full, run, disk, first
     finally:
+        with contextlib.suppress(Exception):
+            first.result()
         with contextlib.suppress(subprocess.CalledProcessError):
             disk.close()
+
+
+def test_disk_full_during_save_keeps_latest_and_resume_works(disk_full_start):
+    full, run, disk, first = disk_full_start
+    assert first.result().returncode == 0
+    assert (run / "checkpoints" / "latest").read_text() == "iter_0000002"
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints" / "iter_0000002").iterdir()}
+
+    # attempt 1 resumes at 2, trains 3-4, and its save at 4 does not fit
+    res = disk.run(full, run, 1)
+    assert res.returncode == 4, (disk.kind, res.stdout[-2000:], res.stderr[-2000:])
+    text = log_text(run, 1)
+    failed = next(line for line in text.splitlines() if "] checkpoint failed | iteration 4 |" in line)
+    assert "writing shards" in failed
+    assert ("No space left on device" if disk.kind == "tmpfs" else "File too large") in failed, failed
+    assert text.rstrip().endswith("training finished | iterations 4 | exit 4")
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["iter_0000002", "latest"]  # no temp dir left
+    assert {p.name: p.stat().st_mtime_ns for p in (ck / "iter_0000002").iterdir()} == before
+    assert _latest_state(ck) == 2
+
+    # room again (a requeue after the disk was cleaned up): resume from 2 and finish
+    disk.lift()
+    res = disk.run(full, run, 2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    third = log_text(run, 2)
+    assert "resumed_from checkpoints/iter_0000002" in third
+    assert losses(third)[3] == losses(text)[3] and losses(third)[4] == losses(text)[4]
+    assert _latest_state(ck) == 6
     if disk.kind == "rlimit":
         warnings.warn("disk full simulated with RLIMIT_FSIZE/EFBIG: mount -t tmpfs is not permitted here")
