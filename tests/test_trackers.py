@@ -28,7 +28,7 @@ from conftest import local_training_run
 from reliability_support import read, run_to_end, scontrol, submit, thaw_and_cancel, trainer_recipe, wait_requeued, \
     wait_text, worker_pids
 from test_bad_recipes import _check_error, _write
-from test_train_support import run_trainer, write_recipe
+from test_train_support import ROOT, beside, trainer_cmd, trainer_env, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -212,10 +212,25 @@ def test_bad_wandb_keys_are_refused_by_name(body, expect, tmp_path, capsys):
     _check_error(capsys, ["validate", str(_write(tmp_path, body))], expect)
 
 
-def test_online_without_an_api_key_is_refused_at_start(tmp_path, monkeypatch):
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+@pytest.fixture(scope="module", autouse=True)
+def online_run(request, tmp_path_factory):
+    """test_online_without_an_api_key_is_refused_at_start's trainer (test_train_support.run_trainer's command and
+    environment, less WANDB_API_KEY), started when the module starts if that test is selected: its one thread
+    runs beside the quickstart tracker test's instead of after the module's other tests. (tmp dir, future of its
+    CompletedProcess), or None."""
+    if not any(item.originalname == "test_online_without_an_api_key_is_refused_at_start"
+               for item in request.session.items if item.module is request.module):
+        return None
+    tmp_path = tmp_path_factory.mktemp("online")
     config = write_recipe(tmp_path, "trainer.logging.wandb.project=p", "trainer.schedule.train_iters=2")
-    out = run_trainer(config, tmp_path / "run")
+    env = {k: v for k, v in trainer_env().items() if k != "WANDB_API_KEY"}
+    return tmp_path, beside(subprocess.run, trainer_cmd(config, tmp_path / "run"), env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+
+
+def test_online_without_an_api_key_is_refused_at_start(online_run):
+    tmp_path, started = online_run
+    out = started.result()
     assert out.returncode == 2, out.stderr[-2000:]
     line = ("config error | `trainer.logging.wandb.mode` is online but WANDB_API_KEY is not in the job's environment; "
             "export it where you submit (cluster.secrets passes it on) or set trainer.logging.wandb.mode: offline")
