@@ -6,18 +6,38 @@ from __future__ import annotations
 import math
 import shutil
 
+import pytest
+
 from primus_contract import run_files
 from primus_slurm.post_training.compare import load_run
 from primus_slurm.jobs.progress import Progress, parse_lines, read_progress
-from test_train_support import log_text, run_trainer, write_recipe
+from test_train_support import beside, log_text, run_trainer, write_recipe
 
 
-def test_a_run_writes_its_events_and_the_readers_agree_with_the_log(tmp_path):
-    cfg = write_recipe(tmp_path, "trainer.schedule.train_iters=6", "trainer.logging.log_interval=2",
-                       "trainer.schedule.eval_interval=3", "trainer.schedule.eval_iters=1",
-                       "trainer.checkpoint.save_interval=3")
-    run = tmp_path / "run"
-    res = run_trainer(cfg, run)
+RUNS = {"test_a_run_writes_its_events_and_the_readers_agree_with_the_log": dict(sets=(
+            "trainer.schedule.train_iters=6", "trainer.logging.log_interval=2", "trainer.schedule.eval_interval=3",
+            "trainer.schedule.eval_iters=1", "trainer.checkpoint.save_interval=3")),
+        # the trainer's start check refuses FP8 on CPU
+        "test_a_refusal_is_the_outcome_event": dict(raw={"trainer.precision.fp8": "hybrid"})}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> dict:
+    """The trainer runs of the RUNS tests this session selected, started at once when the first of them comes (one
+    trainer thread each: test_train_support.beside): {test: (recipe, run dir, future of run_trainer's result)}."""
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    started = {}
+    for name, how in RUNS.items():
+        if name in selected:
+            tmp = tmp_path_factory.mktemp("run")
+            cfg = write_recipe(tmp, *how.get("sets", ()), raw=how.get("raw"))
+            started[name] = (cfg, tmp / "run", beside(run_trainer, cfg, tmp / "run"))
+    return started
+
+
+def test_a_run_writes_its_events_and_the_readers_agree_with_the_log(runs):
+    cfg, run, started = runs["test_a_run_writes_its_events_and_the_readers_agree_with_the_log"]
+    res = started.result()
     assert res.returncode == 0, res.stderr[-3000:]
     events = run_files.read_events(run / "logs" / "rank-0" / "events.jsonl")
     kinds = [e["event"] for e in events]
@@ -48,10 +68,9 @@ def test_a_run_writes_its_events_and_the_readers_agree_with_the_log(tmp_path):
     assert all(math.isclose(curve[i], logged[i], rel_tol=1e-6) for i in curve)  # 7 digits logged
 
 
-def test_a_refusal_is_the_outcome_event(tmp_path):
-    cfg = write_recipe(tmp_path, raw={"trainer.precision.fp8": "hybrid"})  # the trainer's start check refuses it
-    run = tmp_path / "run"
-    res = run_trainer(cfg, run)
+def test_a_refusal_is_the_outcome_event(runs):
+    _, run, started = runs["test_a_refusal_is_the_outcome_event"]
+    res = started.result()
     assert res.returncode == 2, res.stderr[-2000:]
     (outcome,) = run_files.read_events(run / "logs" / "rank-0" / "events.jsonl")
     assert (outcome["event"], outcome["status"], outcome["exit"]) == ("outcome", "config error", 2)
