@@ -80,11 +80,7 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     mb_tokens = float(lay.mbs * lay.seq)
     tokens = mb_tokens * n_mb
     layers = m["num_layers"]
-    if rec["granularity"] == "full":
-        recomputed = min(rec["num_layers"] * lay.pp, layers) if rec["method"] == "block" else layers
-    else:
-        recomputed = 0
-    redo = recomputed / layers
+    redo = _recomputed(t, lay) / layers
     split = lay.tp * lay.pp
     head = 2.0 * m["hidden_size"] * m["vocab_size"]
     base_fwd = flops.base_linear_fwd_flops_per_token(m) - head
@@ -131,6 +127,14 @@ def features(r: dict, lay: Layout) -> dict[str, float]:
     return f
 
 
+def _recomputed(t: dict, lay: Layout) -> int:
+    """Layers whose forward runs twice a step (full recompute: all; block: num_layers a stage)."""
+    rec, layers = t["recompute"], t["model"]["num_layers"]
+    if rec["granularity"] != "full":
+        return 0
+    return min(rec["num_layers"] * lay.pp, layers) if rec["method"] == "block" else layers
+
+
 def swiglu_store_casts(r: dict, lay: Layout) -> float:
     """Seconds a step (on the H200) of megatron's FP8 SwiGLU store passes (calibration.FP8_SWIGLU_CAST_S /
     UNCAST_S): on a GPU with precision.fp8_swiglu_input, each dense MLP's fc1 output is cast in every forward (the
@@ -145,10 +149,7 @@ def swiglu_store_casts(r: dict, lay: Layout) -> float:
     folded = fused_swiglu_on(t, profile)
     lora = {**t["lora"], "fused_swiglu": folded}
     layers = t["model"]["num_layers"]
-    rec = t["recompute"]
-    recomputed = 0
-    if rec["granularity"] == "full":
-        recomputed = min(rec["num_layers"] * lay.pp, layers) if rec["method"] == "block" else layers
+    redo = _recomputed(t, lay) / layers
     tokens = float(lay.mbs * lay.seq) * lay.micro_batches / lay.pp
     seconds = 0.0
     for layer in range(layers):
@@ -158,7 +159,7 @@ def swiglu_store_casts(r: dict, lay: Layout) -> float:
             fold = folded and lin.adapted
             if kernels and not fold:
                 continue
-            cast = cal.FP8_SWIGLU_CAST_S * (1 + recomputed / layers)
+            cast = cal.FP8_SWIGLU_CAST_S * (1 + redo)
             seconds += lin.out_local * lin.uses * tokens * (cast + (0.0 if fold else cal.FP8_SWIGLU_UNCAST_S))
     return seconds
 
