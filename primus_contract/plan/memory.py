@@ -17,11 +17,12 @@ the measured peaks in bench/results; calibration.py lists the rows):
   input, or with lora.dropout_recompute on its fused or epilogue path its input and the mask's bits:
   tests/test_plan_dropout_memory.py; with recompute.norm_output the norm epilogue's adapters keep the norm's
   input, which the norm keeps anyway: tests/test_norm_output_recompute.py); MoE layers keep router probabilities,
-  routed tokens and expert outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN dimensions by TP always.
+  routed tokens and expert outputs. Sequence-dimension tensors are split by TP under sequence parallelism, head/FFN
+  dimensions by TP always.
 - recompute full: each chunk of num_layers layers keeps its input, one chunk is rebuilt in its backward; block:
   the first num_layers layers of the stage keep only their inputs. activation_offload_layers N: the first N layers
-  keep nothing (their activations are in host memory), one layer's copy is in flight (offload.py). Pipeline stage 0 holds min(pp, micro-batches)
-  micro-batches in flight (1F1B).
+  keep nothing (their activations are in host memory), one layer's copy is in flight (offload.py). Pipeline stage 0
+  holds min(pp, micro-batches) micro-batches in flight (1F1B).
 - logits and loss: with chunked_loss a fixed chunk of 256 MiB fp32 logits (two buffers; with chunked_loss_kernel on
   an NVIDIA GPU only the chunk's 16-bit logits, 128 MiB, the gradient written over them), else the [tokens, vocab]
   logits and their gradient.

@@ -26,11 +26,10 @@ MoE experts, activation offload (megatron marks its saved input for the host) an
 from __future__ import annotations
 
 import functools
-import types
 
 import torch
 
-from trainer.model.lora.inputs import gated_silu, swiglu_of
+from trainer.model.lora.inputs import dense_mlps, gated_silu, rewire_forward, swiglu_of
 
 try:
     import triton
@@ -201,11 +200,9 @@ def _store_forward(self, hidden_states, per_token_scale=None, **kwargs):
 def wire_swiglu_fp8(model) -> int:
     """Route every dense MLP that keeps its SwiGLU input in FP8 and is not already rewired (fused_swiglu's fold)
     through swiglu_fp8; returns how many. Leaves MoE experts and activation offload to megatron."""
-    from megatron.core.transformer.mlp import MLP
-
     wired = 0
-    for name, module in model.named_modules():
-        if type(module) is not MLP or "experts" in name.split(".") or hasattr(module, "_primus_megatron_forward"):
+    for _, module in dense_mlps(model):
+        if hasattr(module, "_primus_megatron_forward"):  # (rewired: fused_swiglu's fold)
             continue
         config = module.config  # (megatron keeps the FP8 copy only in its fused bias_swiglu)
         if not (getattr(config, "activation_func_fp8_input_store", False) and config.bias_activation_fusion) \
@@ -213,7 +210,6 @@ def wire_swiglu_fp8(model) -> int:
             continue
         if swiglu_of(config, fp8_store_ok=True) is None or getattr(module.linear_fc2, "input_act", None) is not None:
             continue
-        module._primus_megatron_forward = module.forward
-        module.forward = types.MethodType(_store_forward, module)
+        rewire_forward(module, _store_forward)
         wired += 1
     return wired

@@ -23,6 +23,8 @@ the H200; this one needs no [tokens, hidden] fp32 temporaries.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +55,22 @@ def swiglu_of(config, fp8_store_ok: bool = False):
 
         return swiglu
     return gated_silu  # (activation_func is F.silu: checked above)
+
+
+def dense_mlps(model):
+    """(name, module) of each dense megatron MLP: not an expert's (their MLP may scale x by routing probabilities)."""
+    from megatron.core.transformer.mlp import MLP
+
+    for name, module in model.named_modules():
+        if type(module) is MLP and "experts" not in name.split("."):
+            yield name, module
+
+
+def rewire_forward(mlp, forward) -> None:
+    """`mlp`'s forward becomes `forward` (a function of the module, like megatron's); megatron's own stays as
+    _primus_megatron_forward (for per-token scales; the mark of a rewired MLP)."""
+    mlp._primus_megatron_forward = mlp.forward
+    mlp.forward = types.MethodType(forward, mlp)
 
 
 def wire_adapter_input_recompute(model, scope: str = "all") -> dict:

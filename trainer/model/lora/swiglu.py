@@ -22,11 +22,9 @@ megatron's swiglu; the MLP's other paths are megatron's own forward.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 
-from trainer.model.lora.inputs import gated_silu, swiglu_of
+from trainer.model.lora.inputs import dense_mlps, gated_silu, rewire_forward, swiglu_of
 from trainer.model.lora.kernels import kernels_usable
 
 try:
@@ -164,14 +162,12 @@ def wire_fused_swiglu(model, strict: bool = True) -> int:
     store (megatron's activation_func_fp8_input_store) the fused kernels keep fc1's output in FP8 as megatron would;
     a ConfigError where they cannot run (no Triton device: the unfused ops would drop the store), or, not `strict`
     (fused_swiglu null: wherever it applies), those MLPs keep the unfused path."""
-    from megatron.core.transformer.mlp import MLP
-
     from trainer.config import ConfigError
     from trainer.model.lora.layers import LoRALinear
 
     wired = 0
-    for name, module in model.named_modules():
-        if type(module) is not MLP or "experts" in name.split(".") or not eligible(module, LoRALinear):
+    for _, module in dense_mlps(model):
+        if not eligible(module, LoRALinear):
             continue
         fc2 = getattr(module, "linear_fc2", None)
         if getattr(fc2, "input_act", None) is not None:  # fc2's adapter recomputes swiglu(u): it needs u itself
@@ -187,11 +183,10 @@ def wire_fused_swiglu(model, strict: bool = True) -> int:
         if store and torch.version.hip:  # e4m3fn loads in Triton: written for NVIDIA's FP8; ROCm's is e4m3fnuz
             raise ConfigError("trainer.lora.fused_swiglu with trainer.precision.fp8_swiglu_input is built for "
                               "NVIDIA's FP8 (e4m3fn) only; on ROCm set one of them to false")
-        module._primus_megatron_forward = module.forward
         module._primus_fp8_store = store
         module.linear_fc1.swiglu_folded = True
         # what megatron applies (its forward: the store changes only what it keeps): the unfused path's activation
         module._primus_swiglu = swiglu_of(module.config, fp8_store_ok=True)
-        module.forward = types.MethodType(_mlp_forward, module)
+        rewire_forward(module, _mlp_forward)
         wired += 1
     return wired
