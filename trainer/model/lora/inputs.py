@@ -76,19 +76,15 @@ def rewire_forward(mlp, forward) -> None:
 def wire_adapter_input_recompute(model, scope: str = "all") -> dict:
     """Rewire eligible adapters (scope: all | fc2 | norm) to keep a tensor the base keeps anyway; returns
     counts by kind."""
-    from megatron.core.transformer.mlp import MLP
-
     if scope not in ("all", "fc2", "norm"):
         raise ValueError(f"trainer.recompute.adapter_inputs_scope must be all|fc2|norm, got {scope!r}")
     wired = {"fc2": 0, "norm": 0}
-    for name, module in model.named_modules():
-        if scope != "fc2" and _norm_rewirable(module, LoRALinear):
+    for module in model.modules() if scope != "fc2" else ():
+        if _norm_rewirable(module, LoRALinear):
             module.base.return_layernorm_output = False
             module.adapter_norm = _rmsnorm_adapter(module.base)
             wired["norm"] += 1
-        # experts (their MLP may scale x by routing probabilities) and shared experts: leave them
-        if scope == "norm" or type(module) is not MLP or "experts" in name.split("."):
-            continue
+    for _name, module in dense_mlps(model) if scope != "norm" else ():
         fc2 = getattr(module, "linear_fc2", None)
         if not isinstance(fc2, LoRALinear) or fc2.is_expert or fc2.fused_norm or _pre_dropout(fc2):
             continue
