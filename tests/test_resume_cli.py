@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, cli, status_json, wait_state
+from conftest import CLI, JOBS_DIR, cli, status_json, wait_state
+from primus_slurm.jobs.executor_base import TERMINAL
 from primus_slurm.jobs.local_executor import LOCAL_CANCELLED
 from primus_slurm.jobs.slurm_executor import slurm_listed
 from reliability_support import trainer_recipe, wait_for, wait_text, worker_pids
-from test_train_support import SMALL
+from test_train_support import SMALL, beside
 
 pytestmark = pytest.mark.slow
 ITERS = 60
@@ -29,19 +30,65 @@ def _submit(env, recipe, executor, *sets):
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("executor", ["local", "slurm"])
-def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_path, request):
-    if executor == "slurm":
+def _stopped_at_iteration_3(env, tmp_path, executor, started: dict) -> int:
+    """Submit the run (its entry into `started` at once), wait for its iteration 3 and stop its worker (SIGSTOP):
+    however fast the machine, the run is then mid-way while resume is refused and until the cancel's SIGTERM is on
+    its way (so it stops a few iterations after 3 and a short run does; it ran 300 iterations to outlast the
+    cancel). The worker's pid."""
+    started["entry"] = _submit(env, trainer_recipe(tmp_path, f"resume{executor}"), executor,
+                               f"trainer.schedule.train_iters={ITERS}")
+    run_dir = Path(started["entry"]["run_dir"])
+    wait_text(run_dir / "logs" / "rank-0" / "debug.log", "] iteration 3/", 240)
+    worker = worker_pids(run_dir)[0]
+    os.kill(worker, signal.SIGSTOP)
+    return worker
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_run(request, tmp_path_factory):
+    """The [slurm] case's run, submitted when the module starts if that case is selected, and stopped at its
+    iteration 3 in a thread of its own (test_train_support.beside): its job's start (Slurm, imports, model build;
+    one trainer thread) runs beside the [local] case instead of after it; the test takes over from the stop. The
+    module's end continues the worker and cancels the run by its id if the test left it running. (env, {"entry"},
+    future of the stopped worker's pid), or None when that case is not selected."""
+    if not any(item.originalname == "test_cancel_then_resume_finishes_from_the_checkpoint"
+               and item.callspec.params["executor"] == "slurm" for item in request.session.items
+               if item.module is request.module):
+        yield None
+        return
+    try:
         request.getfixturevalue("local_slurm")
-    recipe = trainer_recipe(tmp_path, f"resume{executor}")
-    entry = _submit(job_env, recipe, executor, f"trainer.schedule.train_iters={ITERS}")
+    except pytest.skip.Exception:  # no cluster: the [slurm] case skips with its reason, the others run
+        yield None
+        return
+    tmp_path = tmp_path_factory.mktemp("resumeslurm")
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"), PYTHONPATH=str(JOBS_DIR))  # as job_env
+    started = {}
+    future = beside(_stopped_at_iteration_3, env, tmp_path, "slurm", started)
+    yield env, started, future
+    future.exception()  # (waits for it)
+    run_dir = Path(started["entry"]["run_dir"]) if "entry" in started else None
+    if run_dir is None or not run_dir.exists():
+        return
+    for pid in worker_pids(run_dir).values():
+        os.kill(pid, signal.SIGCONT)
+    row = json.loads(cli(env, "status", started["entry"]["run_id"], "--json").stdout or "{}")
+    if row.get("scheduler_state") not in TERMINAL:
+        cli(env, "cancel", started["entry"]["run_id"])
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_cancel_then_resume_finishes_from_the_checkpoint(executor, job_env, tmp_path, slurm_run, request):
+    started = {}
+    if executor == "slurm":  # submitted when the module started (slurm_run)
+        request.getfixturevalue("local_slurm")
+        job_env, started, stopped = slurm_run
+        worker = stopped.result()
+    else:
+        worker = _stopped_at_iteration_3(job_env, tmp_path, executor, started)
+    entry = started["entry"]
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     first = run_dir / "logs" / "rank-0" / "debug.log"
-    wait_text(first, "] iteration 3/", 240)
-    worker = worker_pids(run_dir)[0]
-    # however fast the machine, the run is mid-way while resume is refused and until the cancel's SIGTERM is on its
-    # way (so it stops a few iterations after 3 and a short run does; it ran 300 iterations to outlast the cancel)
-    os.kill(worker, signal.SIGSTOP)
     try:
         refused = cli(job_env, "resume", run_id)  # still running
         assert refused.returncode == 2 and "is RUNNING (job " in refused.stderr, refused.stderr
