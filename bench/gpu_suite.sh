@@ -32,8 +32,9 @@
 #                                     frontier (RUNS="full block60 block40 none selective ..."; -ai adds adapter_inputs)
 #   bash bench/gpu_suite.sh store-70b the 70B cut to 20 layers, no recompute: the activation stores (dropout_recompute
 #                                     off / on, recompute.norm_output), interleaved x3
-#   bash bench/gpu_suite.sh costs-70b the same cut: what the dropout (0.1 against 0) and fp8_swiglu_input cost a step,
-#                                     interleaved x3: the planner's dropout and SwiGLU-store prices against the GPU
+#   bash bench/gpu_suite.sh costs-70b the same cut: what the dropout (0.1 against 0) and fp8_swiglu_input (megatron's
+#                                     casts; with the store's kernels) cost a step, interleaved x3: the planner's
+#                                     dropout and SwiGLU-store prices against the GPU
 #   bash bench/gpu_suite.sh 70b1-loss the 20-layer cut at TP=1 on the real-text set, with and without the release
 #   bash bench/gpu_suite.sh 70bfast   fp8_param tensorwise vs delayed, with and without full recompute (RUNS=...)
 #   bash bench/gpu_suite.sh 70bub     70bfast's configuration with and without TP communication overlap
@@ -365,7 +366,9 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
       --label "70b-${LAYERS70C:-20}layers-costs" --set "trainer.model.num_layers=${LAYERS70C:-20}" \
       --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 \
       --steps "${STEPS:-6}" --variant default= --variant no-dropout=trainer.lora.dropout=0.0 \
-      --variant swiglu8=trainer.precision.fp8_swiglu_input=true --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
+      --variant swiglu8=trainer.precision.fp8_swiglu_input=true \
+      --variant swiglu8k=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true \
+      --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
       --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/costs-70b.jsonl"
     python3 bench/spread.py --baseline default "$OUT/costs-70b.jsonl" | tee "$OUT/costs-70b-spread.jsonl" ;;
   70b1-loss)
