@@ -21,6 +21,10 @@ def bench(work: Path, vocab: int) -> dict:
     sets = [a for kv in [*TINY, f"trainer.model.vocab_size={vocab}"] for a in ("--set", kv)]
     # the caller's environment overrides the profile's variables (A/B by hand): keep it out of the way
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM")}
+    # one torch thread: the session's quickstart (conftest.quickstart_started, one thread under SCHED_IDLE) still
+    # takes slices of a core, and two threads' barriers wait on them (beside one such spinner: 29-31 s at two
+    # threads, 24-26 s at one; alone both ~24 s). Not a profile variable: job_env below is unchanged
+    env["OMP_NUM_THREADS"] = "1"
     out = subprocess.run([sys.executable, str(ROOT / "bench/trainer_throughput.py"), "--recipe",
                           str(ROOT / "recipes/quickstart.yaml"), "--nproc", "1", "--workdir", str(work),
                           "--label", f"v{vocab}", *sets], capture_output=True, text=True, timeout=300, cwd=ROOT,
