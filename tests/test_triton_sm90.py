@@ -29,13 +29,13 @@ pytestmark = pytest.mark.skipif(not _ptxas_here(), reason="this Triton has no NV
 
 @pytest.mark.parametrize("hw", [True, False])
 def test_the_fp8_store_kernels_compile_for_sm90(hw):
-    """hw: the GPU's own FP8 conversions (a saturating torch); else the integer form (SAT true: its saturating
-    branch; false only drops it). The hardware form converts with cvt ... satfinite ... e4m3x2."""
+    """hw: the GPU's own FP8 conversions (what runs on a GPU); else the integer form (the interpreter's). The
+    hardware form converts with cvt ... satfinite ... e4m3x2."""
     import trainer.model.swiglu_fp8 as m
 
     ints = {k: "i32" for k in ("T", "N")}
     fwd = _compile(m._fwd_kernel, {"u_ptr": "*bf16", "o_ptr": "*bf16", "q_ptr": "*u8", **ints, "su": "i32",
-                                   "so": "i32", "sq": "i32"}, {"SAT": True, "HW": hw, "BT": m._BT, "BN": m._BN})
+                                   "so": "i32", "sq": "i32"}, {"HW": hw, "BT": m._BT, "BN": m._BN})
     bwd = _compile(m._bwd_kernel, {"q_ptr": "*u8", "d_ptr": "*bf16", "du_ptr": "*bf16", **ints, "sq": "i32",
                                    "sd": "i32", "sdu": "i32"}, {"HW": hw, "BT": m._BT, "BN": m._BN})
     for k in (fwd, bwd):

@@ -9,12 +9,15 @@ and the incoming gradient and writes du. Nothing else is written.
 
     act = swiglu_fp8(u)      # u [..., 2 ffn]: act = silu(u_gate) * u_up, u kept as float8_e4m3fn
 
-The copy is torch's own cast bit for bit (the byte c10's fp8e4m3fn_from_fp32_value makes: round to nearest even,
-subnormals, and past 448 the running torch's choice: 448 on 2.13, NaN on older c10 code; `saturates` asks it). Where
-torch saturates, a GPU converts with its own instruction (cvt.rn.satfinite: the same bytes but a NaN's sign bit);
-elsewhere, and in the interpreter, by integer operations that follow c10's code (e4m3fn_byte). The backward decodes
-the bytes exactly (the GPU's conversion, or e4m3fn_value). The gradient is therefore megatron's at the same FP8
-copy, to fp32 rounding (u in fp32 registers), and the activation megatron's to one rounding of the fp32 result.
+The copy is a saturating cast: torch 2.13's own bit for bit (the byte c10's fp8e4m3fn_from_fp32_value makes: round
+to nearest even, subnormals, finite magnitudes past 448 to 448). Older torch (2.11, the H100/H200 stack's) makes
+those NaN, and so megatron's store a NaN gradient for every fc1 output past 464 in magnitude (measured on an H100,
+bench/results/2026-12-07_h100_lifecycle): the kernels saturate on every torch, so their bytes are megatron's
+wherever megatron's are finite, and `fp8_copy` is the same cast in torch ops (fused_swiglu's fold keeps it). A GPU
+converts with its own instruction (cvt.rn.satfinite); the interpreter by integer operations that follow c10's code
+(e4m3fn_byte). The backward decodes the bytes exactly (the GPU's conversion, or e4m3fn_value). The gradient is
+therefore megatron's at the same FP8 copy, to fp32 rounding (u in fp32 registers), and the activation megatron's to
+one rounding of the fp32 result.
 tests/test_swiglu_fp8.py runs both kernels in Triton's CPU interpreter against torch's cast and the unfused ops;
 tests/test_triton_sm90.py compiles both forms for sm_90; tests/gpu/test_swiglu_fp8.py holds the GPU's bytes to
 megatron's.
@@ -42,9 +45,9 @@ _BT, _BN = 32, 128
 
 if triton is not None:
     @triton.jit
-    def e4m3fn_byte(x, SAT: tl.constexpr):
-        """torch's float32 -> float8_e4m3fn byte (c10 fp8e4m3fn_from_fp32_value), as int32. SAT: magnitudes past
-        448 (rounded) become 448 (torch 2.13's cast), else NaN (older torch: see saturates)."""
+    def e4m3fn_byte(x):
+        """torch 2.13's float32 -> float8_e4m3fn byte (c10 fp8e4m3fn_from_fp32_value), as int32: finite magnitudes
+        past 448 (rounded) become 448, a NaN stays NaN."""
         bits = x.to(tl.int32, bitcast=True)
         sign = (bits >> 24) & 0x80
         a = bits & 0x7FFFFFFF
@@ -53,8 +56,7 @@ if triton is not None:
         odd = (a >> 20) & 1
         normal = (a - (120 << 23) + 0x7FFFF + odd) >> 20
         code = tl.where(a >= 0x43F00000, 0x7F, tl.where(a < (121 << 23), sub, normal))
-        if SAT:  # (a NaN stays NaN)
-            code = tl.where((code == 0x7F) & (a <= 0x7F800000), 0x7E, code)
+        code = tl.where((code == 0x7F) & (a <= 0x7F800000), 0x7E, code)  # (saturate; a NaN stays NaN)
         return code | sign
 
     @triton.jit
@@ -73,12 +75,12 @@ if triton is not None:
         return d * v * sig * (1.0 + g * (1.0 - sig)), d * g * sig
 
     @triton.jit
-    def _to_byte(x, SAT: tl.constexpr, HW: tl.constexpr):
-        """HW: the GPU's own conversion (cvt.rn.satfinite on sm_89+: round to nearest even, saturating; the cast
-        of a saturating torch, ~20 integer operations an element fewer); else e4m3fn_byte."""
+    def _to_byte(x, HW: tl.constexpr):
+        """HW: the GPU's own conversion (cvt.rn.satfinite on sm_89+: round to nearest even, saturating; ~20
+        integer operations an element fewer); else e4m3fn_byte."""
         if HW:
             return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        return e4m3fn_byte(x, SAT).to(tl.uint8)
+        return e4m3fn_byte(x).to(tl.uint8)
 
     @triton.jit
     def _from_byte(byte, HW: tl.constexpr):
@@ -88,8 +90,7 @@ if triton is not None:
         return e4m3fn_value(byte.to(tl.int32))
 
     @triton.jit
-    def _fwd_kernel(u_ptr, o_ptr, q_ptr, T, N, su, so, sq, SAT: tl.constexpr, HW: tl.constexpr, BT: tl.constexpr,
-                    BN: tl.constexpr):
+    def _fwd_kernel(u_ptr, o_ptr, q_ptr, T, N, su, so, sq, HW: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)  # int64 rows: rows x stride can pass 2**31
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         m = (rt < T)[:, None] & (rn < N)[None, :]
@@ -98,8 +99,8 @@ if triton is not None:
         v = tl.load(u_ptr + at + N, mask=m, other=0.0).to(tl.float32)
         tl.store(o_ptr + rt[:, None] * so + rn[None, :], (g * tl.sigmoid(g) * v).to(o_ptr.dtype.element_ty), mask=m)
         qt = rt[:, None] * sq + rn[None, :]
-        tl.store(q_ptr + qt, _to_byte(g, SAT, HW), mask=m)
-        tl.store(q_ptr + qt + N, _to_byte(v, SAT, HW), mask=m)
+        tl.store(q_ptr + qt, _to_byte(g, HW), mask=m)
+        tl.store(q_ptr + qt + N, _to_byte(v, HW), mask=m)
 
     @triton.jit
     def _bwd_kernel(q_ptr, d_ptr, du_ptr, T, N, sq, sd, sdu, HW: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
@@ -118,8 +119,8 @@ if triton is not None:
 
 @functools.lru_cache(maxsize=None)
 def saturates(device: torch.device) -> bool:
-    """Whether this torch's float8_e4m3fn cast on `device` saturates finite overflow to 448 (2.13: yes; older
-    c10 code made it NaN). Asked of torch once a device, so that the kernels' copy is the cast megatron makes."""
+    """Whether this torch's float8_e4m3fn cast on `device` saturates finite overflow to 448 (2.13: yes; 2.11 on
+    CUDA makes it NaN). Asked of torch once a device (fp8_copy, and the trainer's warning for megatron's store)."""
     probe = torch.tensor([1e6, 470.0], device=device).to(torch.float8_e4m3fn).view(torch.uint8)
     return bool((probe == 0x7E).all())
 
@@ -132,10 +133,9 @@ class _SwigluFP8(torch.autograd.Function):
         out = torch.empty(t, n, dtype=u2.dtype, device=u2.device)
         q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device)
         grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
-        sat = saturates(u2.device)
-        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), SAT=sat,
-                          HW=sat and u2.device.type == "cuda", BT=_BT, BN=_BN)
-        ctx.save_for_backward(q.view(torch.float8_e4m3fn))  # (what megatron keeps: the same bytes, the same dtype)
+        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), HW=u2.device.type == "cuda",
+                          BT=_BT, BN=_BN)
+        ctx.save_for_backward(q.view(torch.float8_e4m3fn))  # (what megatron keeps, saturated: the same dtype)
         ctx.shape, ctx.dtype = u.shape, u.dtype
         return out.view(*u.shape[:-1], n)
 
@@ -159,16 +159,24 @@ def swiglu_fp8(u: torch.Tensor) -> torch.Tensor:
     return _SwigluFP8.apply(u)
 
 
+def fp8_copy(u: torch.Tensor) -> torch.Tensor:
+    """u as float8_e4m3fn, finite magnitudes past 448 saturated on every torch (the kernels' copy): torch's cast,
+    after a clamp where this torch's cast would make them NaN (saturates)."""
+    if not saturates(u.device):
+        u = u.clamp(-448.0, 448.0)  # (a NaN stays NaN)
+    return u.to(torch.float8_e4m3fn)
+
+
 def swiglu_fp8_reference(u: torch.Tensor) -> torch.Tensor:
-    """The same function by megatron's ops: the activation from u, its backward at u.to(float8_e4m3fn) in u's
-    dtype (megatron's SwiGLUFunction with fp8_input_store, the unfused math)."""
+    """The same function by megatron's ops: the activation from u, its backward at fp8_copy(u) in u's dtype
+    (megatron's SwiGLUFunction with fp8_input_store, the unfused math, with the kernels' saturating copy)."""
     return _Reference.apply(u)
 
 
 class _Reference(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u):
-        ctx.save_for_backward(u.to(torch.float8_e4m3fn))
+        ctx.save_for_backward(fp8_copy(u))
         ctx.dtype = u.dtype
         return gated_silu(u)
 
@@ -213,3 +221,18 @@ def wire_swiglu_fp8(model) -> int:
         rewire_forward(module, _store_forward)
         wired += 1
     return wired
+
+
+def megatron_store_warning(model, device: torch.device):
+    """A warning line where megatron's own FP8 store is left (kernels off, experts, activation offload) on a torch
+    whose cast makes finite magnitudes past 448 NaN: there every fc1 output past 464 gives a NaN gradient. None
+    where nothing is at risk."""
+    left = sum(1 for module in model.modules()
+               if hasattr(module, "activation_func") and not hasattr(module, "_primus_megatron_forward")
+               and getattr(getattr(module, "config", None), "activation_func_fp8_input_store", False))
+    if not left or saturates(device):
+        return None
+    return (f"WARNING | fp8 swiglu store | {left} MLPs keep megatron's FP8 SwiGLU store, and this torch's "
+            f"float8_e4m3fn cast makes magnitudes past 448 NaN: an fc1 output past 464 gives a NaN gradient "
+            f"(trainer.precision.fp8_swiglu_kernels saturates the dense MLPs' copy; torch 2.13 saturates)")
+

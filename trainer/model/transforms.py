@@ -227,6 +227,12 @@ def _swiglu_fp8(model, ctx: BuildContext) -> str:
     return f"fp8 swiglu kernels | {wired} MLPs keep fc1's output in FP8 by the SwiGLU's own passes"
 
 
+def _swiglu_store_check(model, ctx: BuildContext):
+    from trainer.model.swiglu_fp8 import megatron_store_warning
+
+    return megatron_store_warning(model, ctx.device)
+
+
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
     from trainer.model.ce_kernel import ce_kernel_usable
 
@@ -252,6 +258,8 @@ TRANSFORMS = (
     Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
     Transform("fp8 swiglu kernels", lambda ctx: bool(getattr(ctx.cfg.trainer.precision, "fp8_swiglu_kernels", False))
               and bool(ctx.cfg.trainer.precision.fp8_swiglu_input), _swiglu_fp8),
+    Transform("fp8 swiglu store check", lambda ctx: bool(ctx.cfg.trainer.precision.fp8_swiglu_input)
+              and ctx.device.type == "cuda", _swiglu_store_check),
     Transform("lora epilogue", lambda ctx: ctx.cfg.trainer.lora.epilogue is True
               or (ctx.cfg.trainer.lora.epilogue is None and bool(ctx.cfg.trainer.lora.enabled)), _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),

@@ -26,6 +26,7 @@ import torch
 
 from trainer.model.lora.inputs import dense_mlps, gated_silu, rewire_forward, swiglu_of
 from trainer.model.lora.kernels import kernels_usable
+from trainer.model.swiglu_fp8 import fp8_copy
 
 try:
     import triton
@@ -99,9 +100,9 @@ def _launch(kernel, u2, h2, b, tensors, scale):
 
 
 class _SwigluLoRA(torch.autograd.Function):
-    """fp8_store (precision.fp8_swiglu_input): u_base is kept for backward as float8 e4m3 (the plain cast megatron's
-    activation_func_fp8_input_store makes of the whole u; here only the base part is rounded: s h B^T is added back
-    exactly in the backward kernel, which reads the FP8 copy directly)."""
+    """fp8_store (precision.fp8_swiglu_input): u_base is kept for backward as float8 e4m3 (the cast megatron's
+    activation_func_fp8_input_store makes of the whole u, saturated on every torch: swiglu_fp8.fp8_copy; here only
+    the base part is rounded: s h B^T is added back exactly in the backward kernel, which reads the FP8 copy)."""
 
     @staticmethod
     def forward(ctx, u_base, h, b, scale, fp8_store=False):
@@ -111,7 +112,7 @@ class _SwigluLoRA(torch.autograd.Function):
         out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
         _launch(_fwd_kernel, u2, h_c, b_c, (out,), scale)
         ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape, ctx.u_dtype = scale, b.dtype, h.dtype, u_base.shape, u2.dtype
-        ctx.save_for_backward(u2.to(torch.float8_e4m3fn) if fp8_store else u2, h_c, b_c)
+        ctx.save_for_backward(fp8_copy(u2) if fp8_store else u2, h_c, b_c)
         return out.view(*u_base.shape[:-1], -1)
 
     @staticmethod
