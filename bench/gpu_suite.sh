@@ -202,7 +202,7 @@ case "${1:-}" in
                      # e4m3 without a scale): does the loss stay within the spread? Adapters on qkv/proj only, as in
                      # the 70B recipe, so the MLP runs megatron's SwiGLU and its store; FP8 only
     PRECISIONS=fp8 bash bench/realtext_ab.sh swiglu8-realtext "trainer.lora.target_modules=[linear_qkv,linear_proj]" "" \
-      trainer.precision.fp8_swiglu_input=true ;;
+      "trainer.precision.fp8_swiglu_input=true trainer.precision.fp8_swiglu_kernels=false" ;;
   swiglu8-speed)  # the store's kernels against megatron's store on one 70B fc1 output, interleaved (~30 s)
     python3 bench/swiglu_fp8_speed.py | tee -a "$OUT/swiglu8-speed.jsonl" ;;
   swiglu8k-realtext)  # the same with the store's own kernels (precision.fp8_swiglu_kernels, seventeenth session: the
@@ -366,7 +366,7 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
       --label "70b-${LAYERS70C:-20}layers-costs" --set "trainer.model.num_layers=${LAYERS70C:-20}" \
       --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 \
       --steps "${STEPS:-6}" --variant default= --variant no-dropout=trainer.lora.dropout=0.0 \
-      --variant swiglu8=trainer.precision.fp8_swiglu_input=true \
+      --variant swiglu8=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=false \
       --variant swiglu8k=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true \
       --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
       --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/costs-70b.jsonl"

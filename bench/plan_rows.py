@@ -86,6 +86,9 @@ FP8_EPILOGUE_AUTO = 1796557950
 # trainer.lora.dropout_recompute true by default from here (sixteenth session, 2026-12-06): under pre-dropout the fused
 # and epilogue nodes keep the input and the mask's bits; rows added before kept the dropped copy and a byte mask
 DROPOUT_RECOMPUTE = 1796586549
+# trainer.precision.fp8_swiglu_kernels true by default from here (eighteenth session, 2026-12-07): rows added before
+# ran megatron's FP8 SwiGLU store (its cast and copy back) unless they set it
+SWIGLU_KERNELS = 1796611776
 # the epilogue's dh and dB by cuBLAS from here (0d8cd10, 2026-12-05 18:23): rows measured before ran its one-read
 # dh/dB kernel (dual_grad, 2.2-2.5x slower than cuBLAS's two products), whose time the plan no longer counts
 EPILOGUE_CUBLAS = 1796495022
@@ -189,6 +192,8 @@ def match(row: Row):
         era_overrides = ["trainer.precision.fp8_dot_product_attention=false", *era_overrides]
     if _added_before(row.file, DROPOUT_RECOMPUTE):  # the dropped copy and the byte mask kept
         era_overrides = ["trainer.lora.dropout_recompute=false", *era_overrides]
+    if _added_before(row.file, SWIGLU_KERNELS):  # megatron's SwiGLU store where a row kept fc1's output in FP8
+        era_overrides = ["trainer.precision.fp8_swiglu_kernels=false", *era_overrides]
     if _added_before(row.file, NCCL_LAZY):  # measured when every NCCL communicator was made at init
         era_overrides = ["trainer.distributed.nccl_eager_init=true", *era_overrides]
     overrides = list(era_overrides) + list(d.get("overrides") or []) + [

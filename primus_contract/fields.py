@@ -220,10 +220,12 @@ SCHEMA: dict = {
             # trainer/model/swiglu_fp8.py: megatron's cast after the activation and its copy back to 16 bits before
             # the backward (~190 ms of the 70B's 2.9 s step on an H200, 2026-12-06) become the activation's own
             # passes; the fold's kernels (lora.fused_swiglu) keep their own copy
-            "fp8_swiglu_kernels": Field("bool", False, help="with fp8_swiglu_input: the dense MLPs that fused_swiglu "
+            # (on by default since 2026-12-07: 1.74 ms a 70B layer faster than megatron's store on an H100, and its
+            # copy saturates where torch 2.11's cast makes NaN gradients)
+            "fp8_swiglu_kernels": Field("bool", True, help="with fp8_swiglu_input: the dense MLPs that fused_swiglu "
                                         "does not fold write the FP8 copy in the SwiGLU's own Triton pass and read "
-                                        "it in its backward (torch's e4m3fn bytes), instead of megatron's cast and "
-                                        "copy back; NVIDIA GPU, BF16 (not yet timed on a GPU: off by default)"),
+                                        "it in its backward (torch 2.13's saturating e4m3fn bytes on every torch), "
+                                        "instead of megatron's cast and copy back; NVIDIA GPU, BF16"),
             # TE's FP8 fused attention takes bshd/sbhd only: with packing false every row is one document and the
             # trainer runs plain causal attention without PackedSeqParams (trainer/model/inputs.py)
             "fp8_dot_product_attention": Field("bool", None, nullable=True, help="attention in FP8 (TE's fused "

@@ -188,21 +188,23 @@ def test_the_planner_prices_megatrons_casts_and_not_the_kernels():
 
     elements = 8192 * 57344 * 80
     want = elements * (cal.FP8_SWIGLU_CAST_S * 1.5 + cal.FP8_SWIGLU_UNCAST_S)  # 40 of 80 layers recomputed
-    assert abs(casts() / want - 1) < 1e-9 and 0.15 < casts() < 0.25
-    assert casts("trainer.precision.fp8_swiglu_kernels=true") == 0.0
-    assert casts("trainer.precision.fp8_swiglu_kernels=true", "cluster.env_profile=mi300x") > 0.15
-    folded = casts("trainer.lora.target_modules=[linear_qkv,linear_fc1]")
+    megatrons = casts("trainer.precision.fp8_swiglu_kernels=false")
+    assert abs(megatrons / want - 1) < 1e-9 and 0.15 < megatrons < 0.25
+    assert casts() == 0.0  # (the kernels: on by default)
+    assert casts("cluster.env_profile=mi300x") > 0.15
+    folded = casts("trainer.lora.target_modules=[linear_qkv,linear_fc1]", "trainer.precision.fp8_swiglu_kernels=false")
     assert abs(folded / (elements * cal.FP8_SWIGLU_CAST_S * 1.5) - 1) < 1e-9
     assert casts("trainer.precision.fp8_swiglu_input=false") == 0.0
 
 
 def test_the_contract_notes_where_the_kernels_do_nothing():
     """trainer.precision.fp8_swiglu_kernels acts only with the store, on an NVIDIA GPU in BF16, on an MLP the fold
-    does not take: elsewhere validate and submit say so (rules_dependent), and nothing is refused."""
+    does not take: elsewhere validate and submit say so when it is set (false: the default is true; rules_dependent),
+    and nothing is refused."""
     from primus_contract.rules_dependent import inert_keys
     from primus_slurm.config.recipe import load_recipe
 
-    base = ["trainer.data.train.path=.", "trainer.precision.fp8_swiglu_kernels=true"]
+    base = ["trainer.data.train.path=.", "trainer.precision.fp8_swiglu_kernels=false"]  # (set away from its default)
 
     def noted(*sets):
         r = load_recipe("bench/recipes/llama2_70b_1xh200.yaml", [*base, *sets]).resolved
