@@ -14,10 +14,10 @@ to nearest even, subnormals, finite magnitudes past 448 to 448). Older torch (2.
 those NaN, and so megatron's store a NaN gradient for every fc1 output past 464 in magnitude (measured on an H100,
 bench/results/2026-12-07_h100_lifecycle): the kernels saturate on every torch, so their bytes are megatron's
 wherever megatron's are finite, and `fp8_copy` is the same cast in torch ops (fused_swiglu's fold keeps it). A GPU
-converts with its own instruction (cvt.rn.satfinite: the same bytes but a NaN's sign bit); the interpreter by integer
-operations that follow c10's code (e4m3fn_byte). The backward decodes the bytes exactly (the GPU's conversion, or e4m3fn_value). The gradient is
-therefore megatron's at the same FP8 copy, to fp32 rounding (u in fp32 registers), and the activation megatron's to
-one rounding of the fp32 result.
+converts with its own instruction (cvt.rn.satfinite: the same bytes but a NaN's sign bit); the interpreter by
+integer operations that follow c10's code (e4m3fn_byte). The backward decodes the bytes exactly (the GPU's
+conversion, or e4m3fn_value). The gradient is therefore megatron's at the same FP8 copy, to fp32 rounding (u in fp32
+registers), and the activation megatron's to one rounding of the fp32 result.
 tests/test_swiglu_fp8.py runs both kernels in Triton's CPU interpreter against torch's cast and the unfused ops;
 tests/test_triton_sm90.py compiles both forms for sm_90; tests/gpu/test_swiglu_fp8.py holds the GPU's bytes to
 megatron's.
