@@ -256,7 +256,7 @@ TRANSFORMS = (
     Transform("fp8 transposes", lambda ctx: bool(getattr(ctx.config, "fp8_param", False)), _fp8_transposes),
     Transform("adapter inputs", lambda ctx: bool(ctx.cfg.trainer.recompute.adapter_inputs), _adapter_inputs),
     Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
-    Transform("fp8 swiglu kernels", lambda ctx: bool(getattr(ctx.cfg.trainer.precision, "fp8_swiglu_kernels", False))
+    Transform("fp8 swiglu kernels", lambda ctx: bool(ctx.cfg.trainer.precision.fp8_swiglu_kernels)
               and bool(ctx.cfg.trainer.precision.fp8_swiglu_input), _swiglu_fp8),
     Transform("fp8 swiglu store check", lambda ctx: bool(ctx.cfg.trainer.precision.fp8_swiglu_input)
               and ctx.device.type == "cuda", _swiglu_store_check),
