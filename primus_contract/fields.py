@@ -216,9 +216,9 @@ SCHEMA: dict = {
             "fp8_swiglu_input": Field("bool", False, help="keep the SwiGLU input (fc1's output) for its backward "
                                       "in FP8 e4m3 instead of 16-bit (megatron activation_func_fp8_input_store): "
                                       "ffn/tp x tokens bytes a layer less; GPU only, not with adapter_inputs "
-                                      "scope all|fc2. Saturated past 448 in the dense MLPs (fp8_swiglu_kernels, "
-                                      "fused_swiglu); MLPs left to megatron's store (experts) get NaN gradients "
-                                      "there on torch < 2.13, and the trainer warns"),
+                                      "scope all|fc2. The copy saturates past 448 on every torch (torch 2.11's CUDA "
+                                      "cast alone makes NaN gradients there): the kernels and fused_swiglu write "
+                                      "it so, and the trainer saturates megatron's own store (experts)"),
             # trainer/model/swiglu_fp8.py: megatron's cast after the activation and its copy back to 16 bits before
             # the backward (~190 ms of the 70B's 2.9 s step on an H200, 2026-12-06) become the activation's own
             # passes; the fold's kernels (lora.fused_swiglu) keep their own copy

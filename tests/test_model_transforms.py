@@ -10,7 +10,7 @@ from trainer.precision import Environment, resolve
 
 def test_transforms_run_in_order_and_report_their_lines():
     assert [t.name for t in TRANSFORMS] == ["hf import", "fp8 params", "lora", "fp8 transposes", "adapter inputs",
-                                            "fused swiglu", "fp8 swiglu kernels", "fp8 swiglu store check",
+                                            "fused swiglu", "fp8 swiglu kernels", "fp8 swiglu store",
                                             "lora epilogue", "tp comm overlap", "chunked loss", "fp4 emulation"]
     cfg = tiny_cfg(trainer={"recompute": {"adapter_inputs": True, "adapter_inputs_scope": "fc2"},
                             "precision": {"fp4": "e2m1", "fp4_emulation": True}})

@@ -73,3 +73,47 @@ def test_the_tiny_model_trains_through_the_wiring_like_megatrons_store(record):
     assert ref_wired == [0] and wired == [2]
     assert ref[-1] < ref[0]
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref), rtol=1e-2, atol=0)
+
+
+def test_megatrons_own_store_saturates_once_installed(record, monkeypatch):
+    """trainer/model/swiglu_store.py on this GPU's torch: where its cast does not saturate, install() points
+    megatron's MLP and experts modules at the saturating functions. Against megatron's own (the dense SwiGLU, the
+    experts' token-weighted one): the same activation, the same gradients wherever megatron's are finite, and finite
+    where megatron's are NaN (500, -470 and 1e4 in the first token)."""
+    import megatron.core.transformer.mlp as mlp
+    import megatron.core.transformer.moe.experts as experts
+    from megatron.core.fusions import fused_bias_swiglu as fbs
+
+    from trainer.model import swiglu_store
+    from trainer.model.swiglu_fp8 import saturates
+
+    for module in (mlp, experts):  # (restored after the test)
+        for attr in ("bias_swiglu_impl", "weighted_bias_swiglu_impl"):
+            monkeypatch.setattr(module, attr, getattr(module, attr))
+    installed = swiglu_store.install(torch.device("cuda"))
+    assert installed == (not saturates(torch.device("cuda")))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    u = torch.randn(TOKENS, 2 * FFN, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+    u[0, :3] = torch.tensor([500.0, -470.0, 1e4], device="cuda")
+    w = torch.rand(TOKENS, 1, device="cuda", generator=g)
+    d = torch.randn(TOKENS, FFN, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows = {}
+    for name, theirs, ours, args in (("dense", fbs.bias_swiglu_impl, mlp.bias_swiglu_impl, (None, True)),
+                                     ("experts", fbs.weighted_bias_swiglu_impl, experts.weighted_bias_swiglu_impl,
+                                      (None, w, True))):
+        got = []
+        for fn in (theirs, ours):
+            x = u.clone().requires_grad_(True)
+            leaves = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
+            y = fn(x, *leaves)
+            y.backward(d)
+            got.append((y.detach(), x.grad, [a.grad for a in leaves if isinstance(a, torch.Tensor)]))
+        (y0, g0, w0), (y1, g1, w1) = got
+        finite = g0.isfinite()
+        rows[name] = dict(megatron_nan_grads=int((~finite).sum()), ours_finite=bool(g1.isfinite().all()),
+                          same_act=torch.equal(y0, y1), same_grads=torch.equal(g0[finite], g1[finite]))
+        assert rows[name]["same_act"] and rows[name]["ours_finite"] and rows[name]["same_grads"], rows
+        assert int((~finite).sum()) == (6 if installed else 0), rows  # (gate and up of columns 0-2)
+        for a, b in zip(w0, w1):  # the per-token weights' gradient: megatron's NaN for the first token only
+            assert bool(b.isfinite().all()) and torch.equal(a[1:], b[1:])
+    record(installed=installed, **rows)

@@ -24,7 +24,8 @@ megatron's.
 
 `wire_swiglu_fp8(model)` routes every dense gated-SiLU MLP that keeps its input in FP8 and whose fc1 adapter
 fused_swiglu did not fold (its kernels read their own FP8 copy, trainer/model/lora/swiglu.py) through these kernels;
-MoE experts, activation offload (megatron marks its saved input for the host) and everything else keep megatron's.
+MoE experts, activation offload (megatron marks its saved input for the host) and everything else keep megatron's
+functions, whose copy trainer/model/swiglu_store.py saturates where torch's cast does not.
 """
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ if triton is not None:
 @functools.lru_cache(maxsize=None)
 def saturates(device: torch.device) -> bool:
     """Whether this torch's float8_e4m3fn cast on `device` saturates finite overflow to 448 (2.13: yes; 2.11 on
-    CUDA makes it NaN). Asked of torch once a device (fp8_copy, and the trainer's warning for megatron's store)."""
+    CUDA makes it NaN). Asked of torch once a device (fp8_copy, and swiglu_store.install for megatron's store)."""
     probe = torch.tensor([1e6, 470.0], device=device).to(torch.float8_e4m3fn).view(torch.uint8)
     return bool((probe == 0x7E).all())
 
@@ -221,18 +222,4 @@ def wire_swiglu_fp8(model) -> int:
         rewire_forward(module, _store_forward)
         wired += 1
     return wired
-
-
-def megatron_store_warning(model, device: torch.device):
-    """A warning line where megatron's own FP8 store is left (kernels off, experts, activation offload) on a torch
-    whose cast makes finite magnitudes past 448 NaN: there every fc1 output past 464 gives a NaN gradient. None
-    where nothing is at risk."""
-    left = sum(1 for module in model.modules()
-               if hasattr(module, "activation_func") and not hasattr(module, "_primus_megatron_forward")
-               and getattr(getattr(module, "config", None), "activation_func_fp8_input_store", False))
-    if not left or saturates(device):
-        return None
-    return (f"WARNING | fp8 swiglu store | {left} MLPs keep megatron's FP8 SwiGLU store, and this torch's "
-            f"float8_e4m3fn cast makes magnitudes past 448 NaN: an fc1 output past 464 gives a NaN gradient "
-            f"(trainer.precision.fp8_swiglu_kernels saturates the dense MLPs' copy; torch 2.13 saturates)")
 

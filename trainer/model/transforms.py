@@ -227,10 +227,16 @@ def _swiglu_fp8(model, ctx: BuildContext) -> str:
     return f"fp8 swiglu kernels | {wired} MLPs keep fc1's output in FP8 by the SwiGLU's own passes"
 
 
-def _swiglu_store_check(model, ctx: BuildContext):
-    from trainer.model.swiglu_fp8 import megatron_store_warning
+def _swiglu_store(model, ctx: BuildContext) -> Optional[str]:
+    """The MLPs left on megatron's FP8 SwiGLU store (experts, activation offload, the kernels off): its copy saturated
+    where this torch's cast makes magnitudes past 448 NaN (trainer/model/swiglu_store.py)."""
+    from trainer.model.swiglu_store import install, megatron_store_count
 
-    return megatron_store_warning(model, ctx.device)
+    left = megatron_store_count(model)
+    if not left or not install(ctx.device):
+        return None  # (nothing left to megatron's functions, or this torch's cast saturates)
+    return (f"fp8 swiglu store | {left} MLPs keep megatron's FP8 SwiGLU store, its copy saturated (this torch's "
+            f"float8_e4m3fn cast makes magnitudes past 448 NaN)")
 
 
 def _chunked_loss(model, ctx: BuildContext) -> Optional[str]:
@@ -258,8 +264,8 @@ TRANSFORMS = (
     Transform("fused swiglu", lambda ctx: ctx.cfg.trainer.lora.fused_swiglu is not False, _fused_swiglu),
     Transform("fp8 swiglu kernels", lambda ctx: bool(ctx.cfg.trainer.precision.fp8_swiglu_kernels)
               and bool(ctx.cfg.trainer.precision.fp8_swiglu_input), _swiglu_fp8),
-    Transform("fp8 swiglu store check", lambda ctx: bool(ctx.cfg.trainer.precision.fp8_swiglu_input)
-              and ctx.device.type == "cuda", _swiglu_store_check),
+    Transform("fp8 swiglu store", lambda ctx: bool(ctx.cfg.trainer.precision.fp8_swiglu_input)
+              and ctx.device.type == "cuda", _swiglu_store),
     Transform("lora epilogue", lambda ctx: ctx.cfg.trainer.lora.epilogue is True
               or (ctx.cfg.trainer.lora.epilogue is None and bool(ctx.cfg.trainer.lora.enabled)), _epilogue),
     Transform("tp comm overlap", lambda ctx: bool(ctx.ub_tokens),
