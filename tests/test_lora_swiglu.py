@@ -77,7 +77,9 @@ FP8_STORE = textwrap.dedent("""
     from trainer.model.lora.swiglu import swiglu_lora
     torch.manual_seed(0)
     for t, n, r in ((70, 40, 4), (33, 130, 16)):
-        u = (torch.randn(t, 2 * n) * 2).requires_grad_(True)
+        u = torch.randn(t, 2 * n) * 2
+        u[0, :3] = torch.tensor([500.0, -470.0, 1e4])  # (the copy saturates to 448, as torch 2.13's cast)
+        u.requires_grad_(True)
         h, b, up = torch.randn(t, r, requires_grad=True), torch.randn(2 * n, r, requires_grad=True), torch.randn(t, n)
         act = swiglu_lora(u, h, b, 0.5, kernels=True, fp8_store=True)
         (act * up).sum().backward()

@@ -44,15 +44,18 @@ def test_the_fp8_store_kernels_compile_for_sm90(hw):
 
 
 def test_the_fold_kernels_compile_for_sm90():
-    """fused_swiglu's kernels (their backward calls swiglu_fp8's swiglu_grads) reading the FP8 copy of fc1's output
-    (precision.fp8_swiglu_input; the 16-bit form runs in every GPU session)."""
+    """fused_swiglu's kernels (their backward calls swiglu_fp8's swiglu_grads): the forward writing the FP8 copy of
+    fc1's base output by the GPU's saturating conversion (precision.fp8_swiglu_input) or not, the backward reading
+    that copy (the 16-bit forms run in every GPU session)."""
     import trainer.model.lora.swiglu as s
 
     common = {"h_ptr": "*bf16", "b_ptr": "*bf16", "T": "i32", "N": "i32", "R": "i32", "su": "i32", "sh": "i32",
               "sb": "i32"}
     consts = {"BT": s._BT, "BN": s._BN, "RP": 16}
-    u = "*fp8e4nv"
-    fwd = _compile(s._fwd_kernel, {"u_ptr": u, **common, "o_ptr": "*bf16", "so": "i32", "scale": "fp32"}, consts)
-    bwd = _compile(s._bwd_kernel, {"u_ptr": u, **common, "d_ptr": "*bf16", "du_ptr": "*bf16", "sd": "i32",
+    for store in (True, False):
+        fwd = _compile(s._fwd_kernel, {"u_ptr": "*bf16", **common, "o_ptr": "*bf16", "q_ptr": "*u8", "so": "i32",
+                                       "sq": "i32", "scale": "fp32"}, {**consts, "STORE": store, "HW": True})
+        assert fwd.asm["cubin"] and ("satfinite.e4m3x2" in fwd.asm["ptx"]) is store
+    bwd = _compile(s._bwd_kernel, {"u_ptr": "*fp8e4nv", **common, "d_ptr": "*bf16", "du_ptr": "*bf16", "sd": "i32",
                                    "sdu": "i32", "scale": "fp32"}, consts)
-    assert fwd.asm["cubin"] and bwd.asm["cubin"]
+    assert bwd.asm["cubin"]

@@ -26,7 +26,6 @@ import torch
 
 from trainer.model.lora.inputs import dense_mlps, gated_silu, rewire_forward, swiglu_of
 from trainer.model.lora.kernels import kernels_usable
-from trainer.model.swiglu_fp8 import fp8_copy
 
 try:
     import triton
@@ -35,7 +34,7 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 if triton is not None:
-    from trainer.model.swiglu_fp8 import swiglu_grads
+    from trainer.model.swiglu_fp8 import _to_byte, swiglu_grads
 
 
 def swiglu_lora_reference(u_base, h, b, scale: float, act=gated_silu) -> torch.Tensor:
@@ -48,7 +47,8 @@ def swiglu_lora_reference(u_base, h, b, scale: float, act=gated_silu) -> torch.T
 if triton is not None:
     @triton.jit
     def _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP: tl.constexpr):
-        """(g, v): the gate and up halves of u = u_base + s h B^T for rows rt, columns rn, in fp32."""
+        """(g, v, ug, uv): the gate and up halves of u = u_base + s h B^T for rows rt, columns rn, and the same of
+        u_base alone, in fp32."""
         rk = tl.arange(0, RP)
         mt, mn, mk = rt < T, rn < N, rk < R
         h = tl.load(h_ptr + rt[:, None] * sh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -57,18 +57,23 @@ if triton is not None:
         m = mt[:, None] & mn[None, :]
         ug = tl.load(u_ptr + rt[:, None] * su + rn[None, :], mask=m, other=0.0).to(tl.float32)
         uv = tl.load(u_ptr + rt[:, None] * su + rn[None, :] + N, mask=m, other=0.0).to(tl.float32)
-        return ug + scale * tl.dot(h, bg), uv + scale * tl.dot(h, bu)
+        return ug + scale * tl.dot(h, bg), uv + scale * tl.dot(h, bu), ug, uv
 
     @triton.jit
-    def _fwd_kernel(u_ptr, h_ptr, b_ptr, o_ptr, T, N, R, su, sh, sb, so, scale,
-                    BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
+    def _fwd_kernel(u_ptr, h_ptr, b_ptr, o_ptr, q_ptr, T, N, R, su, sh, sb, so, sq, scale,
+                    BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr, STORE: tl.constexpr, HW: tl.constexpr):
+        """act; STORE: also u_base's FP8 e4m3 byte (swiglu_fp8's saturating cast) into q, from the same read."""
         # int64 rows: rows x the row stride passes 2**31 at ~75k tokens of the 8B's fc1 (audit, 2026-12-06; kernels.py)
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
-        act = g * tl.sigmoid(g) * v
+        g, v, ug, uv = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
         m = (rt < T)[:, None] & (rn < N)[None, :]
+        act = g * tl.sigmoid(g) * v
         tl.store(o_ptr + rt[:, None] * so + rn[None, :], act.to(o_ptr.dtype.element_ty), mask=m)
+        if STORE:
+            qt = rt[:, None] * sq + rn[None, :]
+            tl.store(q_ptr + qt, _to_byte(ug, HW), mask=m)
+            tl.store(q_ptr + qt + N, _to_byte(uv, HW), mask=m)
 
     @triton.jit
     def _bwd_kernel(u_ptr, h_ptr, b_ptr, d_ptr, du_ptr, T, N, R, su, sh, sb, sd, sdu, scale,
@@ -76,7 +81,7 @@ if triton is not None:
         # int64 rows: rows x the row stride passes 2**31 at ~75k tokens of the 8B's fc1 (audit, 2026-12-06; kernels.py)
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        g, v = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
+        g, v, _, _ = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
         m = (rt < T)[:, None] & (rn < N)[None, :]
         d = tl.load(d_ptr + rt[:, None] * sd + rn[None, :], mask=m, other=0.0).to(tl.float32)
         dg, dv = swiglu_grads(d, g, v)
@@ -88,7 +93,7 @@ if triton is not None:
 _BT, _BN = 64, 64
 
 
-def _launch(kernel, u2, h2, b, tensors, scale):
+def _launch(kernel, u2, h2, b, tensors, scale, **constexprs):
     """kernel over (rows of u, columns of one half): u2 [T, 2N], h2 [T, R], b [2N, R]; `tensors`: the kernel's
     further [T, *] arguments, each followed in the signature by its row stride."""
     t, n2 = u2.shape
@@ -96,13 +101,14 @@ def _launch(kernel, u2, h2, b, tensors, scale):
     rp = max(16, triton.next_power_of_2(r))
     grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
     kernel[grid](u2, h2, b, *tensors, t, n, r, u2.stride(0), h2.stride(0), b.stride(0),
-                 *[x.stride(0) for x in tensors], float(scale), BT=_BT, BN=_BN, RP=rp)
+                 *[x.stride(0) for x in tensors], float(scale), BT=_BT, BN=_BN, RP=rp, **constexprs)
 
 
 class _SwigluLoRA(torch.autograd.Function):
     """fp8_store (precision.fp8_swiglu_input): u_base is kept for backward as float8 e4m3 (the cast megatron's
-    activation_func_fp8_input_store makes of the whole u, saturated on every torch: swiglu_fp8.fp8_copy; here only
-    the base part is rounded: s h B^T is added back exactly in the backward kernel, which reads the FP8 copy)."""
+    activation_func_fp8_input_store makes of the whole u, saturated on every torch as swiglu_fp8's kernels write it;
+    here only the base part is rounded, written by the forward kernel from its own read of u_base: s h B^T is added
+    back exactly in the backward kernel, which reads the FP8 copy)."""
 
     @staticmethod
     def forward(ctx, u_base, h, b, scale, fp8_store=False):
@@ -110,9 +116,10 @@ class _SwigluLoRA(torch.autograd.Function):
         h2 = h.reshape(-1, h.shape[-1]).contiguous()
         h_c, b_c = h2.to(u2.dtype), b.to(u2.dtype).contiguous()
         out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
-        _launch(_fwd_kernel, u2, h_c, b_c, (out,), scale)
+        q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device) if fp8_store else out
+        _launch(_fwd_kernel, u2, h_c, b_c, (out, q), scale, STORE=bool(fp8_store), HW=u2.device.type == "cuda")
         ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape, ctx.u_dtype = scale, b.dtype, h.dtype, u_base.shape, u2.dtype
-        ctx.save_for_backward(fp8_copy(u2) if fp8_store else u2, h_c, b_c)
+        ctx.save_for_backward(q.view(torch.float8_e4m3fn) if fp8_store else u2, h_c, b_c)
         return out.view(*u_base.shape[:-1], -1)
 
     @staticmethod
