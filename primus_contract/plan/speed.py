@@ -138,8 +138,8 @@ def _recomputed(t: dict, lay: Layout) -> int:
 def swiglu_store_casts(r: dict, lay: Layout) -> float:
     """Seconds a step (on the H200) of megatron's FP8 SwiGLU store passes (calibration.FP8_SWIGLU_CAST_S /
     UNCAST_S): on a GPU with precision.fp8_swiglu_input, each dense MLP's fc1 output is cast in every forward (the
-    recomputed layers' twice) and copied back before its backward; an MLP fused_swiglu folds keeps the cast only, and
-    one the store's kernels take (precision.fp8_swiglu_kernels: an NVIDIA GPU in BF16) neither."""
+    recomputed layers' twice) and copied back before its backward; an MLP fused_swiglu folds (its forward kernel
+    writes the copy) or the store's kernels take (precision.fp8_swiglu_kernels: an NVIDIA GPU in BF16) neither."""
     t, profile = r["trainer"], r["cluster"]["env_profile"]
     if not t["precision"]["fp8_swiglu_input"]:
         return 0.0
@@ -156,11 +156,10 @@ def swiglu_store_casts(r: dict, lay: Layout) -> float:
         for lin in layer_linears_local(t["model"], lora, lay, layer):
             if lin.short != "linear_fc1" or lin.expert or ".shared_experts." in f".{lin.path}":
                 continue
-            fold = folded and lin.adapted
-            if kernels and not fold:
+            if kernels or (folded and lin.adapted):
                 continue
             cast = cal.FP8_SWIGLU_CAST_S * (1 + redo)
-            seconds += lin.out_local * lin.uses * tokens * (cast + (0.0 if fold else cal.FP8_SWIGLU_UNCAST_S))
+            seconds += lin.out_local * lin.uses * tokens * (cast + cal.FP8_SWIGLU_UNCAST_S)
     return seconds
 
 
