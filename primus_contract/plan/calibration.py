@@ -32,7 +32,8 @@ FP8_ATTENTION_TIME = 0.77
 # the copy back to 16 bits before the backward (unrolled_elementwise_kernel: 274.4 ms / 160 calls, 0.83 TB/s), both
 # over 8,192 x 57,344 elements (bench/results/2026-12-06i_h200_speed/profile-70b-1gpu-block13-normout-swiglu8-prof.txt).
 # Kernel times read off one profile, not fitted. fused_swiglu's forward kernel writes the copy itself (since
-# 2026-12-07, nineteenth session), and the store's own kernels (precision.fp8_swiglu_kernels, trainer/model/swiglu_fp8.py) neither: planned at nothing. On an H100
+# 2026-12-07, nineteenth session), and so do the store's own kernels (precision.fp8_swiglu_kernels,
+# trainer/model/swiglu_fp8.py): both planned at nothing. On an H100
 # (bench/results/2026-12-07_h100_speed) they took 0.80 ms forward and 0.69 ms backward a 70B layer, about what the
 # H200 profile gives megatron's SwiGLU without the store (~0.34 + ~1.09 ms) on a card with 30 % less bandwidth
 FP8_SWIGLU_CAST_S = 1.2073e-12
