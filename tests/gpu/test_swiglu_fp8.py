@@ -117,3 +117,37 @@ def test_megatrons_own_store_saturates_once_installed(record, monkeypatch):
         for a, b in zip(w0, w1):  # the per-token weights' gradient: megatron's NaN for the first token only
             assert bool(b.isfinite().all()) and torch.equal(a[1:], b[1:])
     record(installed=installed, **rows)
+
+
+def test_the_fold_writes_the_saturated_copy_in_its_forward(record):
+    """fused_swiglu's fold under the store (trainer/model/lora/swiglu.py): its forward kernel writes u_base's FP8
+    copy from its own read, by the GPU's saturating conversion. The copy is fp8_copy's bytes (torch's cast where that
+    is finite, +-448 past it), the activation the fold's without the store bit for bit, and the gradients those of the
+    fold without the store run on the copy itself (bit for bit), finite where the inputs pass 448."""
+    from trainer.model.lora.swiglu import swiglu_lora
+    from trainer.model.swiglu_fp8 import fp8_copy
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    u = torch.randn(TOKENS, 2 * FFN, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+    u[0, :3] = torch.tensor([500.0, -470.0, 1e4], device="cuda")
+    h = torch.randn(TOKENS, 16, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(2 * FFN, 16, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    d = torch.randn(TOKENS, FFN, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def run(base, store):
+        leaves = [t.clone().requires_grad_(True) for t in (base, h, b)]
+        act = swiglu_lora(*leaves[:2], leaves[2], 0.5, kernels=True, fp8_store=store)
+        kept = act.grad_fn.saved_tensors[0] if store else None
+        act.backward(d)
+        return act.detach(), [t.grad for t in leaves], kept
+
+    act1, grads1, kept = run(u, True)
+    act0, _, _ = run(u, False)
+    _, grads_q, _ = run(kept.to(torch.bfloat16), False)
+    same_bytes = torch.equal(kept.view(torch.uint8), fp8_copy(u).view(torch.uint8))
+    same_grads = [torch.equal(a, c) for a, c in zip(grads1, grads_q)]
+    record(same_bytes=same_bytes, same_act=torch.equal(act0, act1), same_grads=same_grads,
+           first_bytes=kept.view(torch.uint8)[0, :3].tolist(), finite=[bool(x.isfinite().all()) for x in grads1])
+    assert kept.dtype == torch.float8_e4m3fn and same_bytes
+    assert kept.view(torch.uint8)[0, :3].tolist() == [0x7E, 0xFE, 0x7E]
+    assert torch.equal(act0, act1) and all(same_grads) and all(x.isfinite().all() for x in grads1)
