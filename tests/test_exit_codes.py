@@ -73,6 +73,11 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
     entries = {}
     try:
         entries.update((proc, _read_entry(proc)) for proc in (*cases.values(), stopped))
+        # a cancel on bare metal, as soon as the 100000-iteration run trains: it stops (checkpoints and exits 75)
+        # while the others run, instead of taking a core from them until they have ended; checked after them
+        log = Path(entries[stopped]["run_dir"]) / "logs" / "rank-0" / "debug.log"
+        wait_for(lambda: re.search(r"\] iteration \d+/", read(log)), 300, "training")
+        assert cli(job_env, "cancel", entries[stopped]["run_id"]).returncode == 0
         for want, proc in cases.items():
             _, err = proc.communicate(timeout=400)
             row = status_json(job_env, entries[proc]["run_id"])
@@ -93,10 +98,7 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
                 assert sacct == [f"{want}:0"], sacct
         assert "checkpoint failed | iteration 2" in read(Path(row["run_dir"]) / "logs" / "rank-0" / "debug.log")
 
-        # a cancel on bare metal: the trainer checkpoints and exits 75, and so do the job and the follow
-        log = Path(entries[stopped]["run_dir"]) / "logs" / "rank-0" / "debug.log"
-        wait_for(lambda: re.search(r"\] iteration \d+/", read(log)), 300, "training")
-        assert cli(job_env, "cancel", entries[stopped]["run_id"]).returncode == 0
+        # the cancel on bare metal: the trainer checkpointed and exited 75, and so did the job and the follow
         _, err = stopped.communicate(timeout=120)
         row = status_json(job_env, entries[stopped]["run_id"])
         text = _job_output(row)
