@@ -57,12 +57,13 @@ def run(cfg, run_dir: str, iteration: Optional[int], data: Optional[str]) -> dic
     from trainer.runtime.distributed import destroy_distributed
     from trainer.step.evaluate import evaluate, num_eval_batches
 
+    path = checkpoint_dir(run_dir, iteration)  # (a run without one fails before its validation data is built)
     packs, stats = validation_packs(cfg)
     s = cfg.trainer.schedule
     gbs, mbs, iters = int(s.global_batch_size), int(s.micro_batch_size), int(s.eval_iters)
     batches = num_eval_batches(len(packs), gbs, iters)
     say(f"eval | data {data or 'validation split'} | packs {len(packs)} | global batches {batches}")
-    model, info, it = load_model(cfg, checkpoint_dir(run_dir, iteration))
+    model, info, it = load_model(cfg, path)
     fwd = AccuracyForward(batches)
     try:
         loss = evaluate(model, fwd, packs, global_batch_size=gbs, micro_batch_size=mbs, eval_iters=iters,
