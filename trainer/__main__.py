@@ -19,7 +19,7 @@ from trainer.checkpointing import checkpoint as ckpt
 from trainer import precision
 from trainer.observability import quiet
 from trainer.config import ConfigError, load_config
-from trainer.runtime.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal, record_exit
+from trainer.runtime.signals import EXIT_CONFIG, EXIT_ERROR, StopSignal, exit_process, record_exit
 
 
 class SetupError(Exception):
@@ -208,4 +208,4 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
 if __name__ == "__main__":
     code = main()
     record_exit(code)
-    sys.exit(code)
+    exit_process(code)

@@ -9,7 +9,6 @@ decision and `status` read. PRIMUS_TEST_MODE (through cluster.env) picks the end
 import argparse
 import os
 import socket
-import sys
 import time
 
 import torch
@@ -75,4 +74,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.runtime.signals import exit_process
+
+    exit_process(main())  # as the trainer exits: without the interpreter's finalization, ~0.4 s less

@@ -16,6 +16,7 @@ from trainer.data.errors import DataError
 from trainer.post import evaluate, export, generate
 from trainer.post.prompts import from_text
 from trainer.post.runstate import PostError, run_config, say
+from trainer.runtime.signals import exit_process
 
 
 def parser() -> argparse.ArgumentParser:
@@ -98,4 +99,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

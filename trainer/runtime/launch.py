@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from trainer.runtime.signals import EXIT_DIR_ENV
+from trainer.runtime.signals import EXIT_DIR_ENV, exit_process
 
 WAIT_WORKERS_S = 60.0  # a second stop signal cuts torchrun's own wait for its workers short: wait here instead
 
@@ -116,4 +116,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

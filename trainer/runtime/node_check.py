@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -29,6 +28,7 @@ import torch.distributed as dist
 from primus_contract.node_faults import injected, node_name
 from trainer.runtime import gpu_counters
 from trainer.runtime.preflight_comm import timed_all_reduce
+from trainer.runtime.signals import exit_process
 
 GEMM_REPS = 5
 RING_REPS = 3
@@ -173,4 +173,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

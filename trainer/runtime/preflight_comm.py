@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
@@ -16,6 +15,7 @@ import torch.distributed as dist
 import yaml
 
 from trainer.runtime.distributed import resolve_backend
+from trainer.runtime.signals import exit_process
 
 WARMUP, TIMED = 2, 5
 
@@ -72,4 +72,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
