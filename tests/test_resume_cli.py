@@ -16,11 +16,12 @@ from conftest import CLI, JOBS_DIR, cli, status_json, wait_state
 from primus_slurm.jobs.executor_base import TERMINAL
 from primus_slurm.jobs.local_executor import LOCAL_CANCELLED
 from primus_slurm.jobs.slurm_executor import slurm_listed
-from reliability_support import trainer_recipe, wait_for, wait_text, worker_pids
+from reliability_support import read, trainer_recipe, wait_for, wait_text, worker_pids
 from test_train_support import SMALL, beside
 
 pytestmark = pytest.mark.slow
-ITERS = 60
+ITERS = 200  # ~7 s of training: the window the stop at iteration 3 must land in (60 left ~2 s, which a
+# loaded CI machine missed: the stop landed in the last iteration and the run ended 0, 2026-12-07)
 
 
 def _submit(env, recipe, executor, *sets):
@@ -38,9 +39,11 @@ def _stopped_at_iteration_3(env, tmp_path, executor, started: dict) -> int:
     started["entry"] = _submit(env, trainer_recipe(tmp_path, f"resume{executor}"), executor,
                                f"trainer.schedule.train_iters={ITERS}")
     run_dir = Path(started["entry"]["run_dir"])
-    wait_text(run_dir / "logs" / "rank-0" / "debug.log", "] iteration 3/", 240)
+    log = run_dir / "logs" / "rank-0" / "debug.log"
+    wait_text(log, "] iteration 3/", 240)
     worker = worker_pids(run_dir)[0]
     os.kill(worker, signal.SIGSTOP)
+    assert "training finished" not in read(log), "the stop came after the run's last iteration: too late to test"
     return worker
 
 
