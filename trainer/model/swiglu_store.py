@@ -54,24 +54,26 @@ class _Store(torch.autograd.Function):
         return du, du, None, None  # (autograd sums the bias's gradient over the tokens, as megatron's does)
 
 
+def _rows(input, bias, weights, offload):
+    """_Store over input's rows (2-D or 3-D [s, b, 2 ffn], as megatron's impls take it), in input's shape."""
+    shape = input.shape
+    assert len(shape) in (2, 3)
+    out = _Store.apply(input.view(-1, shape[-1]), bias, weights, offload)
+    return out if len(shape) == 2 else out.view(shape[0], shape[1], -1)
+
+
 def bias_swiglu_impl(input, bias, fp8_input_store=False, cpu_offload_input=False):
     """megatron's bias_swiglu_impl, the FP8 copy saturated."""
     if not fp8_input_store:
         return _ORIGINAL["bias_swiglu_impl"](input, bias, fp8_input_store, cpu_offload_input)
-    shape = input.shape
-    assert len(shape) in (2, 3)
-    out = _Store.apply(input.view(-1, shape[-1]), bias, None, cpu_offload_input)
-    return out if len(shape) == 2 else out.view(shape[0], shape[1], -1)
+    return _rows(input, bias, None, cpu_offload_input)
 
 
 def weighted_bias_swiglu_impl(input, bias, weights, fp8_input_store=False):
     """megatron's weighted_bias_swiglu_impl (MoE's per-token scale), the FP8 copy saturated."""
     if not fp8_input_store or bias is not None:  # (megatron refuses a bias here itself)
         return _ORIGINAL["weighted_bias_swiglu_impl"](input, bias, weights, fp8_input_store)
-    shape = input.shape
-    assert len(shape) in (2, 3)
-    out = _Store.apply(input.view(-1, shape[-1]), None, weights, False)
-    return out if len(shape) == 2 else out.view(shape[0], shape[1], -1)
+    return _rows(input, None, weights, False)
 
 
 _ORIGINAL = {"bias_swiglu_impl": fbs.bias_swiglu_impl, "weighted_bias_swiglu_impl": fbs.weighted_bias_swiglu_impl}

@@ -116,7 +116,7 @@ class _SwigluLoRA(torch.autograd.Function):
         h2 = h.reshape(-1, h.shape[-1]).contiguous()
         h_c, b_c = h2.to(u2.dtype), b.to(u2.dtype).contiguous()
         out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
-        q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device) if fp8_store else out
+        q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device) if fp8_store else out  # (out: unread)
         _launch(_fwd_kernel, u2, h_c, b_c, (out, q), scale, STORE=bool(fp8_store),
                 HW=u2.device.type == "cuda" and not torch.version.hip)  # (ROCm: the integer form, e4m3fn_byte)
         ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape, ctx.u_dtype = scale, b.dtype, h.dtype, u_base.shape, u2.dtype
