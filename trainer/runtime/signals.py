@@ -69,7 +69,7 @@ def exit_process(code: int) -> NoReturn:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass  # closed or replaced: nothing of ours is buffered there
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)  # (sys.exit's codes: None is 0)
 
 
 class StopSignal:
