@@ -9,17 +9,18 @@ from __future__ import annotations
 
 WORKSPACE_GIB = 0.1           # cuBLAS / TE workspaces
 FP8_WORKSPACE_GIB = 0.1       # FP8 scaling state and cast buffers
-ALLOCATOR_MARGIN = 0.02       # the allocator's reserve above its peak (fragmentation). With eager NCCL (below) it
-                              # puts the H200's fit line at 128.4 GiB planned: between 70b-1gpu-block52 (planned
-                              # 126.1, ran at 125.3) and block48-ai (planned 132.7, out of memory;
-                              # 2026-12-02_h200_70b_1gpu), not at the OOM's edge (plan --frontier: block 51). Lazily
-                              # (the default) the line is ~8 GiB higher: block 46 (not yet run)
+ALLOCATOR_MARGIN = 0.01       # the allocator's reserve above its peak (fragmentation), set by the row that ran
+                              # nearest the card's edge: 70b-1gpu-block11-normout-swiglu8 (planned 137.9 GiB, ran 4
+                              # times at 137.2 allocated on the H200's 140.4, lazy NCCL; 2026-12-06i_h200_speed)
+                              # admits at most 1.3 %. The out-of-memory rows the plan matches are refused at any margin
+                              # (the nearest, 2026-12-02's block40, needs 156 GiB). It was 2 % with a CUDA context's
+                              # worth of headroom on top, set on eager-NCCL rows: that refused block 11, which ran.
+                              # tests/test_plan_accuracy.py holds every row that ran to fit, every OOM row not to
 # Outside the caching allocator, per process (GiB). What the trainer holds beyond PyTorch's reserve (its CUDA context
 # and NCCL's communicators), measured on one H100 at world size 1 by trainer.distributed.nccl_eager_init: eager, 20
 # megatron groups' communicators made at init; lazy (the default), none at world size 1
 # (bench/results/2026-12-05c_h100_levers/nccl_groups.jsonl).
 OUTSIDE_TORCH_GIB = {True: 8.88, False: 0.73}
-CONTEXT_HEADROOM_GIB = 0.51   # a CUDA context's worth once more: ALLOCATOR_MARGIN's fit line was set with it (eager)
 NCCL_FIRST_COMM_GIB = 0.66    # lazy, world size > 1: the first communicator a process makes (one all-reduce)
 NCCL_COMM_GIB = 0.38          # each further one (the same probe; NCCL's default buffers and channels)
 # Attention's time with TE's FP8 attention (precision.fp8_dot_product_attention) over its BF16 time: the 8B FP8

@@ -303,9 +303,9 @@ def lazy_communicators(lay: Layout, t: dict) -> int:
 def outside_torch_gib(resolved: dict, lay: Layout) -> float:
     """GiB a process holds outside PyTorch's caching allocator: the CUDA context and NCCL's communicators, eager
     (trainer.distributed.nccl_eager_init: megatron's ~20 groups' made at init) or lazy (the default: none at world
-    size 1, then the first and each further one its groups use), plus a context's worth of headroom (calibration)."""
+    size 1, then the first and each further one its groups use)."""
     eager = bool(resolved["trainer"]["distributed"]["nccl_eager_init"])
-    gib = cal.OUTSIDE_TORCH_GIB[eager] + cal.CONTEXT_HEADROOM_GIB
+    gib = cal.OUTSIDE_TORCH_GIB[eager]
     if not eager and lay.world > 1:
         gib += cal.NCCL_FIRST_COMM_GIB + cal.NCCL_COMM_GIB * lazy_communicators(lay, resolved["trainer"])
     return gib
