@@ -74,10 +74,13 @@ class AdapterStores:
     or the epilogue on a non-norm linear, the norm epilogue on a norm-fed one; experts keep their grouped path; a GPU
     run at a p whose float scales differ keeps the copy, trainer/model/lora/drop.py recomputable, which p = 0.1 does
     not). norm_output: the norm epilogue's adapters keep the norm's input (kept by the norm anyway), not its output
-    (trainer.recompute.norm_output; under pre-dropout only with the dropped copy recomputed)."""
+    (trainer.recompute.norm_output; under pre-dropout only with the dropped copy recomputed). norm_epilogue: the
+    norm-fed adapters run on the norm epilogue (trainer/model/lora/norm_epilogue.py), which keeps no FP8 cast of
+    the norm output beside the adapter's copy."""
     drop_plain: bool = False
     drop_norm: bool = False
     norm_output: bool = False
+    norm_epilogue: bool = False
 
     def drop(self, lin: Linear) -> bool:
         return not lin.expert and (self.drop_norm if lin.norm_fed else self.drop_plain)
@@ -89,12 +92,11 @@ class AdapterStores:
 def adapter_stores(t: dict, profile: str) -> AdapterStores:
     lora = t["lora"]
     pre = lora["dropout"] > 0 and lora["dropout_position"] == "pre"
-    norm_epilogue = epilogue_norm_on(t, profile) if (pre and lora["dropout_recompute"]) or \
-        t["recompute"]["norm_output"] else False
+    norm_epilogue = epilogue_norm_on(t, profile)
     drop_norm = bool(pre and lora["dropout_recompute"] and norm_epilogue)
     drop_plain = bool(pre and lora["dropout_recompute"] and (lora["fused"] or epilogue_on(t, profile)))
     norm_output = bool(t["recompute"]["norm_output"] and norm_epilogue and (not pre or drop_norm))
-    return AdapterStores(drop_plain, drop_norm, norm_output)
+    return AdapterStores(drop_plain, drop_norm, norm_output, norm_epilogue)
 
 
 def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear], moe: bool,
@@ -155,8 +157,8 @@ def layer_activation_bytes(m: dict, t: dict, lay: Layout, linears: list[Linear],
             adapter += 0.0 if shared_kept else in_bytes
             shared_kept = True
         elif lin.norm_fed and not lin.expert:
-            if not folded_norm and not stores.norm(lin):
-                adapter += in_bytes * (1.5 if fp8 else 1.0)  # FP8: the adapter also keeps a cast of it
+            if not folded_norm and not stores.norm(lin):  # FP8 off the norm epilogue: TE's cast of it is kept too
+                adapter += in_bytes * (1.5 if fp8 and not stores.norm_epilogue else 1.0)
         elif lin.short == "linear_fc2" and not lin.expert and ".shared_experts." not in f".{lin.path}":
             if not folded_fc2:
                 adapter += in_bytes
