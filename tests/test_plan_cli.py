@@ -56,6 +56,22 @@ def test_json_has_the_documented_keys_and_breakdown():
     assert d["calibration_rows"], "the plan names the rows that calibrate it"
 
 
+def test_the_text_shows_what_is_added_to_the_peak_and_what_must_fit():
+    """The margin and the context sit under the peak, as additions, and the last line is what is checked (the
+    printed lines add up to it: the peak printed above them did not include them, as the old layout suggested)."""
+    out = run("plan", "recipes/llama2_70b_1xh200.yaml")
+    assert out.returncode == 0, out.stderr
+    rows = {line[:30].strip(): line[30:].split() for line in out.stdout.splitlines() if line.startswith("  ")}
+    order = list(rows)
+    peak, margin, context, needs = (float(rows[k][0]) for k in ("peak (allocator)", "+ allocator margin",
+                                                               "+ cuda context + nccl", "= needs"))
+    assert order.index("peak (allocator)") + 3 == order.index("= needs")
+    assert "allocator margin" not in order and abs(peak + margin + context - needs) < 0.015
+    assert rows["= needs"][1:] == ["of", "the", "H200", "141GB's", "140.40"]
+    d = json.loads(run("plan", "recipes/llama2_70b_1xh200.yaml", "--json").stdout)
+    assert abs(d["needs_gib"] - needs) < 0.006 and abs(d["peak_gib"] - peak) < 0.006
+
+
 def test_gpu_table_covers_every_gpu_profile():
     gpu_profiles = {p for p in PROFILES if p not in ("none", "cpu")}
     assert gpu_profiles == set(GPUS) == {"h100", "h200", "b200", "mi300x", "mi355x"}

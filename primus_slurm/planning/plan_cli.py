@@ -65,8 +65,12 @@ def unknown_gpu_note(p: Plan, resolved: dict) -> str | None:
 
 def _text(p: Plan, recipe_path) -> str:
     lines = [f"plan: {recipe_path}", summary(p), f"memory, GiB per GPU (pipeline stage {p.stage}):"]
-    lines += [f"  {k:28s} {v:8.2f}" for k, v in p.breakdown.items() if v >= 0.005]
+    outside = ("allocator margin", "cuda context + nccl")  # added to the peak, not part of it
+    lines += [f"  {k:28s} {v:8.2f}" for k, v in p.breakdown.items() if v >= 0.005 and k not in outside]
     lines.append(f"  {'peak (allocator)':28s} {p.peak_gib:8.2f}")
+    lines += [f"  {'+ ' + k:28s} {p.breakdown[k]:8.2f}" for k in outside if k in p.breakdown]
+    room = f" of the {p.gpu.name}'s {p.gpu.memory_gib:.2f}" if p.gpu is not None and not p.on_cpu else ""
+    lines.append(f"  {'= needs':28s} {p.needs_gib:8.2f}{room}")
     lines.append("step time, ms:")
     lines += [f"  {k:28s} {1000 * v:8.1f}" for k, v in p.time_parts.items() if v > 0]
     lines.append(f"calibrated on one H200 from {len(calibration.CALIBRATION_ROWS)} measured rows of bench/results "
