@@ -362,15 +362,22 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
               # dropout_pre_elementwise cost, ~114 bytes an element at the H200's bandwidth, from 2026-11-30's unfused
               # TP=2 rows) and fp8_swiglu_input's casts at nothing, while block 44 with the store ran 7.5 % under its
               # plan. The same 20-layer cut as store-70b, no recompute: the defaults, the dropout off, the SwiGLU store
+    # VARIANTS70C picks some (2026-12-07b: "swiglu8 swiglu8k", megatron's store against the kernels, ~75 s on an H100);
+    # the spread's baseline is the first picked
+    declare -A costs=([default]= [no-dropout]=trainer.lora.dropout=0.0
+      [swiglu8]=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=false
+      [swiglu8k]=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true)
+    picked=(); base70c=""
+    for v in ${VARIANTS70C:-default no-dropout swiglu8 swiglu8k}; do
+      [ -n "${costs[$v]+x}" ] || { echo "costs-70b: unknown variant '$v' (${!costs[*]})" >&2; exit 2; }
+      picked+=(--variant "$v=${costs[$v]}"); base70c=${base70c:-$v}
+    done
     timeout $(( ${BUDGET_S:-420} + 60 )) python3 bench/interleaved.py --recipe bench/recipes/llama2_70b_1xh200.yaml \
       --label "70b-${LAYERS70C:-20}layers-costs" --set "trainer.model.num_layers=${LAYERS70C:-20}" \
       --set trainer.recompute.granularity=null --docs packed --repeats "${REPEATS:-3}" --warmup 2 \
-      --steps "${STEPS:-6}" --variant default= --variant no-dropout=trainer.lora.dropout=0.0 \
-      --variant swiglu8=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=false \
-      --variant swiglu8k=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true \
-      --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
+      --steps "${STEPS:-6}" "${picked[@]}" --deadline $(( $(date +%s) + ${BUDGET_S:-420} )) \
       --workdir /tmp/bench-work 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/costs-70b.jsonl"
-    python3 bench/spread.py --baseline default "$OUT/costs-70b.jsonl" | tee "$OUT/costs-70b-spread.jsonl" ;;
+    python3 bench/spread.py --baseline "${base70c}" "$OUT/costs-70b.jsonl" | tee "$OUT/costs-70b-spread.jsonl" ;;
   70b1-loss)
     python3 bench/fp8_release_loss.py --layers 20 --iters 24 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/70b1-loss.jsonl" ;;
   70b)
