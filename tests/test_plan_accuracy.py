@@ -59,7 +59,6 @@ def test_oom_rows_are_planned_not_to_fit():
     assert all(plan(r).fits is False for _, r in ooms)
 
 
-@pytest.mark.slow  # plans every row, as the band test does
 def test_rows_that_ran_are_planned_to_fit():
     """The memory check refuses at submit what the plan says will not fit: it must not refuse what ran (the 70B's
     block 11 on one H200 ran four times at 137.2 GiB and was refused by a 2 % margin plus a context's headroom)."""

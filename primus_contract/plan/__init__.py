@@ -30,6 +30,9 @@ def auto_levers(t: dict, profile: str) -> str:
                      for section, key, on, data in AUTO_LEVERS if t[section][key] is None)
 
 
+ADDED_TO_PEAK = ("allocator margin", "cuda context + nccl")  # breakdown terms outside the allocator's peak
+
+
 @dataclass
 class Plan:
     layout: Layout
@@ -115,9 +118,9 @@ def plan(resolved: dict) -> Plan:
     peak = sum(terms.values())
     margin = peak * cal.ALLOCATOR_MARGIN
     breakdown = dict(terms)
-    breakdown["allocator margin"] = margin
+    breakdown[ADDED_TO_PEAK[0]] = margin
     outside = outside_torch_gib(resolved, lay)
-    breakdown["cuda context + nccl"] = outside
+    breakdown[ADDED_TO_PEAK[1]] = outside
     parts = step_time(resolved, lay, gpu)
     return Plan(lay, gpu, stage, breakdown, peak, peak + margin + outside, sum(parts.values()), parts,
                 precision, notes, on_cpu)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from primus_contract.plan import Plan, calibration, plan
+from primus_contract.plan import ADDED_TO_PEAK, Plan, calibration, plan
 from primus_contract.plan.frontier import candidates, cheapest_fit_of, fastest_fit, get
 from primus_contract.plan.gpus import GPUS
 from primus_slurm.cli_options import set_option
@@ -65,10 +65,9 @@ def unknown_gpu_note(p: Plan, resolved: dict) -> str | None:
 
 def _text(p: Plan, recipe_path) -> str:
     lines = [f"plan: {recipe_path}", summary(p), f"memory, GiB per GPU (pipeline stage {p.stage}):"]
-    outside = ("allocator margin", "cuda context + nccl")  # added to the peak, not part of it
-    lines += [f"  {k:28s} {v:8.2f}" for k, v in p.breakdown.items() if v >= 0.005 and k not in outside]
+    lines += [f"  {k:28s} {v:8.2f}" for k, v in p.breakdown.items() if v >= 0.005 and k not in ADDED_TO_PEAK]
     lines.append(f"  {'peak (allocator)':28s} {p.peak_gib:8.2f}")
-    lines += [f"  {'+ ' + k:28s} {p.breakdown[k]:8.2f}" for k in outside if k in p.breakdown]
+    lines += [f"  {'+ ' + k:28s} {p.breakdown[k]:8.2f}" for k in ADDED_TO_PEAK]
     room = f" of the {p.gpu.name}'s {p.gpu.memory_gib:.2f}" if p.gpu is not None and not p.on_cpu else ""
     lines.append(f"  {'= needs':28s} {p.needs_gib:8.2f}{room}")
     lines.append("step time, ms:")
