@@ -68,7 +68,7 @@ def _text(p: Plan, recipe_path) -> str:
     lines += [f"  {k:28s} {v:8.2f}" for k, v in p.breakdown.items() if v >= 0.005 and k not in ADDED_TO_PEAK]
     lines.append(f"  {'peak (allocator)':28s} {p.peak_gib:8.2f}")
     lines += [f"  {'+ ' + k:28s} {p.breakdown[k]:8.2f}" for k in ADDED_TO_PEAK]
-    room = f" of the {p.gpu.name}'s {p.gpu.memory_gib:.2f}" if p.gpu is not None and not p.on_cpu else ""
+    room = f" of the {p.gpu.name}'s {p.gpu.memory_gib:.2f}" if p.gpu is not None else ""  # (none on a CPU run)
     lines.append(f"  {'= needs':28s} {p.needs_gib:8.2f}{room}")
     lines.append("step time, ms:")
     lines += [f"  {k:28s} {1000 * v:8.1f}" for k, v in p.time_parts.items() if v > 0]
