@@ -155,6 +155,37 @@ def run_kinds(args, cfg, info, model, packs: dict, kinds: list, run_dir: Path, b
     return None
 
 
+def warm_process(args, configs: dict, packs: dict, kinds: list, info, work: Path, precision_name: str) -> None:
+    """One untimed block before the interleaving: the first variant on its first docs kind, built and freed like any
+    block. A process's first block pays one-time costs that outlast its warm-up steps (kernel compiles and their
+    worker processes, first allocations): on one H100 on 2026-12-07 the first block ran 10-23 % slow in 3 of 4 calls,
+    the blocks after it within 1-2 % of each other (bench/results/2026-12-07c_h100_speed/). Its row is
+    "interleaved_warmup", which bench/spread.py does not read."""
+    import torch
+
+    from trainer.model import build
+    from trainer.precision import follow_data
+    from trainer.runtime.distributed import seed_streams
+
+    name, (cfg, prec) = next(iter(configs.items()))
+    d = kinds[0]
+    base = {"bench": "interleaved_warmup", "label": args.label, "variant": name, "docs": d, "precision": precision_name}
+    seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank)
+    tb = time.perf_counter()
+    built = None
+    try:  # (a variant that fails here fails again as a timed block's row, which says why)
+        built = build(cfg, info.device, follow_data(prec, cfg, packs[d].max_pack_documents() <= 1))
+        row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / "run-warmup"))
+    except Exception as err:  # noqa: BLE001
+        row = {"error": f"{type(err).__name__}: {str(err)[:400]}"}
+    print(json.dumps({**base, **row, "block_s": round(time.perf_counter() - tb, 1)}), flush=True)
+    del built
+    gc.collect()
+    reset_fp8_state()
+    if info.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def with_job_env(recipe: str, overrides: list[str], argv: list[str]) -> None:
     """Run again under the variables a submitted job exports (env profile + cluster.env: the allocator, connection
     and TE settings bench/trainer_throughput.py's runs get), this process's own environment winning, before anything
@@ -179,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--process-warmup", type=int, choices=(0, 1), default=1,
+                    help="1: one untimed block (the first variant, first docs kind) before the timed ones")
     ap.add_argument("--label", default="")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--deadline", type=float, default=0.0,
@@ -221,6 +254,8 @@ def main(argv=None) -> int:
         cfg_d, _ = resolve(args.recipe, args.overrides, data[d], work, f"data-{d}")
         packs[d] = build_datasets(cfg_d, info.rank, info.world_size)[0]
     on_gpu = info.device.type == "cuda"
+    if args.process_warmup:
+        warm_process(args, configs, packs, docs_kinds, info, work, precision_name)
     block_s = 0.0
     for rep, (name, sets) in interleave(variants, args.repeats):
         base = {"bench": "interleaved", "label": args.label, "variant": name, "rep": rep,
