@@ -78,6 +78,7 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
   # process has its share of the call's time (BUDGET_S, default 560 s: anchor 1/4, ceiling 7/20, ours the rest, 3:2
   # between BF16 and FP8 (SHARES)): no block starts that would end past it, so one device call (600 s) returns.
   # ANCHOR=0 skips the anchor (a short call that compares variants and the ceiling only; its time goes to ours).
+  # PROCESS_WARMUP=0 drops ours' untimed first block (bench/interleaved.py --process-warmup, on since 2026-12-07c).
   local name=$1; shift
   local end=$(( $(date +%s) + ${BUDGET_S:-560} )) r=${REPEATS:-3} precs=(${PRECISIONS:-bf16 fp8})
   local anchor=() ceiling=()
@@ -96,7 +97,8 @@ interleaved_call() {  # $1: the group; then bench/interleaved.py --variant argum
       wsum=0; for w in "${weights[@]:i:${#precs[@]}-i}"; do wsum=$((wsum + w)); done
       share=$(( (end - $(date +%s)) * ${weights[i]:-1} / (wsum > 0 ? wsum : 1) )); i=$((i + 1))
       timeout $((share + 60)) python3 bench/interleaved.py --recipe $R8 --label "8b-$p" "${set_p[@]}" "$@" \
-        --repeats "$r" --warmup 2 --steps "${STEPS:-4}" --deadline $(( $(date +%s) + share )) --workdir /tmp/bench-work
+        --repeats "$r" --warmup 2 --steps "${STEPS:-4}" --process-warmup "${PROCESS_WARMUP:-1}" \
+        --deadline $(( $(date +%s) + share )) --workdir /tmp/bench-work
     done
   } 2>&1 | grep --line-buffered '^{' | tee -a "$OUT/$name.jsonl"
   python3 bench/spread.py "$OUT/$name.jsonl" | tee "$OUT/$name-spread.jsonl"

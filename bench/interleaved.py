@@ -155,7 +155,7 @@ def run_kinds(args, cfg, info, model, packs: dict, kinds: list, run_dir: Path, b
     return None
 
 
-def warm_process(args, configs: dict, packs: dict, kinds: list, info, work: Path, precision_name: str) -> None:
+def warm_process(args, configs: dict, packs: dict, kinds: list, info, work: Path, precision_name: str) -> float:
     """One untimed block before the interleaving: the first variant on its first docs kind, built and freed like any
     block. A process's first block pays one-time costs that outlast its warm-up steps (kernel compiles and their
     worker processes, first allocations): on one H100 on 2026-12-07 the first block ran 10-23 % slow in 3 of 4 calls,
@@ -178,12 +178,14 @@ def warm_process(args, configs: dict, packs: dict, kinds: list, info, work: Path
         row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / "run-warmup"))
     except Exception as err:  # noqa: BLE001
         row = {"error": f"{type(err).__name__}: {str(err)[:400]}"}
-    print(json.dumps({**base, **row, "block_s": round(time.perf_counter() - tb, 1)}), flush=True)
+    elapsed = time.perf_counter() - tb
+    print(json.dumps({**base, **row, "block_s": round(elapsed, 1)}), flush=True)
     del built
     gc.collect()
     reset_fp8_state()
     if info.device.type == "cuda":
         torch.cuda.empty_cache()
+    return elapsed
 
 
 def with_job_env(recipe: str, overrides: list[str], argv: list[str]) -> None:
@@ -254,9 +256,8 @@ def main(argv=None) -> int:
         cfg_d, _ = resolve(args.recipe, args.overrides, data[d], work, f"data-{d}")
         packs[d] = build_datasets(cfg_d, info.rank, info.world_size)[0]
     on_gpu = info.device.type == "cuda"
-    if args.process_warmup:
-        warm_process(args, configs, packs, docs_kinds, info, work, precision_name)
-    block_s = 0.0
+    # (the warm-up's time, build included, is the first estimate of a block's for --deadline)
+    block_s = warm_process(args, configs, packs, docs_kinds, info, work, precision_name) if args.process_warmup else 0.0
     for rep, (name, sets) in interleave(variants, args.repeats):
         base = {"bench": "interleaved", "label": args.label, "variant": name, "rep": rep,
                 "precision": precision_name, "overrides": sets, "recipe": args.recipe, "set": list(args.overrides),
