@@ -7,7 +7,10 @@ trainer's own step (trainer.step.train.Trainer.step: forward, backward, grad red
 `--docs` kind — `--warmup` steps, then `--steps` timed ones — and frees the model. One JSON line per block:
 
     {"bench": "interleaved", "label", "variant", "docs", "precision", "rep", "tokens_per_s", "ms_per_iter",
-     "peak_gib", "lm_loss", "build_s", "block_s"}
+     "peak_gib", "lm_loss", "build_s", "block_s", "gc_collections", "gc_ms", "child_processes"}
+
+(gc_*: Python's collections inside the timed steps by generation; child_processes: this process's descendants at
+the block's end; bench/host_pauses.py.)
 
 A variant the contract or the machine refuses gives one error row (with the refusal) and is not built again. One
 process per precision; bench/spread.py turns the rows into min / median / max and verdicts. Building per block costs
@@ -32,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from host_pauses import GcPauses, descendants  # noqa: E402
 from spread import interleave  # noqa: E402
 
 
@@ -101,20 +105,21 @@ def run_block(cfg, info, model, packs, warmup: int, steps: int, run_dir: str) ->
                       adapter_state_dict)
     sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
     lr = float(cfg.trainer.schedule.lr)
-    tokens, t0, last = 0.0, None, None
-    for i in range(warmup + steps):
-        if i == warmup:
-            sync()
-            t0 = time.perf_counter()
-        result = trainer.step(trainer.micro_batches(i), lr)
-        if i >= warmup:
-            tokens += result.tokens
-        last = result
+    tokens, last = 0.0, None
+    for i in range(warmup):
+        last = trainer.step(trainer.micro_batches(i), lr)
     sync()
+    t0 = time.perf_counter()
+    with GcPauses() as pauses:  # the host's garbage collections inside the timed steps
+        for i in range(warmup, warmup + steps):
+            last = trainer.step(trainer.micro_batches(i), lr)
+            tokens += last.tokens
+        sync()
     dt = time.perf_counter() - t0
     logger.close()
     return {"tokens_per_s": round(tokens / dt / info.world_size, 1), "ms_per_iter": round(1000 * dt / steps, 1),
-            "lm_loss": float(last.loss_sum) / max(last.num_loss_tokens, 1.0)}
+            "lm_loss": float(last.loss_sum) / max(last.num_loss_tokens, 1.0), **pauses.row(),
+            "child_processes": descendants()}
 
 
 def by_precision(prec, cfg, packs: dict, kinds: list) -> list:

@@ -91,6 +91,26 @@ def test_variant_parsing():
         interleaved.parse_variant("=x=1")
 
 
+def test_host_pauses_count_collections_and_descendant_processes():
+    import gc
+
+    from host_pauses import GcPauses, descendants
+
+    with GcPauses() as pauses:
+        gc.collect()
+    gc.collect()  # outside the block: not counted
+    assert pauses.count[2] == 1 and pauses.ms[2] >= 0.0
+    assert pauses.row() == {"gc_collections": pauses.count, "gc_ms": [round(v, 1) for v in pauses.ms]}
+    before = descendants()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert descendants() == before + 1
+    finally:  # (this test's own child, by its handle)
+        child.kill()
+        child.wait()
+    assert descendants() == before
+
+
 @pytest.mark.slow  # 5-16 s on two cores (load): the real trainer step (tiny model), 2 variants + a refused one, 2 repeats
 def test_interleaved_call_on_cpu(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench/interleaved.py"), "--recipe", str(ROOT / "recipes/quickstart.yaml"),
@@ -117,3 +137,5 @@ def test_interleaved_call_on_cpu(tmp_path):
     # every block starts from the same weights and packs: on CPU the wired SwiGLU is the unfused ops, bit for bit
     assert len({v for k, v in loss.items() if k[2] == "single"} | {warm["lm_loss"]}) == 1  # the warm-up's too
     assert any("fused swiglu" in line for r in rows if r["variant"] == "swiglu" for line in r["transforms"])
+    timed = [r for r in rows if "lm_loss" in r]  # the host's side of each timed window (bench/host_pauses.py)
+    assert all(len(r["gc_collections"]) == 3 and len(r["gc_ms"]) == 3 and r["child_processes"] >= 0 for r in timed)
