@@ -7,7 +7,7 @@ collection of their own (the twenty-first session's measurement).
 
     with GcPauses() as pauses:
         ...timed steps...
-    row.update(pauses.row(), child_processes=descendants())
+    row.update(pauses.row(), child_processes=len(descendants() or ()))
 """
 from __future__ import annotations
 
@@ -45,13 +45,14 @@ class GcPauses:
         return {"gc_collections": list(self.count), "gc_ms": [round(v, 1) for v in self.ms]}
 
 
-def descendants(pid: Optional[int] = None) -> Optional[int]:
-    """How many processes descend from `pid` (this one by default), from /proc; None where /proc has no children
+def descendants(pid: Optional[int] = None) -> Optional[set[int]]:
+    """The processes that descend from `pid` (this one by default), from /proc; None where /proc has no children
     files (not Linux, or a kernel without them)."""
     root = os.getpid() if pid is None else pid
     if not os.path.isdir(f"/proc/{root}/task"):
         return None
-    seen, todo = set(), [root]
+    seen: set[int] = set()
+    todo = [root]
     while todo:
         p = todo.pop()
         try:
@@ -64,8 +65,6 @@ def descendants(pid: Optional[int] = None) -> Optional[int]:
                     kids = [int(k) for k in f.read().split()]
             except (OSError, ValueError):
                 continue
-            for k in kids:
-                if k not in seen:
-                    seen.add(k)
-                    todo.append(k)
-    return len(seen)
+            todo += [k for k in kids if k not in seen]
+            seen.update(kids)
+    return seen

@@ -119,7 +119,7 @@ def run_block(cfg, info, model, packs, warmup: int, steps: int, run_dir: str) ->
     logger.close()
     return {"tokens_per_s": round(tokens / dt / info.world_size, 1), "ms_per_iter": round(1000 * dt / steps, 1),
             "lm_loss": float(last.loss_sum) / max(last.num_loss_tokens, 1.0), **pauses.row(),
-            "child_processes": descendants()}
+            "child_processes": None if (kids := descendants()) is None else len(kids)}
 
 
 def by_precision(prec, cfg, packs: dict, kinds: list) -> list:
@@ -166,31 +166,35 @@ def warm_process(args, configs: dict, packs: dict, kinds: list, info, work: Path
     worker processes, first allocations): on one H100 on 2026-12-07 the first block ran 10-23 % slow in 3 of 4 calls,
     the blocks after it within 1-2 % of each other (bench/results/2026-12-07c_h100_speed/). Its row is
     "interleaved_warmup", which bench/spread.py does not read."""
-    import torch
-
     from trainer.model import build
-    from trainer.precision import follow_data
     from trainer.runtime.distributed import seed_streams
 
     name, (cfg, prec) = next(iter(configs.items()))
-    d = kinds[0]
+    d_prec, (d, *_) = by_precision(prec, cfg, packs, kinds)[0]
     base = {"bench": "interleaved_warmup", "label": args.label, "variant": name, "docs": d, "precision": precision_name}
     seed_streams(int(cfg.experiment.seed), info.pp_rank, info.dp_rank)
     tb = time.perf_counter()
     built = None
     try:  # (a variant that fails here fails again as a timed block's row, which says why)
-        built = build(cfg, info.device, follow_data(prec, cfg, packs[d].max_pack_documents() <= 1))
+        built = build(cfg, info.device, d_prec)
         row = run_block(cfg, info, built.model, packs[d], args.warmup, args.steps, str(work / "run-warmup"))
     except Exception as err:  # noqa: BLE001
         row = {"error": f"{type(err).__name__}: {str(err)[:400]}"}
     elapsed = time.perf_counter() - tb
     print(json.dumps({**base, **row, "block_s": round(elapsed, 1)}), flush=True)
     del built
+    release(info.device)
+    return elapsed
+
+
+def release(device) -> None:
+    """After a block's model is dropped: its cycles collected, TE's FP8 state reset, the allocator's cache emptied."""
+    import torch
+
     gc.collect()
     reset_fp8_state()
-    if info.device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-    return elapsed
 
 
 def with_job_env(recipe: str, overrides: list[str], argv: list[str]) -> None:
@@ -227,8 +231,6 @@ def main(argv=None) -> int:
     with_job_env(args.recipe, args.overrides, sys.argv[1:] if argv is None else argv)
     print(json.dumps({"bench": "interleaved_env", "label": args.label, "job_env": {
         k: os.environ.get(k) for k in json.loads(os.environ["PRIMUS_BENCH_JOB_ENV"])}}), flush=True)
-    import torch
-
     from primus_slurm.config.recipe import load_recipe
     from trainer.data import build_datasets
     from trainer.model import build
@@ -260,7 +262,6 @@ def main(argv=None) -> int:
     for d in docs_kinds:  # the same packs for every variant: only the data path differs from the variant's recipe
         cfg_d, _ = resolve(args.recipe, args.overrides, data[d], work, f"data-{d}")
         packs[d] = build_datasets(cfg_d, info.rank, info.world_size)[0]
-    on_gpu = info.device.type == "cuda"
     # (the warm-up's time, build included, is the first estimate of a block's for --deadline)
     block_s = warm_process(args, configs, packs, docs_kinds, info, work, precision_name) if args.process_warmup else 0.0
     for rep, (name, sets) in interleave(variants, args.repeats):
@@ -291,10 +292,7 @@ def main(argv=None) -> int:
                                {**base, "build_s": round(build_s, 1), "transforms": lines,
                                 "fp8_attention": d_prec.settings.fp8_dot_product_attention})
             del built
-            gc.collect()
-            reset_fp8_state()
-            if on_gpu:
-                torch.cuda.empty_cache()
+            release(info.device)
             if failed:
                 refused[name] = failed
                 break
