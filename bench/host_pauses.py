@@ -7,7 +7,8 @@ collection of their own (the twenty-first session's measurement).
 
     with GcPauses() as pauses:
         ...timed steps...
-    row.update(pauses.row(), child_processes=len(descendants() or ()))
+    kids = descendants()  # (None where /proc cannot say)
+    row.update(pauses.row(), child_processes=None if kids is None else len(kids))
 """
 from __future__ import annotations
 
