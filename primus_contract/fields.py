@@ -227,7 +227,8 @@ SCHEMA: dict = {
             "fp8_swiglu_kernels": Field("bool", True, help="with fp8_swiglu_input: the dense MLPs that fused_swiglu "
                                         "does not fold write the FP8 copy in the SwiGLU's own Triton pass and read "
                                         "it in its backward (torch 2.13's saturating e4m3fn bytes on every torch), "
-                                        "instead of megatron's cast and copy back; NVIDIA GPU, BF16"),
+                                        "instead of megatron's cast and copy back; NVIDIA GPU, BF16, no "
+                                        "recompute.activation_offload_layers (offload keeps megatron's store)"),
             # TE's FP8 fused attention takes bshd/sbhd only: with packing false every row is one document and the
             # trainer runs plain causal attention without PackedSeqParams (trainer/model/inputs.py)
             "fp8_dot_product_attention": Field("bool", None, nullable=True, help="attention in FP8 (TE's fused "
@@ -266,7 +267,9 @@ SCHEMA: dict = {
                                        "dropped copy and a byte mask, and recomputes the dropped copy in backward, "
                                        "bitwise the same (trainer/model/lora/drop.py): 3 bytes an element become "
                                        "0.125 where the input is kept anyway (linear_proj's attention output), else "
-                                       "2.125 (Llama2-70B, dropout 0.1 on qkv/proj: 0.23 GiB less a kept layer)"),
+                                       "2.125 (Llama2-70B, dropout 0.1 on qkv/proj: 0.23 GiB less a kept layer); "
+                                       "on a GPU only at a dropout whose mask rebuilds bitwise (0.1 does, 0.15 does "
+                                       "not: primus_contract.rules_model.dropout_recomputable)"),
             "triton_products": Field("bool", True, help="the fused and epilogue paths' unmasked rank-r products "
                                      "(y += s h B^T, dx += dh A) as one Triton pass each on NVIDIA GPUs in BF16 "
                                      "instead of cuBLAS's addmm_ (trainer/model/lora/kernels.py masked_product); "

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from primus_contract.rules_precision import (LORA_KERNEL_MAX_RANK, dense_mlp_free, fused_swiglu_on, run_device,
-                                             triton_kernels_run)
+from primus_contract.rules_precision import (GPU_PROFILES, LORA_KERNEL_MAX_RANK, dense_mlp_free, fused_swiglu_on,
+                                             run_device, triton_kernels_run)
 from primus_contract.schema import field_at
 
 
@@ -56,6 +56,8 @@ def _nvidia_16bit(r: dict) -> bool:
 def _swiglu_store_unfolded(r: dict) -> bool:
     t, profile = r["trainer"], r["cluster"]["env_profile"]
     if not (t["precision"]["fp8_swiglu_input"] and _nvidia_16bit(r)) or dense_mlp_free(t["model"]):
+        return False
+    if t["recompute"]["activation_offload_layers"]:  # (trainer/model/swiglu_fp8.py leaves offload to megatron)
         return False
     from primus_contract.rules_model import targeted_linears
 
@@ -120,9 +122,10 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
     ("trainer.lora.dropout_position", "`trainer.lora.dropout` above 0",
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.lora.dropout_recompute", "`trainer.lora.dropout` above 0 with `dropout_position: pre` on the fused or "
-     "epilogue adapter path (`trainer.lora.fused` or `epilogue`)", _fused_pre_dropout),
+     "epilogue adapter path (`trainer.lora.fused` or `epilogue`), on a GPU at a dropout whose mask rebuilds bitwise "
+     "(0.1, 0.05, 0.2 do; 0.15 does not: primus_contract.rules_model.dropout_recomputable)", _fused_pre_dropout),
     ("trainer.recompute.norm_output", "`trainer.lora.epilogue_norm` in effect (a GPU run with the epilogue on), and "
-     "with pre-dropout `trainer.lora.dropout_recompute`", _norm_recomputable),
+     "with pre-dropout `trainer.lora.dropout_recompute` in effect", _norm_recomputable),
     ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "
      "and runs sbhd), pipeline 1 and context 1 (those run THD)", _single_document_switch),
     ("trainer.data.max_seqlen_buckets", "`trainer.data.packing: true` on a GPU (the CPU's attention reads no "
@@ -132,7 +135,8 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      "torch ops run elsewhere)", lambda r: r["trainer"]["recompute"]["chunked_loss"] and _nvidia_16bit(r)),
     ("trainer.precision.fp8_swiglu_kernels", "`trainer.precision.fp8_swiglu_input: true` on an NVIDIA GPU in BF16, "
      "with a dense MLP whose fc1 adapter `trainer.lora.fused_swiglu` does not fold (the fold's kernels keep their "
-     "own FP8 copy)", _swiglu_store_unfolded),
+     "own FP8 copy), and no `trainer.recompute.activation_offload_layers` (offload keeps megatron's store)",
+     _swiglu_store_unfolded),
     ("trainer.lora.triton_products", f"an NVIDIA GPU, BF16, `trainer.lora.dim` up to {LORA_KERNEL_MAX_RANK} and the "
      "fused or epilogue adapter path (the torch ops run elsewhere)", _lora_kernels),
     *((f"trainer.model.{key}", "`trainer.model.num_moe_experts`", _moe)
@@ -147,7 +151,8 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
       for key in ("image", "mounts", "workdir", "extra_args")),
     ("trainer.distributed.nccl_eager_init", "NCCL (`trainer.distributed.backend` nccl, or auto on a GPU)",
      lambda r: r["trainer"]["distributed"]["backend"] == "nccl" or (
-         r["trainer"]["distributed"]["backend"] == "auto" and r["trainer"]["distributed"]["device"] != "cpu")),
+         r["trainer"]["distributed"]["backend"] == "auto"
+         and run_device(r["trainer"], r["cluster"]["env_profile"]) != "cpu")),
     ("trainer.data.validation.split", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.validation.limit", "`trainer.data.validation.path` or `hf_name`", _has_validation),
     ("trainer.data.overlong", "a tokenized format (mlperf_npy packs are already tokenized and sized)", _tokenized),
@@ -159,12 +164,24 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
 )
 
 
+def _devices(r: dict) -> list[dict]:
+    """The recipe as it may run: itself where it names its device (or env profile cpu hides the GPUs), else once on
+    a GPU and once on CPU (device auto on a profile that names no GPU: the node decides; the trainer passes the
+    device it got, trainer/__main__.py)."""
+    t = r["trainer"]
+    if run_device(t, r["cluster"]["env_profile"]) != "auto" or r["cluster"]["env_profile"] in GPU_PROFILES:
+        return [r]
+    return [{**r, "trainer": {**t, "distributed": {**t["distributed"], "device": d}}} for d in ("cuda", "cpu")]
+
+
 def inert_keys(r: dict) -> list[str]:
-    """One line per key of the resolved recipe `r` that is set but does nothing here, saying what it needs."""
+    """One line per key of the resolved recipe `r` that is set but does nothing here, saying what it needs (where the
+    device is not known yet, a key is inert only if it does nothing on a GPU and on CPU)."""
     out = []
+    runs = _devices(r)
     for key, needs, in_effect in DEPENDENT:
         value = _get(r, key)
-        if value != field_at(key).default and not in_effect(r):
+        if value != field_at(key).default and not any(in_effect(x) for x in runs):
             shown = json.dumps(value)  # (as the recipe writes it: true, "block", 1.0)
             out.append(f"`{key}` is {shown} but does nothing without {needs}")
     return out

@@ -378,6 +378,10 @@ def test_run_dir_behind_a_symlink_is_checked_after_resolving(tmp_path, capsys):
      "note: `trainer.recompute.chunked_loss_kernel` is false but does nothing without `trainer.recompute.chunked_loss"),
     (["trainer.distributed.nccl_eager_init=true"], "note: `trainer.distributed.nccl_eager_init` is true but does "
                                                     "nothing without NCCL"),
+    # device auto on env profile cpu runs on CPU over gloo (audit, 2026-12-07: the rule read the raw device)
+    (["trainer.distributed.device=auto", "trainer.distributed.backend=auto",
+      "trainer.distributed.nccl_eager_init=true"],
+     "note: `trainer.distributed.nccl_eager_init` is true but does nothing without NCCL"),
 ])
 def test_a_key_whose_feature_is_off_is_a_note_never_silent(sets, note, capsys):
     """primus_contract/rules_dependent.py: accepted (turning a feature off with one override leaves its settings
@@ -387,3 +391,22 @@ def test_a_key_whose_feature_is_off_is_a_note_never_silent(sets, note, capsys):
     assert note in capsys.readouterr().out
     assert run(["submit", QS, "--executor", "local", "--dry-run", *argv]) == 0
     assert note in capsys.readouterr().err
+
+
+def test_a_device_the_recipe_leaves_to_the_node_gets_no_note_it_may_contradict():
+    """Device auto on env profile none (the schema's default) may run on an NVIDIA GPU or on CPU: a GPU-only key is
+    noted only where it does nothing on either (audit, 2026-12-07: the kernels' keys were noted as doing nothing, and
+    the trainer repeated the notes on an NVIDIA node); the trainer judges the device it got (trainer/__main__.py)."""
+    from primus_contract.rules_dependent import inert_keys
+    from trainer.__main__ import _on_device
+
+    unknown = ["cluster.env_profile=none", "trainer.distributed.device=auto", "trainer.distributed.backend=auto",
+               "trainer.precision.bf16=true", "trainer.recompute.chunked_loss_kernel=false"]
+    r = load_recipe(QS, unknown).resolved
+    assert not [line for line in inert_keys(r) if "chunked_loss_kernel" in line]
+    for device, noted in (("cpu", True), ("cuda", False)):
+        got = inert_keys(_on_device(r, type("Device", (), {"type": device})()))
+        assert any("chunked_loss_kernel" in line for line in got) == noted, device
+    # a key that does nothing on either device is still noted
+    r = load_recipe(QS, [*unknown, "trainer.recompute.chunked_loss=false"]).resolved
+    assert any("chunked_loss_kernel" in line for line in inert_keys(r))

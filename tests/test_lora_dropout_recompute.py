@@ -57,6 +57,18 @@ def test_a_probability_whose_scales_differ_keeps_the_copy_on_a_gpu_only():
     assert kept_drop(None, P) == (None, None) and kept_drop(mask, 0.0) == (None, None)
 
 
+def test_the_contracts_rule_is_torchs_float32_arithmetic():
+    """The planner and `validate` decide by primus_contract.rules_model.dropout_recomputable (stdlib floats); the
+    scales it compares are the ones native_dropout computes in float32 tensors, at every p of a fine grid."""
+    for q in range(1, 990):
+        p = q / 1000
+        keep = torch.tensor(1.0 - p, dtype=torch.float32).item()
+        forward = torch.tensor(1.0 / keep, dtype=torch.float32)
+        backward = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+        assert recomputable(p) == bool(forward == backward), p
+    assert not recomputable(0.15) and recomputable(0.2)
+
+
 def _run(path, dtype, recompute_drop):
     """(y, dA, dB, dx, kept bytes) of one adapter with pre-dropout P through `path`, counting what autograd keeps."""
     g = torch.Generator().manual_seed(0)

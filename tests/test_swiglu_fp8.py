@@ -177,6 +177,10 @@ def test_the_planner_prices_megatrons_casts_and_not_the_kernels():
     assert casts("trainer.lora.target_modules=[linear_qkv,linear_fc1]", "trainer.precision.fp8_swiglu_kernels=false") == 0
 
     assert casts("trainer.precision.fp8_swiglu_input=false") == 0.0
+    # activation offload keeps megatron's store (wire_swiglu_fp8 leaves it): its casts are priced with the kernels on
+    offload = ("trainer.recompute.granularity=null", "trainer.recompute.activation_offload_layers=48")
+    assert casts(*offload) == casts("trainer.recompute.granularity=null", "trainer.precision.fp8_swiglu_kernels=false")
+    assert casts(*offload) > 0.15
 
 
 def test_the_contract_notes_where_the_kernels_do_nothing():
@@ -199,3 +203,5 @@ def test_the_contract_notes_where_the_kernels_do_nothing():
     assert noted(store, "cluster.env_profile=h200", "trainer.lora.target_modules=[linear_fc1]")  # every MLP folded
     assert not noted(store, "cluster.env_profile=h200", "trainer.lora.target_modules=[linear_fc1]",
                      "trainer.lora.fused_swiglu=false")
+    assert noted(store, "cluster.env_profile=h200", "trainer.recompute.granularity=null",
+                 "trainer.recompute.activation_offload_layers=48")  # offload keeps megatron's store

@@ -112,6 +112,15 @@ def _early_logger(run_dir: str, attempt: int):
         return None
 
 
+def _on_device(r: dict, device) -> dict:
+    """The resolved recipe with the device this rank got in place of auto: the notes then judge the node as it is
+    (on a profile that names no GPU, `validate` judged auto on both)."""
+    t = r["trainer"]
+    if t["distributed"]["device"] != "auto":
+        return r
+    return {**r, "trainer": {**t, "distributed": {**t["distributed"], "device": device.type}}}
+
+
 def _train(cfg, prec, run_dir: str, attempt: int) -> int:
     from trainer.data.errors import DataError
     from trainer.runtime.distributed import destroy_distributed, init_distributed
@@ -128,7 +137,7 @@ def _train(cfg, prec, run_dir: str, attempt: int) -> int:
         logger.start(attempt, info.world_size, info.device,
                      os.path.relpath(resume_path, run_dir) if resume_path else None)
         logger.args(cfg)
-        for line in inert_keys(cfg.to_dict()):  # (validate and submit printed them as notes)
+        for line in inert_keys(_on_device(cfg.to_dict(), info.device)):  # (validate and submit printed them)
             logger.line(f"note | {line}")
         logger.open_trackers(cfg, run_dir, attempt)
         if schedule_note:

@@ -139,13 +139,16 @@ def swiglu_store_casts(r: dict, lay: Layout) -> float:
     """Seconds a step (on the H200) of megatron's FP8 SwiGLU store passes (calibration.FP8_SWIGLU_CAST_S /
     UNCAST_S): on a GPU with precision.fp8_swiglu_input, each dense MLP's fc1 output is cast in every forward (the
     recomputed layers' twice) and copied back before its backward; an MLP fused_swiglu folds (its forward kernel
-    writes the copy) or the store's kernels take (precision.fp8_swiglu_kernels: an NVIDIA GPU in BF16) neither."""
+    writes the copy) or the store's kernels take (precision.fp8_swiglu_kernels: an NVIDIA GPU in BF16, no activation
+    offload) neither."""
     t, profile = r["trainer"], r["cluster"]["env_profile"]
     if not t["precision"]["fp8_swiglu_input"]:
         return 0.0
     if run_device(t, profile) == "cpu":  # (refused by the contract: megatron keeps it only on a GPU)
         return 0.0
-    kernels = t["precision"]["fp8_swiglu_kernels"] and triton_kernels_run(t, profile)
+    # (activation offload keeps megatron's store: trainer/model/swiglu_fp8.py wire_swiglu_fp8)
+    kernels = (t["precision"]["fp8_swiglu_kernels"] and triton_kernels_run(t, profile)
+               and not t["recompute"]["activation_offload_layers"])
     folded = fused_swiglu_on(t, profile)
     lora = {**t["lora"], "fused_swiglu": folded}
     layers = t["model"]["num_layers"]

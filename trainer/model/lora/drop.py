@@ -11,9 +11,9 @@ native_dropout by construction).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from primus_contract.rules_model import dropout_recomputable
 
 
 def draw(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,14 +56,11 @@ def keep_scale(keep: torch.Tensor, p: float) -> float:
 # noise (1 / (1 - p) in x's dtype) and xd = x * noise: rebuilt from its bits by the same division.
 
 
-@functools.lru_cache(maxsize=None)
 def recomputable(p: float) -> bool:
     """Whether x * mask * scale in backward reproduces native_dropout's forward output bit for bit at probability p:
-    its forward's float32 scale equals the one its backward takes (see above)."""
-    keep_p = torch.tensor(1.0 - p, dtype=torch.float32).item()  # the kernel's float keep probability
-    forward = torch.tensor(1.0 / keep_p, dtype=torch.float32)
-    backward = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
-    return bool(forward == backward)
+    its forward's float32 scale equals the one its backward takes (see above). The contract's rule, which the planner
+    and `validate` read too (primus_contract.rules_model.dropout_recomputable)."""
+    return dropout_recomputable(p)
 
 
 _SHIFTS: dict = {}
