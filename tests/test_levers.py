@@ -126,6 +126,28 @@ def test_fp8_attention_null_follows_packed_data_of_one_document_a_row():
     assert rows([1] * 8) == 1 and rows([2, 1, 1, 1, 1, 1, 1]) == 2
 
 
+def test_fp8_attention_that_follows_the_packs_says_how_many_it_can_take():
+    """precision.fp8_dot_product_attention true on packed data runs FP8 only on micro-batches whose rows hold one
+    document each: the trainer logs how many train packs do, and a note where none does (audit, 2026-12-07: such a
+    run was all BF16 attention with nothing said)."""
+    import numpy as np
+
+    from trainer.data.dataset import PackedDataset
+    from trainer.precision import fp8_attention_coverage
+    from trainer.precision.settings import FP8_ATTENTION_ATTR
+
+    packs = lambda docs: PackedDataset(np.arange(8), np.ones(8), np.arange(9), np.arange(8),  # noqa: E731
+                                       np.concatenate([[0], np.cumsum(docs)]), 8, 0)
+    follows, fixed = torch.nn.Module(), torch.nn.Module()
+    setattr(follows, FP8_ATTENTION_ATTR, True)
+    assert fp8_attention_coverage(fixed, packs([2, 2, 2, 2])) is None
+    assert fp8_attention_coverage(follows, None) is None
+    none = fp8_attention_coverage(follows, packs([2, 2, 2, 2]))
+    assert none.startswith("note | fp8 attention | none of the 4 train packs") and "BF16" in none
+    assert fp8_attention_coverage(follows, packs([2, 1, 1, 4])) == (
+        "fp8 attention | 2 of 4 train packs hold one document (FP8 where a micro-batch's rows all do)")
+
+
 def test_plan_moves_offloaded_activations_to_the_host():
     from primus_contract.plan import plan
     from primus_contract.plan.memory import offloaded_bytes

@@ -191,6 +191,9 @@ def _build(cfg, prec, run_dir, info, logger, stop, rhash, resume_path):
     model = built.model
     line = precision.describe(prec, model)
     logger.record("precision", line, line=line)
+    coverage = precision.fp8_attention_coverage(model, train_packs)
+    if coverage:
+        logger.line(coverage)
     for line in built.log_lines:
         logger.line(line)
     if quiet.summary():  # megatron-core is imported by now

@@ -60,6 +60,10 @@ class PackedDataset:
         """The most documents one pack holds (0 without packs): 1 or less means every row is one document."""
         return int(np.diff(self.pack_offsets).max()) if len(self) else 0
 
+    def one_document_packs(self) -> int:
+        """How many packs hold one document (their rows run sbhd, and FP8 attention where it follows the layout)."""
+        return int((np.diff(self.pack_offsets) == 1).sum())
+
     def documents_of(self, i: int) -> np.ndarray:
         return self.pack_docs[self.pack_offsets[i]:self.pack_offsets[i + 1]]
 

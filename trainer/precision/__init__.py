@@ -7,6 +7,7 @@
     describe(p, model)               the `precision | ...` log line (docs/contract.md section 3)
     te_environment(cfg)              NVTE_* variables native NVFP4 needs before TE is imported
     follow_data(p, cfg, one_doc)     FP8 attention null on packed data of one document a row (after the data load)
+    fp8_attention_coverage(m, packs) the note of how many train packs FP8 attention can take, where it follows them
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from .capabilities import Environment, probe_environment
 from .config_kwargs import te_environment, transformer_config_kwargs
 from .emulation import apply_emulation
 from .errors import PrecisionError
-from .gating import Mode, Precision, check_capabilities, follow_data, resolve, resolve_mode
+from .gating import (Mode, Precision, check_capabilities, follow_data, fp8_attention_coverage, resolve,
+                     resolve_mode)
 from .logline import describe
 from .settings import PrecisionSettings
 
 __all__ = ["Environment", "Mode", "Precision", "PrecisionError", "PrecisionSettings", "apply_emulation",
-           "check_capabilities", "describe", "follow_data", "probe_environment", "resolve", "resolve_mode",
-           "te_environment", "transformer_config_kwargs"]
+           "check_capabilities", "describe", "follow_data", "fp8_attention_coverage", "probe_environment", "resolve",
+           "resolve_mode", "te_environment", "transformer_config_kwargs"]

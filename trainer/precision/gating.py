@@ -109,3 +109,19 @@ def follow_data(p: Precision, cfg: Any, one_document_rows: bool) -> Precision:
     if not fp8_attention_fits_trainer(trainer, trainer.precision, one_document_rows=True):
         return p
     return dataclasses.replace(p, settings=dataclasses.replace(s, fp8_dot_product_attention=True))
+
+
+def fp8_attention_coverage(model: Any, packs: Any) -> Optional[str]:
+    """A note where FP8 attention follows each micro-batch's layout (the model's FP8_ATTENTION_ATTR: `true` on
+    packed data) and the train split says how many of its packs hold one document: a micro-batch runs it only when
+    every row does, so none of them means the run is all BF16 attention (None: nothing to say)."""
+    from .settings import FP8_ATTENTION_ATTR
+
+    if not getattr(model, FP8_ATTENTION_ATTR, False) or packs is None or not hasattr(packs, "one_document_packs"):
+        return None
+    one, total = packs.one_document_packs(), len(packs)
+    if one == 0:
+        return (f"note | fp8 attention | none of the {total} train packs holds one document: every micro-batch "
+                "runs BF16 attention (packed THD; precision.fp8_dot_product_attention true runs FP8 only on "
+                "one-document rows)")
+    return f"fp8 attention | {one} of {total} train packs hold one document (FP8 where a micro-batch's rows all do)"
