@@ -13,7 +13,7 @@ import json
 from typing import Any, Callable
 
 from primus_contract.rules_precision import (GPU_PROFILES, LORA_KERNEL_MAX_RANK, dense_mlp_free, fused_swiglu_on,
-                                             run_device, triton_kernels_run)
+                                             run_device, swiglu_kernels_can_run, triton_kernels_run)
 from primus_contract.schema import field_at
 
 
@@ -55,9 +55,7 @@ def _nvidia_16bit(r: dict) -> bool:
 
 def _swiglu_store_unfolded(r: dict) -> bool:
     t, profile = r["trainer"], r["cluster"]["env_profile"]
-    if not (t["precision"]["fp8_swiglu_input"] and _nvidia_16bit(r)) or dense_mlp_free(t["model"]):
-        return False
-    if t["recompute"]["activation_offload_layers"]:  # (trainer/model/swiglu_fp8.py leaves offload to megatron)
+    if not (t["precision"]["fp8_swiglu_input"] and swiglu_kernels_can_run(t, profile)) or dense_mlp_free(t["model"]):
         return False
     from primus_contract.rules_model import targeted_linears
 

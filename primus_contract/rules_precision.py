@@ -130,6 +130,13 @@ def triton_kernels_run(t: Mapping, profile: str) -> bool:
     return nvidia_run(t, profile) and bool(t["precision"]["bf16"])
 
 
+def swiglu_kernels_can_run(t: Mapping, profile: str) -> bool:
+    """Where precision.fp8_swiglu_kernels can take megatron's FP8 SwiGLU store (trainer/model/swiglu_fp8.py
+    wire_swiglu_fp8): the Triton kernels run (an NVIDIA GPU in BF16), and no activation offload, which keeps
+    megatron's store."""
+    return triton_kernels_run(t, profile) and not t["recompute"]["activation_offload_layers"]
+
+
 def fused_swiglu_on(t: Mapping, profile: str) -> bool:
     """trainer.lora.fused_swiglu as it runs: true / false as written; null (auto) on wherever it applies: an adapter
     on linear_fc1 without post-dropout, no recompute.adapter_inputs scope all|fc2 (fc2's adapter recomputes from

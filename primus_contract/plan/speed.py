@@ -42,7 +42,7 @@ from primus_contract import flops
 from primus_contract.plan import calibration as cal
 from primus_contract.plan.adapter_passes import traffic_ratio
 from primus_contract.rules_precision import (epilogue_norm_on, epilogue_on, fp8_attention_on, fused_swiglu_on,
-                                             run_device, triton_kernels_run)
+                                             run_device, swiglu_kernels_can_run)
 from primus_contract.plan.gpus import CALIBRATED_ON, GPUS, Gpu
 from primus_contract.plan.memory import chunked_loss_path, offloaded_bytes
 from primus_contract.plan.offload import exposed_copy_s
@@ -146,9 +146,7 @@ def swiglu_store_casts(r: dict, lay: Layout) -> float:
         return 0.0
     if run_device(t, profile) == "cpu":  # (refused by the contract: megatron keeps it only on a GPU)
         return 0.0
-    # (activation offload keeps megatron's store: trainer/model/swiglu_fp8.py wire_swiglu_fp8)
-    kernels = (t["precision"]["fp8_swiglu_kernels"] and triton_kernels_run(t, profile)
-               and not t["recompute"]["activation_offload_layers"])
+    kernels = t["precision"]["fp8_swiglu_kernels"] and swiglu_kernels_can_run(t, profile)
     folded = fused_swiglu_on(t, profile)
     lora = {**t["lora"], "fused_swiglu": folded}
     layers = t["model"]["num_layers"]

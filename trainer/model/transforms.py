@@ -223,9 +223,9 @@ def _swiglu_fp8(model, ctx: BuildContext) -> str:
 
     if not usable(ctx.device, _dtype(ctx)):  # (the contract's note says so at submit: an NVIDIA GPU in BF16)
         return "fp8 swiglu kernels | not on this device (an NVIDIA GPU in BF16): megatron's casts"
-    wired = wire_swiglu_fp8(model)
-    if getattr(ctx.config, "cpu_offloading", False):  # (the contract prices it so: primus_contract/plan/speed.py)
+    if getattr(ctx.config, "cpu_offloading", False):  # (as wire_swiglu_fp8 and the contract's swiglu_kernels_can_run)
         return "fp8 swiglu kernels | off under recompute.activation_offload_layers: megatron's casts"
+    wired = wire_swiglu_fp8(model)
     return f"fp8 swiglu kernels | {wired} MLPs keep fc1's output in FP8 by the SwiGLU's own passes"
 
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from primus_contract.rules_model import dropout_recomputable
+# recomputable(p): whether x * mask * scale in backward reproduces native_dropout's forward output bit for bit at p
+# (its forward's float32 scale equals the one its backward takes; see below): the contract's rule, which the planner
+# and `validate` read too
+from primus_contract.rules_model import dropout_recomputable as recomputable
 
 
 def draw(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,13 +57,6 @@ def keep_scale(keep: torch.Tensor, p: float) -> float:
 # (p = 0.1, the MLPerf recipes', is not one: tests/gpu/test_fp8_epilogue.py checks it there; on an H100 with torch
 # 2.11 the backward op matched at p = 0.021 too, which the rule refuses: conservative). On CPU the keep is the scaled
 # noise (1 / (1 - p) in x's dtype) and xd = x * noise: rebuilt from its bits by the same division.
-
-
-def recomputable(p: float) -> bool:
-    """Whether x * mask * scale in backward reproduces native_dropout's forward output bit for bit at probability p:
-    its forward's float32 scale equals the one its backward takes (see above). The contract's rule, which the planner
-    and `validate` read too (primus_contract.rules_model.dropout_recomputable)."""
-    return dropout_recomputable(p)
 
 
 _SHIFTS: dict = {}
