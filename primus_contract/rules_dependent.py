@@ -162,14 +162,19 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
 )
 
 
+def with_device(r: dict, device: str) -> dict:
+    """The resolved recipe `r` with trainer.distributed.device set to `device` (a copy; r is left as it is)."""
+    t = r["trainer"]
+    return {**r, "trainer": {**t, "distributed": {**t["distributed"], "device": device}}}
+
+
 def _devices(r: dict) -> list[dict]:
     """The recipe as it may run: itself where it names its device (or env profile cpu hides the GPUs), else once on
     a GPU and once on CPU (device auto on a profile that names no GPU: the node decides; the trainer passes the
     device it got, trainer/__main__.py)."""
-    t = r["trainer"]
-    if run_device(t, r["cluster"]["env_profile"]) != "auto" or r["cluster"]["env_profile"] in GPU_PROFILES:
+    if run_device(r["trainer"], r["cluster"]["env_profile"]) != "auto" or r["cluster"]["env_profile"] in GPU_PROFILES:
         return [r]
-    return [{**r, "trainer": {**t, "distributed": {**t["distributed"], "device": d}}} for d in ("cuda", "cpu")]
+    return [with_device(r, d) for d in ("cuda", "cpu")]
 
 
 def inert_keys(r: dict) -> list[str]:

@@ -14,7 +14,7 @@ import traceback
 
 from primus_contract import run_files
 from primus_contract.hf_config import HFConfigError
-from primus_contract.rules_dependent import inert_keys
+from primus_contract.rules_dependent import inert_keys, with_device
 from trainer.checkpointing import checkpoint as ckpt
 from trainer import precision
 from trainer.observability import quiet
@@ -115,10 +115,7 @@ def _early_logger(run_dir: str, attempt: int):
 def _on_device(r: dict, device) -> dict:
     """The resolved recipe with the device this rank got in place of auto: the notes then judge the node as it is
     (on a profile that names no GPU, `validate` judged auto on both)."""
-    t = r["trainer"]
-    if t["distributed"]["device"] != "auto":
-        return r
-    return {**r, "trainer": {**t, "distributed": {**t["distributed"], "device": device.type}}}
+    return r if r["trainer"]["distributed"]["device"] != "auto" else with_device(r, device.type)
 
 
 def _train(cfg, prec, run_dir: str, attempt: int) -> int:
