@@ -14,13 +14,14 @@ to nearest even, subnormals, finite magnitudes past 448 to 448). Older torch (2.
 those NaN, and so megatron's store a NaN gradient for every fc1 output past 464 in magnitude (measured on an H100,
 bench/results/2026-12-07_h100_lifecycle): the kernels saturate on every torch, so their bytes are megatron's
 wherever megatron's are finite, and `fp8_copy` is the same cast in torch ops (fused_swiglu's fold keeps it). A GPU
-converts with its own instruction (cvt.rn.satfinite: the same bytes but a NaN's sign bit); the interpreter by
-integer operations that follow c10's code (e4m3fn_byte). The backward decodes the bytes exactly (the GPU's
-conversion, or e4m3fn_value). The gradient is therefore megatron's at the same FP8 copy, to fp32 rounding (u in fp32
-registers), and the activation megatron's to one rounding of the fp32 result.
+of compute capability 8.9+ converts with its own instruction (cvt.rn.satfinite: the same bytes but a NaN's sign
+bit); an A100, whose Triton has no e4m3, and the interpreter by integer operations that follow c10's code
+(e4m3fn_byte; fp8_conversions picks). The backward decodes the bytes exactly (the GPU's conversion, or
+e4m3fn_value). The gradient is therefore megatron's at the same FP8 copy, to fp32 rounding (u in fp32 registers),
+and the activation megatron's to one rounding of the fp32 result.
 tests/test_swiglu_fp8.py runs both kernels in Triton's CPU interpreter against torch's cast and the unfused ops;
-tests/test_triton_sm90.py compiles both forms for sm_90; tests/gpu/test_swiglu_fp8.py holds the GPU's bytes to
-megatron's.
+tests/test_triton_sm90.py compiles both forms for sm_90 and the integer form for sm_80; tests/gpu/test_swiglu_fp8.py
+holds the GPU's bytes to megatron's.
 
 `wire_swiglu_fp8(model)` routes every dense gated-SiLU MLP that keeps its input in FP8 and whose fc1 adapter
 fused_swiglu did not fold (its kernels read their own FP8 copy, trainer/model/lora/swiglu.py) through these kernels;
@@ -126,6 +127,15 @@ def saturates(device: torch.device) -> bool:
     return bool((probe == 0x7E).all())
 
 
+@functools.lru_cache(maxsize=None)
+def fp8_conversions(device: torch.device) -> bool:
+    """Whether the kernels convert with the GPU's own FP8 instructions (HW): NVIDIA compute capability 8.9 and later
+    (Ada, Hopper, Blackwell). Triton refuses e4m3 (fp8e4nv) on an A100 (sm_80/86), ROCm's FP8 is e4m3fnuz, and the
+    interpreter has none: there the integer form (e4m3fn_byte, e4m3fn_value) writes and reads the same bytes."""
+    return (device.type == "cuda" and not torch.version.hip
+            and tuple(torch.cuda.get_device_capability(device)) >= (8, 9))
+
+
 class _SwigluFP8(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u):
@@ -134,8 +144,8 @@ class _SwigluFP8(torch.autograd.Function):
         out = torch.empty(t, n, dtype=u2.dtype, device=u2.device)
         q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device)
         grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
-        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0), HW=u2.device.type == "cuda",
-                          BT=_BT, BN=_BN)
+        _fwd_kernel[grid](u2, out, q, t, n, u2.stride(0), out.stride(0), q.stride(0),
+                          HW=fp8_conversions(u2.device), BT=_BT, BN=_BN)
         ctx.save_for_backward(q.view(torch.float8_e4m3fn))  # (what megatron keeps, saturated: the same dtype)
         ctx.shape, ctx.dtype = u.shape, u.dtype
         return out.view(*u.shape[:-1], n)
@@ -148,8 +158,8 @@ class _SwigluFP8(torch.autograd.Function):
         du = torch.empty(q.shape, dtype=ctx.dtype, device=q.device)
         t, n = q.shape[0], q.shape[1] // 2
         grid = (triton.cdiv(t, _BT), triton.cdiv(n, _BN))
-        _bwd_kernel[grid](q, d2, du, t, n, q.stride(0), d2.stride(0), du.stride(0), HW=q.device.type == "cuda",
-                          BT=_BT, BN=_BN)
+        _bwd_kernel[grid](q, d2, du, t, n, q.stride(0), d2.stride(0), du.stride(0),
+                          HW=fp8_conversions(q.device), BT=_BT, BN=_BN)
         return du.view(ctx.shape)
 
 

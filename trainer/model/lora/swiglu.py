@@ -34,29 +34,36 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 if triton is not None:
-    from trainer.model.swiglu_fp8 import _to_byte, swiglu_grads
+    from trainer.model.swiglu_fp8 import _from_byte, _to_byte, fp8_conversions, swiglu_grads
 
 
 def swiglu_lora_reference(u_base, h, b, scale: float, act=gated_silu) -> torch.Tensor:
-    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora/layers.py), then `act`, the SwiGLU megatron
-    applies (trainer.model.lora.inputs.swiglu_of)."""
+    """The unfused ops: u = addmm(u_base, h, B^T, alpha=s) (trainer/model/lora/layers.py), then `act`, the SwiGLU
+    megatron applies (trainer.model.lora.inputs.swiglu_of)."""
     u = torch.addmm(u_base.reshape(-1, u_base.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=scale)
     return act(u.view(u_base.shape))
 
 
 if triton is not None:
     @triton.jit
-    def _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP: tl.constexpr):
+    def _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP: tl.constexpr,
+                 BYTES: tl.constexpr, HW: tl.constexpr):
         """(g, v, ug, uv): the gate and up halves of u = u_base + s h B^T for rows rt, columns rn, and the same of
-        u_base alone, in fp32."""
+        u_base alone, in fp32. BYTES: u_base is the FP8 store's e4m3fn bytes (uint8), decoded by swiglu_fp8's
+        _from_byte (HW: the GPU's conversion, sm_89+; else the integer form, which an A100 and the interpreter run)."""
         rk = tl.arange(0, RP)
         mt, mn, mk = rt < T, rn < N, rk < R
         h = tl.load(h_ptr + rt[:, None] * sh + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
         bg = tl.load(b_ptr + rn[None, :] * sb + rk[:, None], mask=mn[None, :] & mk[:, None], other=0.0)
         bu = tl.load(b_ptr + (rn[None, :] + N) * sb + rk[:, None], mask=mn[None, :] & mk[:, None], other=0.0)
         m = mt[:, None] & mn[None, :]
-        ug = tl.load(u_ptr + rt[:, None] * su + rn[None, :], mask=m, other=0.0).to(tl.float32)
-        uv = tl.load(u_ptr + rt[:, None] * su + rn[None, :] + N, mask=m, other=0.0).to(tl.float32)
+        at = rt[:, None] * su + rn[None, :]
+        if BYTES:
+            ug = _from_byte(tl.load(u_ptr + at, mask=m, other=0), HW)
+            uv = _from_byte(tl.load(u_ptr + at + N, mask=m, other=0), HW)
+        else:
+            ug = tl.load(u_ptr + at, mask=m, other=0.0).to(tl.float32)
+            uv = tl.load(u_ptr + at + N, mask=m, other=0.0).to(tl.float32)
         return ug + scale * tl.dot(h, bg), uv + scale * tl.dot(h, bu), ug, uv
 
     @triton.jit
@@ -66,7 +73,7 @@ if triton is not None:
         # int64 rows: rows x the row stride passes 2**31 at ~75k tokens of the 8B's fc1 (audit, 2026-12-06; kernels.py)
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        g, v, ug, uv = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
+        g, v, ug, uv = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP, False, False)
         m = (rt < T)[:, None] & (rn < N)[None, :]
         act = g * tl.sigmoid(g) * v
         tl.store(o_ptr + rt[:, None] * so + rn[None, :], act.to(o_ptr.dtype.element_ty), mask=m)
@@ -77,11 +84,11 @@ if triton is not None:
 
     @triton.jit
     def _bwd_kernel(u_ptr, h_ptr, b_ptr, d_ptr, du_ptr, T, N, R, su, sh, sb, sd, sdu, scale,
-                    BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr):
+                    BT: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr, BYTES: tl.constexpr, HW: tl.constexpr):
         # int64 rows: rows x the row stride passes 2**31 at ~75k tokens of the 8B's fc1 (audit, 2026-12-06; kernels.py)
         rt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        g, v, _, _ = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP)
+        g, v, _, _ = _gate_up(u_ptr, h_ptr, b_ptr, rt, rn, T, N, R, su, sh, sb, scale, RP, BYTES, HW)
         m = (rt < T)[:, None] & (rn < N)[None, :]
         d = tl.load(d_ptr + rt[:, None] * sd + rn[None, :], mask=m, other=0.0).to(tl.float32)
         dg, dv = swiglu_grads(d, g, v)
@@ -117,8 +124,7 @@ class _SwigluLoRA(torch.autograd.Function):
         h_c, b_c = h2.to(u2.dtype), b.to(u2.dtype).contiguous()
         out = torch.empty(u2.shape[0], u2.shape[1] // 2, dtype=u2.dtype, device=u2.device)
         q = torch.empty(u2.shape, dtype=torch.uint8, device=u2.device) if fp8_store else out  # (out: unread)
-        _launch(_fwd_kernel, u2, h_c, b_c, (out, q), scale, STORE=bool(fp8_store),
-                HW=u2.device.type == "cuda" and not torch.version.hip)  # (ROCm: the integer form, e4m3fn_byte)
+        _launch(_fwd_kernel, u2, h_c, b_c, (out, q), scale, STORE=bool(fp8_store), HW=fp8_conversions(u2.device))
         ctx.scale, ctx.b_dtype, ctx.h_dtype, ctx.shape, ctx.u_dtype = scale, b.dtype, h.dtype, u_base.shape, u2.dtype
         ctx.save_for_backward(q.view(torch.float8_e4m3fn) if fp8_store else u2, h_c, b_c)
         return out.view(*u_base.shape[:-1], -1)
@@ -126,9 +132,11 @@ class _SwigluLoRA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dact):
         u2, h_c, b_c = ctx.saved_tensors
+        store = u2.dtype == torch.float8_e4m3fn  # (read as bytes: Triton loads e4m3 only on sm_89+)
+        u2 = u2.view(torch.uint8) if store else u2
         d2 = dact.reshape(-1, dact.shape[-1]).contiguous()
         du = torch.empty(u2.shape, dtype=ctx.u_dtype, device=u2.device)
-        _launch(_bwd_kernel, u2, h_c, b_c, (d2, du), ctx.scale)
+        _launch(_bwd_kernel, u2, h_c, b_c, (d2, du), ctx.scale, BYTES=store, HW=fp8_conversions(u2.device))
         s = ctx.scale
         dh = du.mm(b_c).mul_(s)
         db = du.t().mm(h_c).mul_(s)
