@@ -58,8 +58,11 @@ def test_a_probability_whose_scales_differ_keeps_the_copy_on_a_gpu_only():
 
 
 def test_the_contracts_rule_is_torchs_float32_arithmetic():
-    """The planner and `validate` decide by primus_contract.rules_model.dropout_recomputable (stdlib floats); the
-    scales it compares are the ones native_dropout computes in float32 tensors, at every p of a fine grid."""
+    """The planner and `validate` decide by primus_contract.rules_model.dropout_recomputable (stdlib floats, rounded
+    to float32 through struct): the same verdict as the two scales formed in torch's float32 tensors, at every p of a
+    fine grid. A check of the stdlib rounding only: that native_dropout's forward and backward take these two scales
+    is held on a GPU (tests/gpu/test_fp8_epilogue.py: bit for bit where the rule says so, and at a p it refuses an
+    FP32 input shows the difference)."""
     for q in range(1, 990):
         p = q / 1000
         keep = torch.tensor(1.0 - p, dtype=torch.float32).item()

@@ -151,8 +151,14 @@ def test_native_dropout_is_rebuilt_bit_for_bit_where_recomputable(record):
             assert torch.equal(keep_k, mask) and torch.equal(xd_k.view(torch.int16), out.view(torch.int16)), p
         else:
             assert store is None, p
+    # the rule is not vacuous: at `odd` the two scales differ by one float32 step, which a BF16 x (256 mantissas) may
+    # never show (0 of 16.8M elements at 0.021 on an H100, 2026-12-07e) but an FP32 x does
+    x32 = torch.randn(4096, 4096, device="cuda", dtype=torch.float32)
+    out, mask = torch.ops.aten.native_dropout(x32, odd, True)
+    seen[f"{odd} fp32"] = int((torch.ops.aten.native_dropout_backward(x32, mask, 1.0 / (1.0 - odd)) != out).sum())
     record(differing_elements_by_p=seen)
     assert all(seen[str(p)] == 0 for p in (0.1, 0.05, 0.2, 0.3)), seen
+    assert seen[f"{odd} fp32"] > 0, seen
 
 
 def _tiny(precision: dict, epilogue: bool, targets=None):
