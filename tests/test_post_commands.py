@@ -173,7 +173,8 @@ def test_bad_input_is_one_error_line(run, tmp_path):
     env, run_id, run_dir, _ = run
     assert "not a known run" in _one_error(cli(env, "eval", "no-such-run"))
     assert "iter_0000007" in _one_error(cli(env, "export", run_id, "--adapter", "--checkpoint", "7"))
-    assert "iter_0000007" in _one_error(cli(env, "eval", run_id, "--checkpoint", "7"))  # (before its data is built)
+    # (the launcher's own check; the trainer's order, checkpoint before data: tests/test_post_eval_order.py)
+    assert "iter_0000007" in _one_error(cli(env, "eval", run_id, "--checkpoint", "7"))
     assert "--prompt" in _one_error(cli(env, "generate", run_id))
     held_out = str(QS / "prompts.jsonl")
     with_input = cli(env, "generate", run_id, "--prompts", held_out, "--input", "x")
