@@ -99,8 +99,8 @@ def test_host_pauses_count_collections_and_descendant_processes():
     with GcPauses() as pauses:
         gc.collect()
     gc.collect()  # outside the block: not counted
-    assert pauses.count[2] == 1 and pauses.ms[2] >= 0.0
-    assert pauses.row() == {"gc_collections": pauses.count, "gc_ms": [round(v, 1) for v in pauses.ms]}
+    assert pauses.count[2] == 1 and pauses.ms[2] > 0.0  # (the forced full collection, timed)
+    assert pauses.row()["gc_collections"][2] == 1
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert child.pid in descendants()
