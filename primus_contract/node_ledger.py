@@ -76,8 +76,15 @@ def json_lines(path) -> list[dict]:
 
 
 def read(path) -> list[dict]:
-    """The ledger's records."""
-    return [r for r in json_lines(path) if r.get("state") in STATES and isinstance(r.get("node"), str)]
+    """The ledger's well-formed records: a known state, a Slurm node name (NODE_RE: the names reach sbatch's
+    --exclude in a rendered script, so a hand-edited line with a newline or a space in it is skipped, never run) and
+    a numeric time, if any."""
+    return [r for r in json_lines(path) if r.get("state") in STATES and isinstance(r.get("node"), str)
+            and NODE_RE.fullmatch(r["node"]) and _number(r.get("t", 0))]
+
+
+def _number(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def fold(records: list[dict]) -> dict[str, NodeState]:

@@ -34,6 +34,23 @@ def test_two_strikes_from_different_runs_exclude_and_clear_forgets_them(tmp_path
     assert node_ledger.excluded(path) == ["n2"]
 
 
+def test_a_hand_edited_line_never_reaches_the_script(tmp_path):
+    """The names go into sbatch's --exclude: a line whose node is not one Slurm node name (a newline, a space) or
+    whose time is not a number is skipped (audit, 2026-12-07: `n1\nrm -rf x #` rendered a shell line)."""
+    from primus_slurm.errors import UserError
+    from primus_slurm.nodes.ledger import check_node
+
+    path = _ledger(tmp_path, ("n1", "excluded", "by hand", "hand"))
+    bad = [{"t": 1.0, "node": "n2\nrm -rf /tmp/x #", "state": "excluded"}, {"t": 1.0, "node": "n3\n",
+           "state": "excluded"}, {"t": 1.0, "node": "a b", "state": "excluded"},
+           {"t": "abc", "node": "n4", "state": "excluded"}, {"node": "n5", "state": "excluded"}]
+    node_ledger.append(path, [json.dumps(r) for r in bad])
+    assert node_ledger.excluded(path) == ["n1", "n5"]
+    for name in ("n3\n", "a b", "n1;x"):
+        with pytest.raises(UserError, match="NODE must be one Slurm node name"):
+            check_node(name)
+
+
 def _fault(node, kind, attempt=0, why="x"):
     return {"event": "fault", "attempt": attempt, "node": node, "kind": kind, "why": why}
 

@@ -75,7 +75,7 @@ def append(path: Path, lines: list[str]) -> None:
 
 
 def check_node(node: str) -> str:
-    if not node_ledger.NODE_RE.match(node):
+    if not node_ledger.NODE_RE.fullmatch(node):
         raise UserError(f"NODE must be one Slurm node name (letters, digits, '.', '_', '-'; at most 64), "
                         f"got {node!r:.80}")
     return node
