@@ -15,7 +15,14 @@ MOUNT_RE = re.compile(r"^/[^:,\s]*:/[^:,\s]*(:(ro|rw))?$")
 # (the first character: never '-', which the runtime would take for an option: audit, 2026-12-06)
 IMAGE_RE = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9_./:@+#-]*$")
 # container options that set the environment: values there land in the job script and the container's config
-ENV_ARG_RE = re.compile(r"^(--env|-e)")
+# (-ie: docker's and podman's short options combine, and -e takes the next argument; audit, 2026-12-07)
+ENV_ARG_RE = re.compile(r"^(--env|-[A-Za-z]*e)")
+# srun options the pyxis step sets itself (its container.extra_args go to srun): the step's shape, the environment
+# (--export: a secret there lands in the script), the warning signal (never SIGUSR1: NCCL's), the step's files
+MANAGED_SRUN = ("nodes", "ntasks", "ntasks-per-node", "kill-on-bad-exit", "cpu-bind", "export", "signal",
+                "container-image", "container-mounts", "container-workdir", "container-env", "dependency",
+                "job-name", "output", "error", "input", "open-mode", "chdir")
+MANAGED_SRUN_SHORT = "NnKdJoeiD"  # their one-letter forms (-N nodes, -n ntasks, -K, -d, -J, -o, -e, -i, -D)
 WORKSPACE_RE = re.compile(r"^/[A-Za-z0-9_./+@=-]*$")  # (no comma: container mount lists are comma-separated)
 # sbatch options the job script sets itself; sbatch also takes any unambiguous prefix (--sig=, --out=)
 MANAGED_SBATCH = ("job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "mem", "partition",
@@ -62,6 +69,29 @@ def check_time_limit(c: dict, executor: str) -> None:
              "use a longer time or a smaller grace")
 
 
+def _extra_args(cont: dict, secrets: set) -> None:
+    """container.extra_args go to the runtime (srun's options under pyxis) as written into the job script: no
+    secret, no environment (cluster.env and cluster.secrets carry it), and under pyxis none of the srun options the
+    step sets itself (srun, like sbatch, takes any unambiguous prefix)."""
+    for i, arg in enumerate(str(a) for a in cont["extra_args"]):
+        field = f"`cluster.container.extra_args[{i}]`"
+        leaked = [name for name in sorted(secrets) if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}=", arg)]
+        if leaked:
+            fail(f"{field} would write the secret {leaked[0]} into the job script; list it in cluster.secrets and "
+                 "export it in your shell instead")
+        if ENV_ARG_RE.match(arg):
+            fail(f"{field} is {arg!r:.40}: the environment goes in through cluster.env, and secrets through "
+                 "cluster.secrets (a value here is written into the job script and the container's configuration)")
+        name = arg.split("=")[0][2:] if arg.startswith("--") else ""
+        managed = [m for m in MANAGED_SRUN if name and m.startswith(name)]
+        said = f"--{name} (--{managed[0]})" if managed else ""
+        if not name and len(arg) > 1 and arg[0] == "-" and arg[1] in MANAGED_SRUN_SHORT:
+            said = f"-{arg[1]}"
+        if cont["runtime"] == "pyxis" and said:
+            fail(f"{field} sets srun's {said}, which the job script sets for the pyxis step; use the cluster.* "
+                 "field instead")
+
+
 def _cluster(c: dict, exp: dict) -> None:
     check_time_limit(c, c["executor"])
     if not WORKSPACE_RE.match(exp["workspace"]):
@@ -92,11 +122,7 @@ def _cluster(c: dict, exp: dict) -> None:
     if cont["runtime"] == "apptainer" and cont["image"] and not cont["image"].startswith(("/", "docker://", "oras://")):
         fail(f"`cluster.container.image` is {cont['image']!r:.80}; apptainer needs a .sif path or a "
              "docker://registry/image (or oras://) reference")
-    for i, arg in enumerate(cont["extra_args"]):
-        if ENV_ARG_RE.match(str(arg)):
-            fail(f"`cluster.container.extra_args[{i}]` is {str(arg)!r:.40}: the environment goes in through "
-                 "cluster.env, and secrets through cluster.secrets (a value here is written into the job script and "
-                 "the container's configuration)")
+    _extra_args(cont, set(c["secrets"]) | set(ALWAYS_SECRET))
     for i, m in enumerate(cont["mounts"]):
         if not MOUNT_RE.match(m):
             fail(f"`cluster.container.mounts[{i}]` is {m!r:.60}; expected '/host/path:/container/path[:ro|rw]'")
