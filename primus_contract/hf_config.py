@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Optional
 
 from primus_contract.flops import is_moe_layer
+from primus_contract.hf_files import HFConfigError, read_config, shards  # noqa: F401 (this module's API)
 
 FAMILY = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "deepseek_v2": "deepseek"}
 MOE_TYPES = ("qwen3_moe", "deepseek_v2")
@@ -46,28 +46,6 @@ KNOWN_FIELDS = frozenset((
 ))
 _LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192.0}
 _YARN = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
-
-
-_FIELD = "trainer.checkpoint.pretrained"
-
-
-class HFConfigError(ValueError):
-    """A checkpoint the trainer cannot import as the recipe describes; `field` names the culprit."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-
-
-def read_config(path) -> dict:
-    f = Path(path) / "config.json"
-    try:
-        return json.loads(f.read_text())
-    except FileNotFoundError:
-        raise HFConfigError(_FIELD, f"`{_FIELD}` {path} has no config.json (an HF checkpoint directory holds "
-                                    "config.json and *.safetensors)") from None
-    except (OSError, ValueError) as e:
-        raise HFConfigError(_FIELD, f"`{_FIELD}` {f} cannot be read as JSON: {e}") from None
 
 
 def _refuse(hf: dict, key: str, why: str):
@@ -180,6 +158,14 @@ def rope_scaling_problem(scaling, mla: bool) -> Optional[str]:
     megatron-core's 1 / 4 / 8192 on standard attention, yarn with original_max_position_embeddings on MLA."""
     if not scaling:
         return None
+    if not isinstance(scaling, dict):
+        return f"{scaling!r:.40} is not a mapping of RoPE scaling fields"
+    for key in ("factor", *_LLAMA3, *_YARN):  # (audit, 2026-12-07: factor 'abc' passed; low_freq_factor 'x' crashed)
+        value = scaling.get(key)
+        least = 0 if key.startswith("mscale") else 1e-300  # (mscale 0: none, as in transformers)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < least):
+            return f"{key} {value!r:.40} is not a {'non-negative' if least == 0 else 'positive'} number"
     kind = scaling.get("type") or scaling.get("rope_type")
     if kind == "llama3" and not mla:
         off = [k for k, v in _LLAMA3.items() if not math.isclose(float(scaling.get(k, v)), v)]
@@ -360,17 +346,6 @@ def check_pretrained(recipe_model: dict, path) -> dict:
         raise HFConfigError(f"trainer.model.{key}", f"`trainer.model.{key}` is {json.dumps(mine)} but the checkpoint's "
                                                     f"config.json says {json.dumps(theirs)}{more}: {path}")
     return fields
-
-
-def shards(path) -> tuple[list[str], int]:
-    """(safetensors files, total bytes) of a checkpoint: from model.safetensors.index.json when present."""
-    d = Path(path)
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-    else:
-        files = sorted(p.name for p in d.glob("*.safetensors"))
-    return files, sum((d / f).stat().st_size for f in files if (d / f).exists())
 
 
 def describe(path) -> str:

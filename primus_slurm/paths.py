@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import PurePosixPath
 
-from primus_contract import data_paths
+from primus_contract import data_paths, hf_files
 from primus_contract.rules_data import HUB_PREFIX
 
 from primus_slurm.errors import UserError
@@ -67,6 +67,11 @@ def _check_kind(resolved: dict, field: str, value: str, host: str) -> None:
     if field == PRETRAINED_FIELD and not os.path.isdir(host):
         raise UserError(f"`{field}` is {value!r:.200}, a file; expected the directory of a Hugging Face checkpoint "
                         "(config.json and its .safetensors)")
+    if field == PRETRAINED_FIELD:  # its shard index, as `validate` describes it and the job reads it
+        try:
+            hf_files.shards(host)
+        except hf_files.HFConfigError as exc:
+            raise UserError(str(exc)) from None
     if field.startswith("trainer.data."):
         data = resolved["trainer"]["data"]
         split = data[field.split(".")[2]]["split"]

@@ -138,6 +138,10 @@ BAD = [
      "{seq_length: 255, pad_to_multiple_of: 1}}", "`trainer.data.seq_length` (255 after pad_to_multiple_of) must be"),
     ("trainer: {model: {rope_scaling: {type: linear, factor: 2}}}", "`trainer.model.rope_scaling`: linear scaling: "
      "implemented are llama3 (Llama) and yarn"),
+    ("trainer: {model: {rope_scaling: {type: llama3, factor: abc}}}",  # (audit, 2026-12-07: the trainer's float())
+     "`trainer.model.rope_scaling`: factor 'abc' is not a positive number"),
+    ("trainer: {model: {rope_scaling: {type: llama3, factor: 8, low_freq_factor: x}}}",
+     "`trainer.model.rope_scaling`: low_freq_factor 'x' is not a positive number"),
     ("trainer: {model: {rope_scaling: {type: llama3, factor: 8, low_freq_factor: 2}}}",
      "`trainer.model.rope_scaling`: llama3 scaling with low_freq_factor 2"),
     # accepted and ignored before (audit, 2026-12-06): the build line said "fc2 0 | norm 0"

@@ -158,3 +158,38 @@ def test_an_offline_job_fails_at_once_on_a_hub_tokenizer(tmp_path):
     assert out.returncode != 0 and "trainer.tokenizer.path: cannot load tokenizer 'hf://primus-test-org/" \
         "no-such-tokenizer'" in out.stderr, out.stderr[-2000:]
     assert took < 30, took
+
+
+BROKEN = {  # a hand-edited or truncated checkpoint file: (file, its text or the config.json fields set, the error)
+    "index-not-json": ("model.safetensors.index.json", "{not json", "cannot be read as JSON"),
+    "index-a-list": ("model.safetensors.index.json", "[]", "has no `weight_map` object"),
+    "config-a-list": ("config.json", "[1]", "holds list [1], not an object of fields"),
+    "max-positions-text": ("config.json", {"max_position_embeddings": "abc"},
+                           '`max_position_embeddings: "abc"` is not a number'),
+    "rope-a-number": ("config.json", {"rope_parameters": 5}, "`rope_parameters: 5` is not an object of RoPE fields"),
+    "rope-factor-text": ("config.json", {"rope_scaling": {"rope_type": "llama3", "factor": "8"}},
+                         '`rope_scaling.factor: "8"` is not a number'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_pretrained_checkpoint_is_one_verdict(name, capsys, tmp_path, monkeypatch):
+    """audit, 2026-12-07: `validate` gave a JSONDecodeError (exit 1) where `submit --dry-run` passed, and config.json
+    values of the wrong type a traceback from both."""
+    import json
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("PRIMUS_WORKSPACE", str(tmp_path / "ws"))
+    base = tmp_path / "base"
+    shutil.copytree(DATA / "base", base)
+    file, text, expect = BROKEN[name]
+    if isinstance(text, dict):
+        text = json.dumps({**json.loads((base / file).read_text()), **text})
+    (base / file).write_text(text)
+    args = ["--set", f"trainer.checkpoint.pretrained={base}"]
+    for command in (["validate", QS, *args], ["submit", QS, "--dry-run", *args]):
+        rc, err = _verdict(capsys, command)
+        assert rc == 2 and err.count("\n") == 0 and err.startswith("error: ") and expect in err, (command[0], err)
+    assert not (tmp_path / "ws").exists()
