@@ -68,7 +68,9 @@ KNOWN_MISSES = {
         "dropout costs now (2.3 % here, 2.4 % at the H200's 80-layer block 40), so on the dropout rows it carries "
         "~120 ms a step that another term misses on these layers (the same cut with its dropout is planned +12 %). "
         "A refit with the dropout pinned at these rows' ~5e-12 s an element moved layer_calls x29 over collinear "
-        "features and was not taken; the missing time is not attributed (this cut not profiled)",
+        "features and was not taken. Profiled on 2026-12-07f (2026-12-07f_h100_speed/profile, planned +20 %, at the "
+        "band's edge): the missing time is the frozen FP8 GEMMs at the 70B's widths (~1,370 TFLOP/s measured, "
+        "~1,880 priced by gemm_fp8) and attention (81 ms an iteration against 49)",
 }
 # fp8_param rows measured before each transpose was freed right after its linear's backward (e87f5d3, committed
 # 2026-12-02 18:41 UTC): result files git added before that ran the code that kept every layer's transpose to the
