@@ -48,13 +48,11 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
     prepared = submit_mod.prepare(recipe, overrides, executor, run_id, dry_run=dry_run)
     steps = prepared.recipe.resolved["after"]
     planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)
-    note = plan_cli.unknown_gpu_note(planned, prepared.recipe.resolved)
-    if note:
-        click.echo(note, err=True)
+    gpu_note = plan_cli.unknown_gpu_note(planned, prepared.recipe.resolved)  # (after the checks: a refusal is one line)
     if dry_run:
         submit_mod.check(prepared)
         pipeline.check_paths(steps)  # as the submit checks them
-        for note in (prepared.note, *prepared.notes):
+        for note in (gpu_note, prepared.note, *prepared.notes):
             if note:
                 click.echo(note, err=True)
         if as_json:
@@ -65,8 +63,9 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
             sys.stdout.write(submit_mod.dry_run_text(prepared) + (pipeline.dry_run_text(prepared) if steps else ""))
         return
     entry = pipeline.submit(prepared) if steps else submit_mod.submit(prepared)
-    for note in prepared.notes:  # (not the sbatch-absent line: a real submit ran the executor it names)
-        click.echo(note, err=True)
+    for note in (gpu_note, *prepared.notes):  # (not the sbatch-absent line: a real submit ran the executor it names)
+        if note:
+            click.echo(note, err=True)
     if executor_for(prepared.executor).container_unused(prepared.recipe.resolved["cluster"]["container"]["runtime"]):
         click.echo("note: cluster.container is a pyxis image, which only Slurm can start: this local job runs on "
                    "the host, without the image", err=True)
