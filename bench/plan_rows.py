@@ -62,15 +62,6 @@ KNOWN_MISSES = {
         "micro-batch. DP=2 adds one coalesced all-reduce of 53 M adapter gradients a step (a few ms), and the "
         "Qwen3-235B proxy of the same file and session (EP=2) is planned within 3 %, so no term of the model "
         "(expert GEMMs, dispatch, router) is off by the 300 ms a step missing: cause not found (not profiled)",
-    ("2026-12-07e_h100_speed/costs-70b.jsonl", "70b-20layers-costs-no-dropout-packed (median of 3)"):
-        "tokens/s (planned 14,944 against 12,056, +24 %): the 70B's layers cut to 20 without their LoRA dropout. The "
-        "fitted pre-dropout cost (dropout_pre_elementwise, from 2026-11-30's unfused TP=2 rows) is ~5x what the "
-        "dropout costs now (2.3 % here, 2.4 % at the H200's 80-layer block 40), so on the dropout rows it carries "
-        "~120 ms a step that another term misses on these layers (the same cut with its dropout is planned +12 %). "
-        "A refit with the dropout pinned at these rows' ~5e-12 s an element moved layer_calls x29 over collinear "
-        "features and was not taken. Profiled on 2026-12-07f (2026-12-07f_h100_speed/profile, planned +20 %, at the "
-        "band's edge): the missing time is the frozen FP8 GEMMs at the 70B's widths (~1,370 TFLOP/s measured, "
-        "~1,880 priced by gemm_fp8) and attention (81 ms an iteration against 49)",
 }
 # fp8_param rows measured before each transpose was freed right after its linear's backward (e87f5d3, committed
 # 2026-12-02 18:41 UTC): result files git added before that ran the code that kept every layer's transpose to the
