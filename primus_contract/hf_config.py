@@ -161,11 +161,10 @@ def rope_scaling_problem(scaling, mla: bool) -> Optional[str]:
     if not isinstance(scaling, dict):
         return f"{scaling!r:.40} is not a mapping of RoPE scaling fields"
     for key in ("factor", *_LLAMA3, *_YARN):  # (audit, 2026-12-07: factor 'abc' passed; low_freq_factor 'x' crashed)
-        value = scaling.get(key)
-        least = 0 if key.startswith("mscale") else 1e-300  # (mscale 0: none, as in transformers)
+        value, zero_ok = scaling.get(key), key.startswith("mscale")  # (mscale 0: none, as in transformers)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value < least):
-            return f"{key} {value!r:.40} is not a {'non-negative' if least == 0 else 'positive'} number"
+                                  or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok)):
+            return f"{key} {value!r:.40} is not a {'non-negative' if zero_ok else 'positive'} number"
     kind = scaling.get("type") or scaling.get("rope_type")
     if kind == "llama3" and not mla:
         off = [k for k, v in _LLAMA3.items() if not math.isclose(float(scaling.get(k, v)), v)]

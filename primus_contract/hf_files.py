@@ -74,8 +74,8 @@ def shards(path) -> tuple[list[str], int]:
     d = Path(path)
     index = d / "model.safetensors.index.json"
     if index.exists():
-        weight_map = _load(index)
-        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        parsed = _load(index)
+        weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise HFConfigError(_FIELD, f"`{_FIELD}` {index} has no `weight_map` object of tensor names to "
                                         ".safetensors files")
