@@ -69,6 +69,14 @@ def check_time_limit(c: dict, executor: str) -> None:
              "use a longer time or a smaller grace")
 
 
+def _managed(flag: str, names: tuple) -> str:
+    """'--name (--option)' when the long option `flag` names or abbreviates one of `names` (sbatch and srun take any
+    unambiguous prefix: --sig= is --signal=); '' otherwise."""
+    name = flag.split("=")[0][2:] if flag.startswith("--") else ""
+    hit = next((m for m in names if name and m.startswith(name)), None)
+    return f"--{name} (--{hit})" if hit else ""
+
+
 def _extra_args(cont: dict, secrets: set) -> None:
     """container.extra_args go to the runtime (srun's options under pyxis) as written into the job script: no
     secret, no environment (cluster.env and cluster.secrets carry it), and under pyxis none of the srun options the
@@ -82,10 +90,8 @@ def _extra_args(cont: dict, secrets: set) -> None:
         if ENV_ARG_RE.match(arg):
             fail(f"{field} is {arg!r:.40}: the environment goes in through cluster.env, and secrets through "
                  "cluster.secrets (a value here is written into the job script and the container's configuration)")
-        name = arg.split("=")[0][2:] if arg.startswith("--") else ""
-        managed = [m for m in MANAGED_SRUN if name and m.startswith(name)]
-        said = f"--{name} (--{managed[0]})" if managed else ""
-        if not name and len(arg) > 1 and arg[0] == "-" and arg[1] in MANAGED_SRUN_SHORT:
+        said = _managed(arg, MANAGED_SRUN)
+        if not arg.startswith("--") and len(arg) > 1 and arg[0] == "-" and arg[1] in MANAGED_SRUN_SHORT:
             said = f"-{arg[1]}"
         if cont["runtime"] == "pyxis" and said:
             fail(f"{field} sets srun's {said}, which the job script sets for the pyxis step; use the cluster.* "
@@ -100,11 +106,10 @@ def _cluster(c: dict, exp: dict) -> None:
         if not SBATCH_FLAG_RE.match(flag):
             fail(f"`cluster.extra_sbatch[{i}]` is {flag!r:.60}; expected one '--flag' or '--flag=value' "
                  "(letters, digits and _.,:@%/+=&|[]*!-)")
-        name = flag.split("=")[0][2:]
-        managed = [m for m in MANAGED_SBATCH if m.startswith(name)]
-        if managed:
-            fail(f"`cluster.extra_sbatch[{i}]` sets --{name} (--{managed[0]}), which primus-slurm manages; "
-                 "use the cluster.* field instead")
+        said = _managed(flag, MANAGED_SBATCH)
+        if said:
+            fail(f"`cluster.extra_sbatch[{i}]` sets {said}, which primus-slurm manages; use the cluster.* field "
+                 "instead")
     if c["constraint"] and not CONSTRAINT_RE.match(c["constraint"]):
         fail(f"`cluster.constraint` is {c['constraint']!r:.60}; expected a Slurm feature expression")
     cont = c["container"]
