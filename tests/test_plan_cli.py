@@ -30,9 +30,9 @@ def run(*args):
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: p.stem)
 def test_every_shipped_recipe_is_planned_in_under_a_second(recipe):
     r = load_recipe(recipe).resolved
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU time: a busy shared machine slows the wall clock, not this
     p = plan(r)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     assert p.peak_gib > 0 and p.step_s > 0 and p.breakdown[ADDED_TO_PEAK[0]] > 0
     # what must fit is the allocator's peak plus what the breakdown adds to it (the margin, the context outside torch)
     assert abs(p.needs_gib - p.peak_gib - sum(p.breakdown[k] for k in ADDED_TO_PEAK)) < 1e-6
