@@ -268,8 +268,9 @@ SCHEMA: dict = {
                                        "bitwise the same (trainer/model/lora/drop.py): 3 bytes an element become "
                                        "0.125 where the input is kept anyway (linear_proj's attention output), else "
                                        "2.125 (Llama2-70B, dropout 0.1 on qkv/proj: 0.23 GiB less a kept layer); "
-                                       "on a GPU only at a dropout whose mask rebuilds bitwise (0.1 does, 0.15 does "
-                                       "not: primus_contract.rules_model.dropout_recomputable)"),
+                                       "on a GPU only at a dropout whose mask rebuilds bitwise for the input's dtype "
+                                       "(0.1 does; 0.15 in BF16 only; 0.104 does not: "
+                                       "primus_contract.dropout_rebuild)"),
             "triton_products": Field("bool", True, help="the fused and epilogue paths' unmasked rank-r products "
                                      "(y += s h B^T, dx += dh A) as one Triton pass each on NVIDIA GPUs in BF16 "
                                      "instead of cuBLAS's addmm_ (trainer/model/lora/kernels.py masked_product); "

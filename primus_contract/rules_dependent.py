@@ -121,7 +121,7 @@ DEPENDENT: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
      lambda r: bool(r["trainer"]["lora"]["dropout"])),
     ("trainer.lora.dropout_recompute", "`trainer.lora.dropout` above 0 with `dropout_position: pre` on the fused or "
      "epilogue adapter path (`trainer.lora.fused` or `epilogue`), on a GPU at a dropout whose mask rebuilds bitwise "
-     "(0.1, 0.05, 0.2 do; 0.15 does not: primus_contract.rules_model.dropout_recomputable)", _fused_pre_dropout),
+     "(0.1, 0.05, 0.2 do; 0.15 only in BF16; 0.104 does not: primus_contract.dropout_rebuild)", _fused_pre_dropout),
     ("trainer.recompute.norm_output", "`trainer.lora.epilogue_norm` in effect (a GPU run with the epilogue on), and "
      "with pre-dropout `trainer.lora.dropout_recompute` in effect", _norm_recomputable),
     ("trainer.data.single_document_sbhd", "`trainer.data.packing: true` (without packing every row is one document "

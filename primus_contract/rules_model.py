@@ -2,8 +2,6 @@
 by `validate`/`submit` and by the trainer at start)."""
 from __future__ import annotations
 
-import struct
-
 from primus_contract.errors import fail
 from primus_contract.flops import is_adapted, is_moe_layer, layer_linears
 from primus_contract.hf_config import norm_topk_prob, rope_scaling_problem
@@ -200,17 +198,3 @@ def epilogue_rules(t: dict) -> None:
     if names and all(".experts." in f".{n}" for n in names):
         fail("`trainer.lora.epilogue` takes no expert linear (they keep their grouped path), and "
              "`trainer.lora.target_modules` names only experts: set epilogue: false")
-
-
-def _float32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def dropout_recomputable(p: float) -> bool:
-    """Whether a GPU's LoRA pre-dropout at probability p can be rebuilt bit for bit in backward from the input and the
-    mask (trainer.lora.dropout_recompute, trainer/model/lora/drop.py): torch's native_dropout scales its forward by
-    float32(1 / float32(1 - p)) and its backward op by float32(1 / (1 - p)), and the two agree at most p (0.1, 0.05,
-    0.2) but not all (0.15). Where they differ the adapters keep the dropped copy and a byte mask (the CPU's noise is
-    always rebuilt). One float32 division of two float32 values, so doing it in double and rounding once is exact."""
-    keep = _float32(1.0 - p)
-    return _float32(1.0 / keep) == _float32(1.0 / (1.0 - p))

@@ -36,13 +36,13 @@ def test_restore_gives_the_draw_bit_for_bit(dtype, p):
     x = torch.randn(4, 6, 21).to(dtype)
     torch.manual_seed(3)
     xd, keep = draw(x, p)  # on CPU: the noise in x's dtype
-    store, packed = kept_drop(keep, p)
+    store, packed = kept_drop(keep, p, dtype)
     got_xd, got_keep = store.restore(x, packed)
     assert got_keep.dtype == keep.dtype and torch.equal(got_keep, keep)
     assert torch.equal(got_xd, xd.view(-1, xd.shape[-1]))
     # a GPU's bool mask: native_dropout_backward rebuilds x * mask / (1 - p), as the forward kernel scales it
     mask = keep != 0
-    store, packed = kept_drop(mask, p)
+    store, packed = kept_drop(mask, p, dtype)
     got_xd, got_keep = store.restore(x, packed)
     assert got_keep.dtype == torch.bool and torch.equal(got_keep, mask)
     assert torch.equal(got_xd, undrop(x, mask, p).view(-1, x.shape[-1]))
@@ -52,24 +52,55 @@ def test_a_probability_whose_scales_differ_keeps_the_copy_on_a_gpu_only():
     assert recomputable(0.1) and recomputable(0.05)
     odd = next(p / 1000 for p in range(1, 990) if not recomputable(p / 1000))
     mask = torch.ones(2, 8, dtype=torch.bool)
-    assert kept_drop(mask, odd) == (None, None)
-    assert kept_drop(mask.to(torch.float32) / (1 - odd), odd)[0] is not None  # the CPU noise rebuilds exactly
-    assert kept_drop(None, P) == (None, None) and kept_drop(mask, 0.0) == (None, None)
+    assert kept_drop(mask, odd, torch.float32) == (None, None)
+    noise = mask.to(torch.float32) / (1 - odd)
+    assert kept_drop(noise, odd, torch.float32)[0] is not None  # the CPU noise rebuilds exactly
+    assert kept_drop(None, P, torch.float32) == (None, None) and kept_drop(mask, 0.0, torch.float32) == (None, None)
+    # a bfloat16 input: 0.15's scales differ, yet every bfloat16 product rounds alike; 0.104's do not
+    assert not recomputable(0.15) and recomputable(0.15, torch.bfloat16)
+    assert kept_drop(mask, 0.15, torch.bfloat16)[0] is not None and kept_drop(mask, 0.15, torch.float32)[0] is None
+    assert not recomputable(0.104, torch.bfloat16) and kept_drop(mask, 0.104, torch.bfloat16) == (None, None)
+    assert not recomputable(0.15, torch.float16)  # float16 takes float32's rule
+
+
+def _scales(p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """native_dropout's forward scale float32(1 / float32(1 - p)) and its backward op's float32(1 / (1 - p)), formed in
+    torch's float32 tensors."""
+    keep = torch.tensor(1.0 - p, dtype=torch.float32).item()
+    return torch.tensor(1.0 / keep, dtype=torch.float32), torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
 
 
 def test_the_contracts_rule_is_torchs_float32_arithmetic():
-    """The planner and `validate` decide by primus_contract.rules_model.dropout_recomputable (stdlib floats, rounded
-    to float32 through struct): the same verdict as the two scales formed in torch's float32 tensors, at every p of a
-    fine grid. A check of the stdlib rounding only: that native_dropout's forward and backward take these two scales
-    is held on a GPU (tests/gpu/test_fp8_epilogue.py: bit for bit where the rule says so, and at a p it refuses an
-    FP32 input shows the difference)."""
+    """The planner and `validate` decide by primus_contract.dropout_rebuild.dropout_recomputable (stdlib floats,
+    rounded to float32 through struct): the same verdict as the two scales formed in torch's float32 tensors, at every
+    p of a fine grid. A check of the stdlib rounding only: that native_dropout's forward and backward take these two
+    scales is held on a GPU (tests/gpu/test_fp8_epilogue.py: bit for bit where the rule says so, and at a p it refuses
+    the difference shows)."""
     for q in range(1, 990):
         p = q / 1000
-        keep = torch.tensor(1.0 - p, dtype=torch.float32).item()
-        forward = torch.tensor(1.0 / keep, dtype=torch.float32)
-        backward = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+        forward, backward = _scales(p)
         assert recomputable(p) == bool(forward == backward), p
     assert not recomputable(0.15) and recomputable(0.2)
+
+
+def test_the_bfloat16_rule_is_torchs_rounding_of_every_bfloat16():
+    """For a bfloat16 input the rule enumerates every finite bfloat16 through stdlib floats: the same verdict as
+    torch's float32 products rounded to bfloat16, over all 65,280 finite values (both signs), at every p of the grid
+    whose scales differ. Most of them rebuild (0.15 among them), some do not (0.104): the rule is neither float32's
+    nor always true."""
+    bits = torch.arange(0, 0x10000, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = bits[torch.isfinite(bits)].float()
+    verdicts = {}
+    for q in range(1, 990):
+        p = q / 1000
+        forward, backward = _scales(p)
+        if forward == backward:
+            continue
+        same = torch.equal((x * forward).to(torch.bfloat16).view(torch.int16),
+                           (x * backward).to(torch.bfloat16).view(torch.int16))
+        assert recomputable(p, torch.bfloat16) == same, p
+        verdicts[p] = same
+    assert verdicts[0.15] and not verdicts[0.104] and 0 < sum(verdicts.values()) < len(verdicts), verdicts
 
 
 def _run(path, dtype, recompute_drop):

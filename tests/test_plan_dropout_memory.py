@@ -108,10 +108,11 @@ def test_recomputed_drop_keeps_the_input_and_the_masks_bits():
 
 
 def test_a_dropout_whose_mask_cannot_be_rebuilt_is_planned_as_kept_on_a_gpu():
-    """At p = 0.15 native_dropout's forward and backward float32 scales differ (dropout_recomputable), so a GPU's
-    nodes keep the dropped copy and the bool mask even with dropout_recompute on (trainer/model/lora/drop.py
-    kept_drop); the planner plans that, the CPU's noise still rebuilds, and `validate` notes the key set where it acts
-    nowhere (audit, 2026-12-07: planned 7.7 GiB low on the 8B packed recipe, silently)."""
+    """At p = 0.104 native_dropout's forward and backward float32 scales differ and a BF16 input shows it
+    (dropout_recomputable), so a GPU's nodes keep the dropped copy and the bool mask even with dropout_recompute on
+    (trainer/model/lora/drop.py kept_drop); the planner plans that, the CPU's noise still rebuilds, and `validate` notes
+    the key set where it acts nowhere (audit, 2026-12-07: planned 7.7 GiB low on the 8B packed recipe, silently). At
+    0.15 the scales differ too, but only an FP32 input shows it."""
     from primus_contract.rules_dependent import inert_keys
 
     r = _recipe(False, recompute_drop=True)
@@ -119,16 +120,20 @@ def test_a_dropout_whose_mask_cannot_be_rebuilt_is_planned_as_kept_on_a_gpu():
     lay = Layout(tp=1, pp=1, ep=1, dp=1, sp=False, world=1, mbs=ROWS, gbs=ROWS, seq=SEQ)
     lins = layer_linears_local(m, t["lora"], lay, 0)
 
-    def adapter(p, recompute=True, profile="h200", device="cuda"):
+    def adapter(p, recompute=True, profile="h200", device="cuda", bf16=True):
         x = deep_merge(r, {"cluster": {"env_profile": profile}, "trainer": {
-            "distributed": {"device": device}, "lora": {"dropout": p, "dropout_recompute": recompute}}})
+            "distributed": {"device": device}, "lora": {"dropout": p, "dropout_recompute": recompute},
+            "precision": {"bf16": bf16}}})
         return layer_activation_bytes(m, x["trainer"], lay, lins, False, profile)["adapter"]
 
+    assert r["trainer"]["precision"]["bf16"]
     assert adapter(0.1) < adapter(0.1, recompute=False)
-    assert adapter(0.15) == adapter(0.15, recompute=False)
-    assert adapter(0.15, profile="cpu", device="cpu") == adapter(0.1, profile="cpu", device="cpu")
+    assert adapter(0.104) == adapter(0.104, recompute=False)
+    assert adapter(0.104, profile="cpu", device="cpu") == adapter(0.1, profile="cpu", device="cpu")
+    assert adapter(0.15) < adapter(0.15, recompute=False)
+    assert adapter(0.15, bf16=False) == adapter(0.15, recompute=False, bf16=False)
     gpu = {"cluster": {"env_profile": "h200"}, "trainer": {"distributed": {"device": "cuda"},
                                                             "lora": {"dropout_recompute": False}}}
-    notes = [line for p in (0.1, 0.15)
+    notes = [line for p in (0.1, 0.104)
              for line in inert_keys(deep_merge(r, deep_merge(gpu, {"trainer": {"lora": {"dropout": p}}})))]
     assert len(notes) == 1 and "`trainer.lora.dropout_recompute` is false but does nothing" in notes[0]

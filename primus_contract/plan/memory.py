@@ -35,7 +35,7 @@ from primus_contract.plan import calibration as cal
 from primus_contract.plan.offload import in_flight_layers, offloaded_layers
 from primus_contract.plan.shapes import (INPUT_NORM_SHARED, Layout, Linear, layer_linears_local, lora_params_local,
                                          moe_layer, stage_layers)
-from primus_contract.rules_model import dropout_recomputable
+from primus_contract.dropout_rebuild import activation_dtype, dropout_recomputable
 from primus_contract.rules_precision import epilogue_norm_on, epilogue_on, run_device, triton_kernels_run
 
 GIB = float(1 << 30)
@@ -73,8 +73,8 @@ class AdapterStores:
     drop_plain / drop_norm: under pre-dropout the non-norm / norm-fed adapters keep their input and the mask's bits,
     not the dropped copy and a bool mask (trainer.lora.dropout_recompute; their nodes draw the dropout: the fused path
     or the epilogue on a non-norm linear, the norm epilogue on a norm-fed one; experts keep their grouped path; a GPU
-    run at a p whose float scales differ keeps the copy, primus_contract.rules_model.dropout_recomputable: p = 0.15,
-    not 0.1). norm_output: the norm epilogue's adapters keep the norm's input (kept by the norm anyway), not its output
+    run keeps the copy at a p whose mask does not rebuild bitwise for its input dtype,
+    primus_contract.dropout_rebuild.dropout_recomputable: p = 0.104 in BF16, 0.15 in FP32, not 0.1). norm_output: the norm epilogue's adapters keep the norm's input (kept by the norm anyway), not its output
     (trainer.recompute.norm_output; under pre-dropout only with the dropped copy recomputed). norm_epilogue: the
     norm-fed adapters run on the norm epilogue (trainer/model/lora/norm_epilogue.py), which keeps no FP8 cast of
     the norm output beside the adapter's copy."""
@@ -94,8 +94,9 @@ def adapter_stores(t: dict, profile: str) -> AdapterStores:
     lora = t["lora"]
     pre = lora["dropout"] > 0 and lora["dropout_position"] == "pre"
     norm_epilogue = epilogue_norm_on(t, profile)
-    # a GPU's mask is rebuilt bitwise only where dropout_recomputable(p) (a device not yet known plans as a GPU)
-    rebuilt = lora["dropout_recompute"] and (run_device(t, profile) == "cpu" or dropout_recomputable(lora["dropout"]))
+    # a GPU's mask is rebuilt bitwise only where dropout_recomputable(p, dtype) (a device not yet known plans as a GPU)
+    rebuilt = lora["dropout_recompute"] and (run_device(t, profile) == "cpu" or dropout_recomputable(
+        lora["dropout"], activation_dtype(t["precision"])))
     drop_norm = bool(pre and rebuilt and norm_epilogue)
     drop_plain = bool(pre and rebuilt and (lora["fused"] or epilogue_on(t, profile)))
     norm_output = bool(t["recompute"]["norm_output"] and norm_epilogue and (not pre or drop_norm))

@@ -129,35 +129,42 @@ def test_fp8_norm_epilogue_recomputes_the_norm_output_bit_for_bit(record, p):
 
 def test_native_dropout_is_rebuilt_bit_for_bit_where_recomputable(record):
     """trainer/model/lora/drop.py's premise on this GPU: native_dropout's output equals its backward op applied to x
-    and the mask wherever `recomputable(p)` says so (its forward and backward float scales agree); at a p where they
-    do not, the node keeps the dropped copy (recorded: how many elements the recompute would change there)."""
+    and the mask wherever `recomputable(p, dtype)` says so; where it does not, the node keeps the dropped copy and the
+    difference shows (recorded: how many kept elements the recompute would change). The BF16 input is every finite
+    bfloat16 value (both signs) 257 times over, so the rule's enumeration is checked whole: at 0.15 and at float32's
+    first refused p the scales differ yet BF16 rebuilds; at 0.04 it does not."""
     from trainer.model.lora.drop import kept_drop, recomputable
 
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    bits = torch.arange(0, 0x10000, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    finite = bits[torch.isfinite(bits)]
+    x = finite.repeat(-(-4096 * 4096 // finite.numel()))[:4096 * 4096].view(4096, 4096)
     odd = next(q / 1000 for q in range(1, 990) if not recomputable(q / 1000))
-    seen = {}
-    for p in (0.1, 0.05, 0.2, 0.3, odd):
+    odd_bf16 = next(q / 1000 for q in range(1, 990) if not recomputable(q / 1000, torch.bfloat16))
+    seen, rebuilds = {}, {}
+    for p in (0.1, 0.05, 0.2, 0.3, odd, 0.15, odd_bf16):
         out, mask = torch.ops.aten.native_dropout(x, p, True)
         rebuilt = torch.ops.aten.native_dropout_backward(x, mask, 1.0 / (1.0 - p))
-        seen[str(p)] = int((rebuilt != out).sum())
-        store, packed = kept_drop(mask, p)
-        if recomputable(p):
+        seen[str(p)] = int((rebuilt.view(torch.int16) != out.view(torch.int16)).sum())
+        rebuilds[str(p)] = recomputable(p, torch.bfloat16)
+        store, packed = kept_drop(mask, p, torch.bfloat16)
+        if rebuilds[str(p)]:
             xd, keep = store.restore(x, packed)
             assert torch.equal(keep, mask) and torch.equal(xd.view(torch.int16), out.view(torch.int16)), p
             # the Triton passes (trainer/model/lora/bits.py): the same bits, the same bits rebuilt
-            store_k, packed_k = kept_drop(mask, p, kernels=True)
+            store_k, packed_k = kept_drop(mask, p, torch.bfloat16, kernels=True)
             assert torch.equal(packed_k, packed), p
             xd_k, keep_k = store_k.restore(x, packed_k)
             assert torch.equal(keep_k, mask) and torch.equal(xd_k.view(torch.int16), out.view(torch.int16)), p
         else:
             assert store is None, p
-    # the rule is not vacuous: at `odd` the two scales differ by one float32 step, which a BF16 x (256 mantissas) may
-    # never show (0 of 16.8M elements at 0.021 on an H100, 2026-12-07e) but an FP32 x does
+    # float32's rule is not vacuous: at `odd` the two scales differ by one float32 step, which an FP32 x shows
     x32 = torch.randn(4096, 4096, device="cuda", dtype=torch.float32)
     out, mask = torch.ops.aten.native_dropout(x32, odd, True)
     seen[f"{odd} fp32"] = int((torch.ops.aten.native_dropout_backward(x32, mask, 1.0 / (1.0 - odd)) != out).sum())
-    record(differing_elements_by_p=seen)
-    assert all(seen[str(p)] == 0 for p in (0.1, 0.05, 0.2, 0.3)), seen
+    assert kept_drop(mask, odd, torch.float32) == (None, None)
+    record(differing_elements_by_p=seen, bf16_rule=rebuilds)
+    assert all((seen[k] == 0) == rebuilds[k] for k in rebuilds), (seen, rebuilds)
+    assert rebuilds[str(odd)] and rebuilds["0.15"] and not rebuilds[str(odd_bf16)], rebuilds
     assert seen[f"{odd} fp32"] > 0, seen
 
 

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import torch
 
-# recomputable(p): whether x * mask * scale in backward reproduces native_dropout's forward output bit for bit at p
-# (its forward's float32 scale equals the one its backward takes; see below): the contract's rule, which the planner
-# and `validate` read too
-from primus_contract.rules_model import dropout_recomputable as recomputable
+# dropout_recomputable(p, dtype): whether x * mask * scale in backward reproduces native_dropout's forward output bit for
+# bit at p on an input of that dtype (see below): the contract's rule, which the planner and `validate` read too
+from primus_contract.dropout_rebuild import dropout_recomputable
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def recomputable(p: float, dtype: torch.dtype = torch.float32) -> bool:
+    """The contract's rule for an input of `dtype` (float64 and others take float32's, which holds for any)."""
+    return dropout_recomputable(p, _DTYPE_NAMES.get(dtype, "float32"))
 
 
 def draw(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +51,7 @@ def keep_scale(keep: torch.Tensor, p: float) -> float:
 
 # --- trainer.lora.dropout_recompute: the dropped copy recomputed in backward from the input and a bit-packed mask ---
 #
-#     store, packed = kept_drop(keep, p)   # keep packed 8 to a byte where recomputable(p), else (None, None)
+#     store, packed = kept_drop(keep, p, dtype)  # keep packed 8 to a byte where recomputable(p, dtype), else None
 #     xd, keep = store.restore(x, packed)  # in backward: keep as draw made it, xd == draw's xd bit for bit
 #
 # A fused or epilogue adapter under pre-dropout needs drop(x) for dA and the mask for dx. Kept as they are that is
@@ -53,9 +59,10 @@ def keep_scale(keep: torch.Tensor, p: float) -> float:
 # where x is kept by another op anyway (linear_proj's input is the attention output, which the core attention keeps):
 # autograd then holds one storage for both. The recompute is one elementwise pass in backward, the op F.dropout's own
 # backward runs, so xd comes out bitwise: on a GPU native_dropout scales by float32(1 / float32(1 - p)) in its forward
-# and its backward by float32(1 / (1 - p)); `recomputable` keeps the dropped copy for a p where these two differ
-# (p = 0.1, the MLPerf recipes', is not one: tests/gpu/test_fp8_epilogue.py checks it there; on an H100 with torch
-# 2.11 the backward op matched at p = 0.021 too, which the rule refuses: conservative). On CPU the keep is the scaled
+# and its backward by float32(1 / (1 - p)); `recomputable` keeps the dropped copy for a p where the two differ and the
+# input's dtype does not hide it (p = 0.1, the MLPerf recipes', is not one: tests/gpu/test_fp8_epilogue.py checks it
+# there; at p = 0.15 a float32 input differs, a bfloat16 one rebuilds: primus_contract/dropout_rebuild.py decides it
+# over every bfloat16 value, and the GPU test runs them all). On CPU the keep is the scaled
 # noise (1 / (1 - p) in x's dtype) and xd = x * noise: rebuilt from its bits by the same division.
 
 
@@ -117,12 +124,13 @@ def _noise_value(dtype: torch.dtype, p: float) -> float:
     return torch.ones(1, dtype=dtype).div_(1 - p).item()
 
 
-def kept_drop(keep: torch.Tensor | None, p: float, kernels: bool = False) -> tuple[KeptDrop | None,
-                                                                                 torch.Tensor | None]:
+def kept_drop(keep: torch.Tensor | None, p: float, dtype: torch.dtype, kernels: bool = False) -> tuple[
+        KeptDrop | None, torch.Tensor | None]:
     """(KeptDrop, the packed mask) for a node to keep instead of the dropped copy and the mask, or (None, None) where
-    there is no dropout or a GPU's recompute would not be bitwise (recomputable; the CPU noise always is). kernels:
-    pack and rebuild with the Triton passes (trainer.model.lora.bits; where the node's kernels run)."""
-    if keep is None or not p or (keep.dtype == torch.bool and not recomputable(p)):
+    there is no dropout or a GPU's recompute would not be bitwise on an input of `dtype` (recomputable; the CPU noise
+    always is). kernels: pack and rebuild with the Triton passes (trainer.model.lora.bits; where the node's kernels
+    run)."""
+    if keep is None or not p or (keep.dtype == torch.bool and not recomputable(p, dtype)):
         return None, None
     if kernels:
         from trainer.model.lora.bits import pack_bits
@@ -140,7 +148,7 @@ def kept_for_grad(x: torch.Tensor, xd: torch.Tensor, keep, p: float, u=None, act
     the mask packed and the copy rebuilt by Triton passes (trainer.model.lora.bits)."""
     if keep is None:
         return (u, None, None, act) if u is not None else (xd, None, None, None)
-    store, packed = kept_drop(keep, p, kernels) if recompute_drop else (None, None)
+    store, packed = kept_drop(keep, p, x.dtype, kernels) if recompute_drop else (None, None)
     if store is None:
         return xd, keep, None, None
     return (u, packed, store, act) if u is not None else (x, packed, store, None)
