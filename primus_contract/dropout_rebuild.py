@@ -12,27 +12,39 @@ Other 16-bit dtypes take the float32 rule (enough for any dtype, as the scales a
 from __future__ import annotations
 
 import functools
+import math
 import struct
+from array import array
 
-# a float32 rounds to infinity at or past this magnitude (half an ulp above the largest float32; ties go to even, and
-# the largest float32's significand is odd)
+# float32's largest finite value, and the magnitude at which a float32 rounds to infinity (half an ulp above the largest;
+# ties go to even, and the largest float32's significand is odd)
+_F32_MAX = struct.unpack("<f", bytes.fromhex("ffff7f7f"))[0]
 _F32_INF_AT = 2.0 ** 128 - 2.0 ** 103
 
 
 def _float32(x: float) -> float:
-    """x rounded once to float32 (round half to even, infinity past the largest): a double product of two float32
-    values is exact, so this is the GPU's float32 multiply."""
-    if abs(x) >= _F32_INF_AT:
-        return float("inf") if x > 0 else float("-inf")
+    """x rounded once to float32 (round half to even): a double product of two float32 values is exact, so this is
+    the GPU's float32 multiply."""
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def _bfloat16_bits(x: float) -> int:
-    """The bfloat16 that a float32 x rounds to (round half to even), as its 16 bits."""
-    b = struct.unpack("<I", struct.pack("<f", x))[0]
-    if b & 0x7F800000 == 0x7F800000:  # inf (no NaN reaches here)
-        return b >> 16
-    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+def _past_max(v: float) -> float:
+    """v with a magnitude past float32's largest made the value its float32 rounding gives (the largest or infinity),
+    so the bulk conversion below never sees an out-of-range double."""
+    a = abs(v)
+    return v if a <= _F32_MAX else math.copysign(_F32_MAX if a < _F32_INF_AT else math.inf, v)
+
+
+def _bfloat16_bits(values: list[float]) -> list[int]:
+    """Each double rounded to float32, then to bfloat16 (round half to even both times), as 16 bits."""
+    bits = array("I", array("f", [_past_max(v) for v in values]).tobytes())
+    return [(b + 0x7FFF + ((b >> 16) & 1)) >> 16 for b in bits]  # inf stays inf; no NaN reaches here
+
+
+@functools.lru_cache(maxsize=1)
+def _every_bfloat16() -> tuple[float, ...]:
+    """Every finite non-negative bfloat16 (the sign is symmetric; 0x7F80 is +inf), as floats."""
+    return tuple(array("f", array("I", [h << 16 for h in range(0x7F80)]).tobytes()))
 
 
 def scales(p: float) -> tuple[float, float]:
@@ -42,11 +54,8 @@ def scales(p: float) -> tuple[float, float]:
 
 @functools.lru_cache(maxsize=64)
 def _bfloat16_rebuilds(fwd: float, bwd: float) -> bool:
-    for h in range(0x7F80):  # every finite non-negative bfloat16 (0x7F80 is +inf)
-        x = struct.unpack("<f", struct.pack("<I", h << 16))[0]
-        if _bfloat16_bits(_float32(x * fwd)) != _bfloat16_bits(_float32(x * bwd)):
-            return False
-    return True
+    xs = _every_bfloat16()
+    return _bfloat16_bits([x * fwd for x in xs]) == _bfloat16_bits([x * bwd for x in xs])
 
 
 def dropout_recomputable(p: float, dtype: str = "float32") -> bool:
