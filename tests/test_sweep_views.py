@@ -90,7 +90,8 @@ def test_the_board_fits_100_columns_and_names_the_winner(swept):
     assert "trial 1 export: FAILED: error: the run has no pretrained base for --merged" in out.stdout
     run = "20261204-120000-000001"
     assert "best: trial 1 (lr=5e-3, dim=16), eval loss 1.5000 at iteration 10, run " + run in out.stdout
-    assert f"  adapter: {where}/ws/quickstart/{run}/adapter" in out.stdout
+    # the end-of-run adapter is iteration 20's model (eval 1.6), not the best's: no adapter line points at it
+    assert "  adapter: none of that iteration" in out.stdout and "note:" not in out.stdout
     assert f"  export:  primus-slurm export {run} --checkpoint 10 --merged" in out.stdout
     (where / "ws" / "quickstart" / run / "checkpoints" / "latest").write_text("iter_0000010\n")
     assert f"  export:  primus-slurm export {run} --merged" in cli(env, "status", SWEEP_ID).stdout  # the default
@@ -99,6 +100,30 @@ def test_the_board_fits_100_columns_and_names_the_winner(swept):
     board = json.loads(cli(env, "status", SWEEP_ID, "--json").stdout)
     assert board["best"]["run_id"] == run and board["best"]["iteration"] == 10
     assert [s["state"] for s in board["trials"][0]["then"]] == ["COMPLETED", "FAILED"]
+
+
+def test_the_winner_is_a_model_that_was_kept(swept):
+    """An eval loss whose checkpoint was not kept names no model: the winner is the best loss of a kept model (that
+    iteration's checkpoint, or the end-of-run adapter of the last iteration), and a note says which lower loss has no
+    model (audit, 2026-12-07: the lower loss was shown beside another iteration's adapter and export)."""
+    env, where = swept
+    root = where / "ws" / "quickstart"
+    t0, t1 = root / "20261204-120000-000000", root / "20261204-120000-000001"
+    (t1 / "checkpoints" / "iter_0000010").rmdir()  # trial 1's 1.5 at iteration 10: gone; its end adapter (1.6) kept
+    best = json.loads(cli(env, "status", SWEEP_ID, "--json").stdout)["best"]
+    assert (best["trial"], best["eval_loss"], best["iteration"]) == (1, 1.6, 20), best
+    assert best["adapter"] == str(t1 / "adapter") and best["export"] is None
+    assert best["note"] == "trial 1 logged eval loss 1.5000 at iteration 10, but no checkpoint of that iteration was kept"
+    out = cli(env, "status", SWEEP_ID).stdout
+    assert "export:  none (no checkpoint of that iteration kept)" in out and "note:    trial 1 logged" in out
+    (t1 / "adapter").rmdir()  # trial 1 keeps nothing: trial 0's end adapter (1.7 at 20) wins
+    best = json.loads(cli(env, "status", SWEEP_ID, "--json").stdout)["best"]
+    assert (best["trial"], best["eval_loss"], best["iteration"]) == (0, 1.7, 20), best
+    assert best["adapter"] == str(t0 / "adapter") and "trial 1 logged eval loss 1.5000" in best["note"]
+    (t0 / "checkpoints" / "iter_0000020").mkdir()
+    (t0 / "checkpoints" / "latest").write_text("iter_0000020\n")
+    best = json.loads(cli(env, "status", SWEEP_ID, "--json").stdout)["best"]
+    assert best["export"] == "primus-slurm export 20261204-120000-000000 --merged", best
 
 
 def test_status_json_has_every_runs_gpu_hours(swept):

@@ -73,6 +73,8 @@ def table(data: dict, board: list[dict], best: dict | None = None, wide: bool = 
         at = f" at iteration {best['iteration']}" if best["iteration"] is not None else ""
         text.append(f"best: trial {best['trial']} ({values}), eval loss {best['eval_loss']:.4f}{at}, run "
                     f"{best['run_id']} ({best['state']})")
-        text.append(f"  adapter: {best['adapter'] or 'none yet'}")
-        text.append(f"  export:  {best['export']}")
+        text.append(f"  adapter: {best['adapter'] or 'none of that iteration'}")
+        text.append(f"  export:  {best['export'] or 'none (no checkpoint of that iteration kept)'}")
+        if best.get("note"):
+            text.append(f"  note:    {best['note']}")
     return "\n".join(text) + "\n"

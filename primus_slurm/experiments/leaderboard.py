@@ -94,6 +94,7 @@ def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
             continue
         evals = eval_losses(Path(t["run_dir"]))
         finite = [(v, it) for it, v in evals if math.isfinite(v)]
+        kept = [(v, it) for v, it in finite if _kept(Path(t["run_dir"]), it, s)]
         chain = chains[t["run_id"]]
         tokens = s.get("avg_tokens_per_s_gpu") if s.get("finished") and s.get("avg_tokens_per_s_gpu") else \
             s.get("tokens_per_s_gpu")
@@ -101,6 +102,8 @@ def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
                    train_iters=s["train_iters"], lm_loss=s["lm_loss"], last_eval_loss=evals[-1][1] if evals else None,
                    best_eval_loss=min(finite)[0] if finite else None, tokens_per_s_gpu=tokens,
                    best_eval_iteration=min(finite)[1] if finite else None, then=chain,
+                   best_kept_eval_loss=min(kept)[0] if kept else None,
+                   best_kept_eval_iteration=min(kept)[1] if kept else None,
                    then_summary=chain_state.summary(chain),
                    run_dir=t["run_dir"], error=t["error"] or s.get("error") or s.get("reason"),
                    **{k: v for k, v in costs[t["run_id"]].items() if k in ("gpu_hours", "elapsed_s", "attempts",
@@ -111,25 +114,54 @@ def rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
     return data, out
 
 
-def winner(board: list[dict]) -> dict | None:
-    """The trial with the lowest eval loss: its values, eval loss (and the iteration that logged it), the adapter
-    it left (a completed export step's, else the one the trainer exported at its end) and the `export` command
-    that makes a merged checkpoint of that iteration (None when no trial has an eval loss yet)."""
-    best = next((r for r in board if r.get("best_eval_loss") is not None), None)
-    if best is None:
-        return None
-    run_dir = Path(best["run_dir"])
-    adapter = next((res.get("adapter") for s in best.get("then") or () if s["step"] == "export" and
-                    s.get("state") == "COMPLETED" and s.get("dir")
-                    for res in [post.read_json(Path(s["dir"]) / "result.json")] if res.get("adapter")), None)
-    if adapter is None and (run_dir / "adapter").is_dir():
-        adapter = str(run_dir / "adapter")
-    it = best.get("best_eval_iteration")
-    saved = f"iter_{it:07d}" if it is not None else None
-    latest = run_dir / run_files.LATEST
-    at = f" --checkpoint {it}" if saved and (run_dir / "checkpoints" / saved).is_dir() and not (
-        latest.is_file() and latest.read_text().strip() == saved) else ""  # (export's default: the latest)
-    return {"trial": best["trial"], "values": best["values"], "run_id": best["run_id"], "state": best["state"],
-            "eval_loss": best["best_eval_loss"], "iteration": it, "adapter": adapter,
-            "export": f"primus-slurm export {best['run_id']}{at} --merged"}
+def _kept(run_dir: Path, iteration: int | None, state: dict) -> bool:
+    """Whether the model an eval measured is still there: its iteration's checkpoint, or the adapter the trainer
+    exported at the end of a finished run (the model of its last iteration)."""
+    if iteration is None:
+        return False
+    if (run_dir / "checkpoints" / f"iter_{iteration:07d}").is_dir():
+        return True
+    return bool(state.get("finished")) and iteration == state.get("iteration") and (run_dir / "adapter").is_dir()
 
+
+def _latest(run_dir: Path) -> str | None:
+    latest = run_dir / run_files.LATEST
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+def winner(board: list[dict]) -> dict | None:
+    """The trial with the lowest eval loss whose model was kept (that iteration's checkpoint, or the end-of-run
+    adapter of its last iteration): its values, eval loss and iteration, the adapter of exactly that model where one
+    exists (a completed export step's of the latest checkpoint, or the end-of-run one), the `export` command that
+    makes a merged checkpoint of it, and a note where a lower eval loss was logged by a model no longer kept. None
+    when no trial has an eval loss yet; with losses but no kept model, the best loss, no export and the note."""
+    logged = [r for r in board if r.get("best_eval_loss") is not None]
+    if not logged:
+        return None
+    top = min(logged, key=lambda r: (r["best_eval_loss"], r["trial"]))
+    kept = [r for r in board if r.get("best_kept_eval_loss") is not None]
+    best = min(kept, key=lambda r: (r["best_kept_eval_loss"], r["trial"])) if kept else top
+    loss, it = ((best["best_kept_eval_loss"], best["best_kept_eval_iteration"]) if kept else
+                (best["best_eval_loss"], best["best_eval_iteration"]))
+    note = None
+    if not kept or top["best_eval_loss"] < loss:
+        note = (f"trial {top['trial']} logged eval loss {top['best_eval_loss']:.4f} at iteration "
+                f"{top['best_eval_iteration']}, but no checkpoint of that iteration was kept")
+    out = {"trial": best["trial"], "values": best["values"], "run_id": best["run_id"], "state": best["state"],
+           "eval_loss": loss, "iteration": it, "adapter": None, "export": None, "note": note}
+    if not kept:
+        return out
+    run_dir = Path(best["run_dir"])
+    saved = f"iter_{it:07d}"
+    on_latest = _latest(run_dir) == saved
+    if on_latest:  # a completed export step exported the latest checkpoint (its default)
+        out["adapter"] = next((res.get("adapter") for s in best.get("then") or () if s["step"] == "export" and
+                               s.get("state") == "COMPLETED" and s.get("dir")
+                               for res in [post.read_json(Path(s["dir"]) / "result.json")] if res.get("adapter")),
+                              None)
+    if out["adapter"] is None and it == best.get("iteration") and best["state"] == "COMPLETED" and (
+            run_dir / "adapter").is_dir():
+        out["adapter"] = str(run_dir / "adapter")
+    if (run_dir / "checkpoints" / saved).is_dir():
+        out["export"] = f"primus-slurm export {best['run_id']}{'' if on_latest else f' --checkpoint {it}'} --merged"
+    return out
