@@ -1,6 +1,7 @@
 """The run directory's files, named once, and the trainer's event stream (JSON lines) that the launcher reads.
 
     <run_dir>/job.sbatch  recipe.yaml  recipe.resolved.yaml  run.json  code/{trainer,primus_contract}/
+    <run_dir>/attempt-base   the first attempt of the run's current job (`primus-slurm resume` writes it)
     <run_dir>/logs/rank-0/debug.log | debug.attempt-N.log        the human log (attempt N = SLURM_RESTART_COUNT)
     <run_dir>/logs/rank-0/events.jsonl | events.attempt-N.jsonl  one JSON object a line: the machine-readable API
     <run_dir>/logs/nodes.jsonl   what the job learns about its nodes (primus_contract/node_faults.py)
@@ -8,7 +9,7 @@
     <run_dir>/tensorboard/attempt-N/   TensorBoard event files (trainer.logging.tensorboard)
     <run_dir>/wandb/run-id  wandb/offline-run-*/  the W&B run id every attempt reuses; wandb's own files
 
-Events (`event` names the kind; `t` is the UTC time, seconds):
+Events (`event` names the kind; `t` is the UTC time, seconds: a line whose `t` is no such time is skipped):
     start       attempt, world_size, device, resumed_from
     precision   line (the human `precision | ...` line) and its fields
     metrics     iteration, train_iters, lm_loss, lr, grad_norm, tokens_per_s_gpu, tflops_gpu, mem_alloc_gib,
@@ -38,6 +39,7 @@ JOB_SCRIPT = "job.sbatch"
 RECIPE = "recipe.yaml"
 RESOLVED = "recipe.resolved.yaml"
 RUN_JSON = "run.json"
+ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
 CODE = "code"
 CHECKPOINTS = "checkpoints"
 LATEST = "checkpoints/latest"
@@ -117,9 +119,23 @@ def json_objects(text: str) -> list[dict]:
     return out
 
 
+# an event's `t` is a POSIX time from 1970 up to the year 3000 (what datetime can show in any time zone)
+LAST_TIME = 32503680000.0
+
+
+def event_time(event: dict) -> float | None:
+    """The event's `t` when it is a finite number in 0..LAST_TIME, else None (absent, or a corrupt line's)."""
+    t = event.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= LAST_TIME:
+        return None  # (NaN fails the comparison too)
+    return float(t)
+
+
 def parse_events(text: str) -> list[dict]:
-    """The events of a stream's text."""
-    return [record for record in json_objects(text) if record.get("event") in EVENTS]
+    """The events of a stream's text; an event whose `t` is there but no time (event_time) is skipped, as a torn
+    line is."""
+    return [record for record in json_objects(text)
+            if record.get("event") in EVENTS and ("t" not in record or event_time(record) is not None)]
 
 
 def read_events(path, tail_bytes: int | None = None) -> list[dict]:

@@ -3,6 +3,7 @@ metrics event a log interval, eval, checkpoint and the outcome; `status`'s progr
 it say what the human log says; a refusal before distributed init is an outcome event too."""
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -85,3 +86,21 @@ def test_a_torn_last_line_is_skipped(tmp_path):
     path.write_text(run_files.event_line("metrics", iteration=1, lm_loss=float("nan")) + "\n" + '{"event": "outc')
     (only,) = run_files.read_events(path)
     assert only["iteration"] == 1 and math.isnan(run_files.number(only["lm_loss"]))
+
+
+@pytest.mark.parametrize("t", [1e300, -1.0, "abc", None, True, [1]])
+def test_an_event_whose_time_is_no_time_is_skipped(tmp_path, t):
+    """One corrupt (but JSON) line used to break bare `status` for every run: fromtimestamp(1e300) overflowed in
+    the progress, a string or null `t` was subtracted in the cost."""
+    from primus_slurm.experiments import cost
+    rank0 = run_files.rank_dir(tmp_path)
+    rank0.mkdir(parents=True)
+    lines = [run_files.event_line("start", attempt=0, world_size=1, device="cuda"),
+             run_files.event_line("metrics", iteration=5, train_iters=10, lm_loss=1.0),
+             json.dumps({"event": "metrics", "t": t, "iteration": 6, "train_iters": 10, "lm_loss": float("nan")}),
+             json.dumps({"event": "outcome", "t": t, "status": "training finished", "exit": 0})]
+    (rank0 / run_files.events_name(0)).write_text("\n".join(lines) + "\n")
+    (rank0 / run_files.log_name(0)).write_text("")
+    assert cost.costs([(tmp_path, {"executor": "local"})])[0]["attempts"] == 1
+    p = read_progress(tmp_path)
+    assert (p.iteration, p.lm_loss, p.diverged, p.finished) == (5, 1.0, False, False)

@@ -83,3 +83,25 @@ def test_price_keys_are_checked(tmp_path, item, says):
     env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"))
     out = cli(env, "validate", str(ROOT / "recipes" / "quickstart.yaml"), "--set", item)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+
+
+def test_slurm_run_cost_counts_its_pipeline_steps(tmp_path):
+    """An eval or export step job holds a GPU too: the steps of the current chain (run.json `pipeline`) and of the
+    chains before a resume (`pipeline_before`) are in the one sacct query and in the run's GPU-hours."""
+    run_dir = _run(tmp_path, gpu_hour_price=2.0)
+    info = {"executor": "slurm", "job_id": "503", "jobs": [{"job_id": "501"}],
+            "pipeline": [{"step": "eval", "job_id": "504"}], "pipeline_before": [{"step": "eval", "job_id": "502"}]}
+    asked = []
+
+    def runner(cmd, **_):
+        asked.append(cmd[cmd.index("-j") + 1])
+        rows = "\n".join(f"{j}|{j}|3600|cpu=8,gres/gpu={n},node=1" for j, n in (("501", 8), ("502", 1),
+                                                                              ("503", 8), ("504", 1)))
+        return subprocess.CompletedProcess(cmd, 0, rows, "")
+    row = cost.costs([(run_dir, info)], runner)[0]
+    assert asked == ["501,502,503,504"]
+    assert row["gpu_hours"] == pytest.approx(18.0) and row["steps_gpu_hours"] == pytest.approx(2.0)
+    assert row["cost"] == pytest.approx(36.0) and row["attempts"] == 2 and row["elapsed_s"] == 7200
+    assert row["tokens_per_gpu_hour"] == pytest.approx(400_000 / 16)  # the training's throughput
+    assert cost.line(row).startswith("cost: 18.000 GPU-hours (16.000 training over 2 attempt(s), 7200 s elapsed; "
+                                     "2.000 in 2 pipeline step job(s))")

@@ -162,3 +162,59 @@ def test_a_local_run_whose_directory_is_gone_is_unknown_not_failed(tmp_path):
     row = collect([entry])[0]
     assert row["state"] == "UNKNOWN" and row["exit_code"] is None
     assert row["reason"] == f"run directory {tmp_path / 'moved-away'} no longer exists"
+
+
+def _events(run_dir, attempt, events, age_s=0.0):
+    import json
+
+    from primus_contract import run_files
+    path = _write(run_dir, run_files.events_name(attempt), "".join(json.dumps(e) + "\n" for e in events))
+    log = _write(run_dir, run_files.log_name(attempt), "[2026-12-07 00:00:00] primus-trainer start | attempt 0\n")
+    old = time.time() - age_s
+    for p in (path, log):
+        os.utime(p, (old, old))
+    return path
+
+
+def test_a_resumed_job_is_judged_by_itself_not_by_the_job_before(tmp_path):
+    """After `resume`, until the new trainer logs, the newest attempt log is the job before's: its age is no stall
+    of the new job (whose stdout is fresh), and its divergence or end is not the new job's."""
+    import subprocess
+
+    from primus_slurm.jobs.local_executor import LOCAL_OUT, proc_start_ticks
+    run_dir = tmp_path / "run"
+    _events(run_dir, 0, [{"event": "start", "t": 1000.0, "attempt": 0},
+                         {"event": "metrics", "t": 1001.0, "iteration": 40, "train_iters": 500, "lm_loss": 1.2,
+                          "ms_per_iter": 100.0},
+                         {"event": "diverged", "t": 1002.0, "iteration": 41, "lm_loss": "nan"},
+                         {"event": "outcome", "t": 1003.0, "status": "training finished", "exit": 3}], age_s=7200)
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)  # the resumed job, running
+    try:
+        entry = {"run_id": "r", "run_dir": str(run_dir), "executor": "local", "job_id": f"local-{proc.pid}",
+                 "pid": proc.pid, "pid_start": proc_start_ticks(proc.pid), "stall_minutes": 30}
+        assert collect([entry])[0]["state"] == "DIVERGED"  # (no attempt-base: the same job)
+        (run_dir / "attempt-base").write_text("1\n")
+        (run_dir / LOCAL_OUT).write_text("primus-slurm: run r job 1 attempt 1 on 1 node(s)\n")
+        row = collect([entry])[0]
+        assert row["state"] == "RUNNING" and row["iteration"] == 40 and row["seconds_since_log"] < 600
+        assert not row["diverged"] and not row["finished"] and row["trainer_exit_code"] is None
+        old = time.time() - 7200  # a resumed job silent for two hours stalls all the same
+        os.utime(run_dir / LOCAL_OUT, (old, old))
+        assert collect([entry])[0]["state"] == "STALLED"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert collect([entry])[0]["state"] == "DIVERGED"  # ended: the last attempt's word stands
+
+
+def test_a_metrics_line_longer_than_the_tail_is_still_read(tmp_path):
+    """`losses` holds one pair an iteration: a log interval of 12,000 writes a metrics line of ~300 KB, longer
+    than the 256 KiB tail status reads first."""
+    from primus_slurm.jobs import progress
+    losses = [[i, 1 + i / 7] for i in range(1, 12001)]  # (a float of 17 digits, as a real loss)
+    path = _events(tmp_path, 0, [{"event": "start", "t": 1000.0, "attempt": 0},
+                                 {"event": "metrics", "t": 1001.0, "iteration": 12000, "train_iters": 24000,
+                                  "lm_loss": 1.5, "ms_per_iter": 2.0, "losses": losses}])
+    assert path.stat().st_size > progress.TAIL_BYTES
+    p = read_progress(tmp_path)
+    assert (p.iteration, p.train_iters, p.lm_loss, p.eta_s) == (12000, 24000, 1.5, 24.0)

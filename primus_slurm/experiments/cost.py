@@ -2,11 +2,12 @@
 
 - Slurm: one sacct call for all runs (`--duplicates`: every attempt of a requeued job; `-X`: allocations), each
   attempt's elapsed seconds x the GPUs it held (AllocTRES gres/gpu); a run's jobs are its current one and those
-  before each `resume` (run.json `jobs`).
+  before each `resume` (run.json `jobs`), and its pipeline steps' (run.json `pipeline` and `pipeline_before`: an
+  eval or export step holds a GPU too), which `gpu_hours` counts and `steps_gpu_hours` shows apart.
 - Local executor: each attempt's wall time (its event stream, first to last event) x the GPUs it held: its world
   size when its start event says cuda, else cluster.gpus_per_node.
 - Tokens: the last iteration reached x tokens per iteration, as the trainer measured it (metrics event:
-  tokens/s/GPU x world size x ms/iter).
+  tokens/s/GPU x world size x ms/iter); per GPU-hour: over the training's GPU-hours (the steps' left out).
 - Cost: GPU-hours x cluster.gpu_hour_price, in cluster.currency (absent when the recipe sets no price).
 """
 from __future__ import annotations
@@ -60,6 +61,18 @@ def job_ids(info: dict) -> list[str]:
     return [j for j in (*before, str(info.get("job_id") or "")) if j and j != "None"]
 
 
+def step_job_ids(info: dict) -> list[str]:
+    """The Slurm jobs of the run's pipeline steps: the current chain's and those of the chains before each resume
+    (the local queue's steps have none)."""
+    steps = [*(info.get("pipeline") or ()), *(info.get("pipeline_before") or ())]
+    return [str(s["job_id"]) for s in steps if isinstance(s, dict) and s.get("job_id") not in (None, "", "local")]
+
+
+def _summed(usage: dict[str, dict], jobs: list[str]) -> dict:
+    parts = [usage[j] for j in jobs if j in usage]
+    return {key: sum(p[key] for p in parts) for key in ("elapsed_s", "gpu_hours", "attempts")}
+
+
 def attempt_events(run_dir: Path) -> list[list[dict]]:
     """Each attempt's rank-0 event stream, oldest attempt first."""
     return [run_files.read_events(p) for p in run_files.attempt_files(run_dir, "jsonl")]
@@ -77,8 +90,8 @@ def attempt_gpus(events: list[dict], configured: int) -> int:
 
 def local_usage(attempts: list[list[dict]], gpus: int) -> dict:
     """Each attempt's wall time (first to last event) x the GPUs it held (attempt_gpus; `gpus` the recipe's)."""
-    spans = [(e[-1]["t"] - e[0]["t"], attempt_gpus(e, gpus)) for e in attempts
-             if len(e) > 1 and "t" in e[0] and "t" in e[-1]]
+    timed = [([t for e in events if (t := run_files.event_time(e)) is not None], events) for events in attempts]
+    spans = [(times[-1] - times[0], attempt_gpus(events, gpus)) for times, events in timed if len(times) > 1]
     elapsed = sum(s for s, _ in spans)
     return {"elapsed_s": round(elapsed), "gpu_hours": sum(s * g for s, g in spans) / 3600, "attempts": len(spans)}
 
@@ -112,21 +125,23 @@ def _gpus(cluster: dict) -> int:
 
 
 def costs(found: list[tuple[Path, dict]], runner=subprocess.run) -> list[dict]:
-    """One dict a run (run dir, run.json merged with its entry): elapsed_s, gpu_hours, attempts, tokens,
-    tokens_per_gpu_hour, price, currency, cost."""
-    slurm = slurm_usage([j for _, info in found if info.get("executor") == "slurm" for j in job_ids(info)], runner)
+    """One dict a run (run dir, run.json merged with its entry): elapsed_s and attempts (the training's),
+    gpu_hours (the training's and its pipeline steps'), steps_gpu_hours, step_jobs, tokens, tokens_per_gpu_hour,
+    price, currency, cost."""
+    slurm = slurm_usage([j for _, info in found if info.get("executor") == "slurm"
+                         for j in (*job_ids(info), *step_job_ids(info))], runner)
     rows = []
     for run_dir, info in found:
         cluster, attempts = _cluster(run_dir), attempt_events(run_dir)
         if info.get("executor") == "slurm":
-            parts = [slurm[j] for j in job_ids(info) if j in slurm]
-            row = {"elapsed_s": sum(p["elapsed_s"] for p in parts), "gpu_hours": sum(p["gpu_hours"] for p in parts),
-                   "attempts": sum(p["attempts"] for p in parts)}
+            row, steps = _summed(slurm, job_ids(info)), _summed(slurm, step_job_ids(info))
         else:
-            row = local_usage(attempts, _gpus(cluster))
+            row, steps = local_usage(attempts, _gpus(cluster)), _summed({}, [])
         tokens = tokens_trained(attempts)
         price, currency = cluster.get("gpu_hour_price"), cluster.get("currency") or "USD"
         per_hour = tokens / row["gpu_hours"] if tokens and row["gpu_hours"] else None
+        row.update(gpu_hours=row["gpu_hours"] + steps["gpu_hours"], steps_gpu_hours=steps["gpu_hours"],
+                   step_jobs=steps["attempts"])
         row.update(tokens=tokens, tokens_per_gpu_hour=per_hour,
                    price=price, currency=currency,
                    cost=row["gpu_hours"] * price if price is not None else None)
@@ -138,5 +153,8 @@ def line(row: dict) -> str:
     """`status RUN`'s cost line."""
     per = f", {row['tokens_per_gpu_hour']:,.0f} tokens/GPU-hour" if row["tokens_per_gpu_hour"] else ""
     cost = f", {row['cost']:,.2f} {row['currency']} at {row['price']:g}/GPU-hour" if row["cost"] is not None else ""
-    return (f"cost: {row['gpu_hours']:.3f} GPU-hours over {row['attempts']} attempt(s), {row['elapsed_s']} s "
-            f"elapsed{per}{cost}")
+    trained = f"over {row['attempts']} attempt(s), {row['elapsed_s']} s elapsed"
+    if row.get("step_jobs"):
+        trained = (f"({row['gpu_hours'] - row['steps_gpu_hours']:.3f} training {trained}; "
+                   f"{row['steps_gpu_hours']:.3f} in {row['step_jobs']} pipeline step job(s))")
+    return f"cost: {row['gpu_hours']:.3f} GPU-hours {trained}{per}{cost}"

@@ -138,7 +138,8 @@ def _status(run, as_json, wide, show_all) -> bool:
     if as_json:  # what each run cost: one sacct call for all of them
         found = [(Path(r["run_dir"]), {**e, **runs.read_run_json(Path(r["run_dir"]))}) for r, e in zip(rows, entries)]
         for r, c in zip(rows, cost.costs(found)):
-            r.update({k: c[k] for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour", "cost", "currency")})
+            r.update({k: c[k] for k in ("gpu_hours", "steps_gpu_hours", "elapsed_s", "tokens_per_gpu_hour", "cost",
+                                        "currency")})
         click.echo(status_mod.to_json(rows[0] if run else rows))
     elif rows:
         status_mod.render_table(rows, wide=wide)

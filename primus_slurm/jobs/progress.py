@@ -2,7 +2,9 @@
 (primus_contract/run_files.py), or, for an entrypoint that writes only the human rank-0 log (docs/contract.md §3;
 cluster.entrypoint, runs from before the stream), from that log's lines.
 
-Only the tail of the newest attempt's file is read, so status over hundreds of runs stays cheap.
+Only the tail of the newest attempt's file is read, so status over hundreds of runs stays cheap: TAIL_BYTES, or
+more (doubled, up to MAX_TAIL_BYTES) while the tail holds no metrics event, whose `losses` grow with the log
+interval (about 30 bytes an iteration: a log interval of 10,000 writes lines of ~300 KB).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from primus_contract import run_files
 
 TAIL_BYTES = 256 * 1024
+MAX_TAIL_BYTES = 64 * 1024 * 1024
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (.*)$")
 
 
@@ -144,8 +147,8 @@ def apply_events(events: list[dict], progress: Progress) -> Progress:
         kind = e["event"]
         if "stamp" in e:
             progress.last_event = e["stamp"]
-        elif isinstance(e.get("t"), (int, float)):
-            progress.last_event = _dt.datetime.fromtimestamp(e["t"]).strftime("%Y-%m-%d %H:%M:%S")
+        elif (t := run_files.event_time(e)) is not None:
+            progress.last_event = _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
         if kind == "metrics":
             for key in ("iteration", "train_iters"):
                 if isinstance(e.get(key), int):
@@ -186,6 +189,35 @@ def _tail(path: Path, size: int = TAIL_BYTES) -> list[str]:
     return lines[1:] if end > size else lines  # the first line of a tail may be cut
 
 
+def attempt_base(run_dir: Path) -> int:
+    """The first attempt of the run's current job: `attempt-base` (written by `resume`), 0 without one, as the job
+    script reads it."""
+    try:
+        text = (Path(run_dir) / run_files.ATTEMPT_BASE).read_text().strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0
+
+
+def forget_verdicts(progress: Progress) -> Progress:
+    """The progress of an attempt of the job before (the current one has not logged yet): where it got to, without
+    its ending (diverged, finished, an error), which says nothing of the current job."""
+    progress.diverged = progress.finished = False
+    progress.error = progress.exit_code = None
+    return progress
+
+
+def stream_tail(path: Path) -> list[dict]:
+    """The events of the stream's tail: TAIL_BYTES, doubled while it holds no metrics event (a line longer than
+    the tail), up to the whole file or MAX_TAIL_BYTES."""
+    size, window = path.stat().st_size, TAIL_BYTES
+    while True:
+        events = run_files.read_events(path, window)
+        if window >= min(size, MAX_TAIL_BYTES) or any(e["event"] == "metrics" for e in events):
+            return events
+        window *= 2
+
+
 def read_progress(run_dir: Path) -> Progress:
     """Progress of the newest attempt; the last checkpoint falls back to checkpoints/latest."""
     progress = Progress()
@@ -197,7 +229,7 @@ def read_progress(run_dir: Path) -> Progress:
         progress.log_mtime = newest.stat().st_mtime
         events = newest.parent / run_files.events_name(progress.attempt)
         if events.is_file():
-            apply_events(run_files.read_events(events, TAIL_BYTES), progress)
+            apply_events(stream_tail(events), progress)
         else:
             parse_lines(_tail(newest), progress)
     latest = Path(run_dir) / run_files.LATEST

@@ -12,13 +12,13 @@ import fcntl
 import time
 from pathlib import Path
 
-from primus_contract import node_faults
+from primus_contract import node_faults, run_files
 from primus_slurm.jobs import registry, runs
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executors import executor_for
 from primus_slurm.jobs.progress import attempt_of, rank_logs, read_progress
 
-ATTEMPT_BASE = "attempt-base"  # read by templates/job.sh.j2
+ATTEMPT_BASE = run_files.ATTEMPT_BASE
 LOCK = ".resume.lock"
 
 

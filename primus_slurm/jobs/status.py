@@ -11,7 +11,7 @@ from primus_slurm.errors import UserError
 from primus_slurm.jobs import registry, runs
 from primus_slurm.jobs.executor_base import TERMINAL
 from primus_slurm.jobs.executors import executor_for
-from primus_slurm.jobs.progress import read_progress
+from primus_slurm.jobs.progress import attempt_base, forget_verdicts, read_progress
 
 DEFAULT_STALL_MINUTES = 30.0
 # the states a run (or step) stays in: `status --watch` stops once every one shown is in one
@@ -28,14 +28,12 @@ def _stall_minutes(info: dict, run_dir: Path) -> float:
         return DEFAULT_STALL_MINUTES
 
 
-def _last_activity(run_dir: Path, progress, info: dict) -> float | None:
-    """Newest sign of life: the trainer log, else the job's stdout, else the submit time."""
-    if progress.log_mtime is not None:
-        return progress.log_mtime
+def _last_activity(run_dir: Path, progress) -> float | None:
+    """Newest sign of life: the trainer log's or the job's stdout's last write, whichever is later (a resumed or
+    requeued job writes its stdout before its trainer's first line, while the newest log is the job before's)."""
     outs = list((run_dir / "logs").glob("*.out")) if (run_dir / "logs").is_dir() else []
-    if outs:
-        return max(p.stat().st_mtime for p in outs)
-    return None
+    times = [p.stat().st_mtime for p in outs] + ([progress.log_mtime] if progress.log_mtime is not None else [])
+    return max(times, default=None)
 
 
 # the job script's lines that say why it ended (templates/job.sh.j2, array.sh.j2); its other lines only inform
@@ -89,8 +87,10 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
     rows = []
     for (run_dir, info), base in zip(found, bases):
         progress = read_progress(run_dir)
+        if (base or {}).get("state") in ("PENDING", "RUNNING") and progress.attempt < attempt_base(run_dir):
+            forget_verdicts(progress)  # a resumed job's trainer has not logged yet: its newest log is the job before's
         stall_minutes = _stall_minutes(info, run_dir)
-        activity = _last_activity(run_dir, progress, info)
+        activity = _last_activity(run_dir, progress)
         stalled_for = (now - activity) if activity is not None else None
         # sacct reports 0:0 for jobs that have not ended; an exit code only means something at the end
         exit_code = (base or {}).get("exit_code") if (base or {}).get("state") in TERMINAL else None
