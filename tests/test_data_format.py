@@ -1,8 +1,6 @@
 """Formatters, segment schema, tokenization and record validation on real HF tokenizers (built/shipped locally)."""
 import json
-import os
 
-import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -12,10 +10,9 @@ from trainer.data.chat import format_chatml, format_openai
 from trainer.data.errors import DataError
 from trainer.data.formatters import format_alpaca, format_squad, format_text
 from trainer.data.options import DataOptions
-from trainer.data.tokenize import tokenize_documents, tokenizer_info
+from trainer.data.tokenize import tokenizer_info
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOK_DIR = os.path.join(ROOT, "recipes", "data", "quickstart", "tokenizer")
+from tokenizer_fixtures import TOK_DIR, byte_level_bpe, encode, supervised_spans
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +25,6 @@ def tok_plain():
     t = AutoTokenizer.from_pretrained(TOK_DIR)
     t.chat_template = None
     return t
-
-
-def encode(docs, t):
-    info = tokenizer_info(t)
-    tokens, sup, offsets = tokenize_documents(docs, t, info)
-    return [(tokens[a:b], sup[a:b]) for a, b in zip(offsets[:-1], offsets[1:])], info
-
-
-def supervised_spans(tokens, sup, t):
-    """Decoded maximal runs of supervised tokens (special tokens removed)."""
-    cuts = np.flatnonzero(np.diff(sup.astype(np.int8))) + 1
-    return [t.decode(ts.tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            for ts, ss in zip(np.split(tokens, cuts), np.split(sup, cuts)) if ss[0]]
 
 
 def test_quickstart_tokenizer_identity(tok):
@@ -99,17 +83,7 @@ def test_sharegpt_conversations_and_no_double_bos(tok):
 
 
 def test_tokenizer_without_default_bos(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-    from transformers import PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    raw.train_from_iterator(["hello world"] * 50, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    t = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
-    t.save_pretrained(tmp_path)
-    t = AutoTokenizer.from_pretrained(tmp_path)
+    t = byte_level_bpe(tmp_path)
     [(tokens, sup)], info = encode([format_text({"text": "hello"}, "f:1")], t)
     assert not info.add_bos and info.pad_id == t.eos_token_id
     assert tokens.tolist() == t("hello", add_special_tokens=False)["input_ids"] + [t.eos_token_id]
@@ -164,8 +138,8 @@ def test_bad_record_policy_error_and_skip(tmp_path, tok):
     ({"pad_to_multiple_of": 0}, "trainer.data.pad_to_multiple_of"),
 ])
 def test_bad_options_name_the_key(patch, field):
-    """The data options are the contract's to check: the trainer runs it at start (trainer/runtime/start_check.py), before
-    DataOptions reads them."""
+    """The data options are the contract's to check: the trainer runs it at start (trainer/runtime/start_check.py),
+    before DataOptions reads them."""
     data = {"format": "alpaca", "train": {"path": "x.jsonl"}, "seq_length": 64, **patch}
     with pytest.raises(primus_contract.ContractError) as e:
         primus_contract.check_resolved({"trainer": {"tokenizer": {"path": TOK_DIR}, "data": data}})

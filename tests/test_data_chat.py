@@ -1,0 +1,81 @@
+"""Chat templates that trim the content (Llama-3-Instruct), change earlier turns with later messages (Qwen3's
+``<think>`` block), or are absent on a tokenizer without a ``<|im_end|>`` token: what each assistant turn
+supervises, decoded with its special tokens."""
+import pytest
+from transformers import AutoTokenizer
+
+from trainer.data.chat import format_chatml, format_openai
+
+from tokenizer_fixtures import LLAMA3, LLAMA3_SPECIALS, QWEN3, QWEN3_SPECIALS, TOK_DIR, byte_level_bpe, \
+    encode, supervised_spans, with_template
+
+
+def U(text):
+    return {"role": "user", "content": text}
+
+
+def A(text):
+    return {"role": "assistant", "content": text}
+
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory):
+    return with_template(tmp_path_factory.mktemp("llama3"), LLAMA3, LLAMA3_SPECIALS)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return with_template(tmp_path_factory.mktemp("qwen3"), QWEN3, QWEN3_SPECIALS)
+
+
+def supervised(messages, t, fmt=format_openai):
+    """(supervised runs decoded with special tokens, the whole document decoded, the tokens)."""
+    (tokens, sup), = encode([fmt({"messages": messages}, "chat.jsonl:1", t)], t)[0]
+    return supervised_spans(tokens, sup, t, specials=True), t.decode(tokens.tolist()), tokens
+
+
+def test_llama3_supervises_the_trimmed_content_it_writes(llama3):
+    convo = [U(" Q? "), A("The answer is 4.\n"), U("And 2+3?"), A("  5  ")]
+    spans, doc, _ = supervised(convo, llama3)
+    assert spans == ["The answer is 4.<|eot_id|>", "5<|eot_id|>"]  # EOS is <|eot_id|>: not appended twice
+    assert doc == llama3.apply_chat_template(convo, tokenize=False)
+
+
+@pytest.mark.parametrize("fmt", [format_openai, format_chatml])
+def test_qwen3_multi_turn_rendered_once(qwen3, fmt):
+    """Qwen3's template writes the empty <think> block only into the last turn, so its renders are not prefixes of
+    each other; a user turn that quotes the answer comes before it and is not taken for it."""
+    convo = [{"role": "system", "content": "Be brief."}, U("Say: Yes."), A("Yes."), U("b"), A("No."), U("c"),
+             A("hi")]
+    spans, doc, _ = supervised(convo, qwen3, fmt)
+    assert spans == ["Yes.<|im_end|>", "No.<|im_end|>", "hi<|im_end|>"]
+    full = qwen3.apply_chat_template(convo, tokenize=False)
+    assert doc == qwen3.bos_token + full and full.count("<think>\n\n</think>\n\n") == 1
+
+
+def test_qwen3_trailing_user_turn_changes_the_earlier_render(qwen3):
+    """With a user turn after the last assistant turn no <think> block is written at all: the segments follow the
+    whole render, not the render of the conversation cut after the assistant turn."""
+    convo = [U("a"), A("Yes."), U("b")]
+    spans, doc, _ = supervised(convo, qwen3)
+    assert spans == ["Yes.<|im_end|>"] and doc == qwen3.bos_token + qwen3.apply_chat_template(convo, tokenize=False)
+
+
+def test_qwen3_short_answer_is_supervised_where_it_is_not_in_think(qwen3):
+    spans, doc, tokens = supervised([U("Greet me"), A("hi")], qwen3)
+    assert spans == ["hi<|im_end|>"]
+    think = qwen3.convert_tokens_to_ids("<think>")
+    assert think in tokens.tolist() and doc.endswith("<think>\n\n</think>\n\nhi<|im_end|>\n")
+
+
+def test_chatml_markup_supervises_eos_when_im_end_is_not_a_token(tmp_path):
+    t = byte_level_bpe(tmp_path)
+    assert t.chat_template is None and len(t("<|im_end|>", add_special_tokens=False)["input_ids"]) > 1
+    spans, doc, tokens = supervised([U("Say hi"), A("hi"), U("Again"), A("hello")], t)
+    assert spans == ["hi<|im_end|><|endoftext|>", "hello<|im_end|><|endoftext|>"]
+    assert (tokens == t.eos_token_id).sum() == 2
+    assert doc == ("<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\nhi<|im_end|><|endoftext|>\n"
+                   "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\nhello<|im_end|><|endoftext|>\n")
+    quickstart = AutoTokenizer.from_pretrained(TOK_DIR)  # <|im_end|> is one token there: it ends the turn, no EOS
+    quickstart.chat_template = None
+    assert supervised([U("Say hi"), A("hi")], quickstart)[0] == ["hi<|im_end|>"]
