@@ -17,7 +17,9 @@ from typing import Callable
 import numpy as np
 from filelock import FileLock
 
-FORMAT_VERSION = 1
+# 2 (2026-12-07): the chat formatters' supervision changed (trimmed content, templates rendered once, EOS after a
+# multi-token <|im_end|>): a split cached by an earlier version is built again, never read with its old masks
+FORMAT_VERSION = 2
 
 
 def cache_key(parts: dict) -> str:
