@@ -98,6 +98,32 @@ def test_an_unwritable_registry_refuses_the_submit_before_anything_runs(tmp_path
     assert not list(ws.rglob("job.sbatch"))  # no run directory left behind
 
 
+@pytest.mark.parametrize("argv", [["cancel", "REF"], ["resume", "REF"], ["logs", "REF"], ["status", "REF"],
+                                  ["status", "REF", "--json"], ["compare", "REF"],
+                                  ["compare", "20260101-000000-aaaaaa", "REF"], ["export", "REF"], ["eval", "REF"],
+                                  ["generate", "REF", "--prompt", "hi"], ["verify-fp4", "REF"]])
+@pytest.mark.parametrize("ref", ["", "  "])
+def test_an_empty_run_is_refused_not_taken_for_the_only_run(tmp_path, capsys, monkeypatch, argv, ref):
+    """`RUN=""; primus-slurm cancel "$RUN"`: "" is a prefix of every run id, so it named the only run there was (and
+    a bare `status ""` listed them all). Every command that takes RUN refuses it, touching nothing."""
+    from primus_slurm.cli import run as cli_run
+
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "20260101-000000-aaaaaa"
+    run_dir.mkdir()
+    registry.record({"run_id": run_dir.name, "run_dir": str(run_dir), "job_id": "local-1", "executor": "local"})
+    before = (tmp_path / registry.FILE_NAME).read_text()
+    code = cli_run([ref if a == "REF" else a for a in argv])
+    out = capsys.readouterr()
+    what = "run id, job id, run directory or sweep id" if argv[0] in ("cancel", "resume", "status", "compare") \
+        else "run id, job id or run directory"
+    assert code == 2 and out.err == f"error: RUN is empty; give a {what}\n" and out.out == "", out
+    assert (tmp_path / registry.FILE_NAME).read_text() == before and not (run_dir / "cancelled").exists()
+    with pytest.raises(UserError, match="RUN is empty"):  # (and the lookup itself, for any other caller)
+        registry.find(ref)
+
+
 def test_provenance_names_this_checkout(tmp_path):
     info = runs.provenance({"experiment": {"name": "x"}, "cluster": {"stall_minutes": 5},
                             "trainer": {"schedule": {"train_iters": 7}}}, "h" * 64, "rid", "local")

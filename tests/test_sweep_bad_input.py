@@ -43,6 +43,10 @@ PROMPTS_NOT_JSON = str(ROOT / "README.md")
     ([QUICKSTART, "--grid", "trainer.lora.dim=4,8,4"], "--grid trainer.lora.dim=4,8,4: 4 is given twice"),
     ([QUICKSTART, "--zip", "trainer.lora.dim=4,8,4", "--zip", "trainer.lora.alpha=8,16,8"],
      "--zip trainer.lora.dim=4,8,4 --zip trainer.lora.alpha=8,16,8: 4, 8 is given twice"),
+    ([QUICKSTART, "--grid", "trainer.schedule.lr=1e-3,0.001,1E-3"],  # one value three ways: as values, not text
+     "--grid trainer.schedule.lr=1e-3,0.001,1E-3: 0.001 is given twice (as 1e-3: two identical trials)"),
+    ([QUICKSTART, "--zip", "trainer.lora.dim=4,8,4", "--zip", "trainer.lora.alpha=8,16,8.0"],
+     "4, 8.0 is given twice (as 4, 8: two identical trials)"),
     ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--max-trials", "1000000"], "'--max-trials': 1000000 is not in"),
     ([QUICKSTART, "--grid", "trainer.schedule.train_iters=" + ",".join(map(str, range(10, 1010))),
       "--grid", "trainer.schedule.lr=" + ",".join(f"{k}e-5" for k in range(1, 1001))], "makes 1,000,000 trials"),
@@ -156,3 +160,76 @@ def test_cancel_of_a_job_slurm_no_longer_knows_says_so(env, tmp_path, local_slur
     assert out.returncode == 0, out
     assert "Slurm does not know job 999999" in out.stdout and "nothing to cancel" in out.stdout, out
     assert "cancelled run" not in out.stdout and tree(run_dir) == before
+
+
+def fake_slurm(tmp_path: Path, env: dict, accept: int) -> tuple[dict, Path]:
+    """A cluster that takes the first `accept` jobs (ids 501, 502, ...; the file `accept` holds the number) and then
+    refuses, as a per-user submit limit does; scancel and scontrol only log; sacct and squeue -j know the jobs of
+    the file `queue` (`ID STATE` lines), sinfo nothing. (env with it first on PATH, the file of every call)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (tmp_path / "accept").write_text(f"{accept}\n")
+    (bin_dir / "sbatch").write_text(f"""#!/bin/bash
+n=$(( $(cat {tmp_path}/count 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/count
+echo "sbatch $*" >> {calls}
+if [ $n -gt $(cat {tmp_path}/accept) ]; then echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; fi
+echo "Submitted batch job $((500 + n))"
+""")
+    for name in ("scancel", "scontrol"):
+        (bin_dir / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {calls}\n')
+    (bin_dir / "sacct").write_text(f"#!/bin/bash\nawk '{{print $1 \"|\" $1 \"|\" $2 \"|0:0|node1|Unknown\"}}' "
+                                   f"{tmp_path}/queue 2>/dev/null\nexit 0\n")
+    (bin_dir / "squeue").write_text(f"#!/bin/bash\nwhile [ $# -gt 0 ]; do [ \"$1\" = -j ] && id=$2; shift; done\n"
+                                    f"[ -n \"$id\" ] && awk -v id=\"$id\" '$1 == id {{print $2}}' {tmp_path}/queue "
+                                    "2>/dev/null\nexit 0\n")
+    (bin_dir / "sinfo").write_text("#!/bin/bash\nexit 0\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return dict(env, PATH=f"{bin_dir}:{env['PATH']}"), calls
+
+
+def said(calls: Path, tool: str) -> list[str]:
+    """What `tool` was asked (its arguments; sbatch's: the options, not the script's path)."""
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return [" ".join(a for a in line.split()[1:] if not a.endswith(".sh")) for line in lines
+            if line.split()[0] == tool]
+
+
+@pytest.mark.parametrize("command, accept, queued", [
+    (["submit", QUICKSTART, "--then", "eval", "--then", "export"], 2, "501 502"),  # the export refused
+    (["sweep", QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "eval"], 2, "501 502"),  # trial 1's eval
+    (["submit", QUICKSTART, "--then", "eval"], 0, ""),  # the training itself
+])
+def test_a_refused_step_leaves_nothing_queued_and_nothing_written(env, tmp_path, command, accept, queued):
+    """The run's (or the array's) job goes in held; a step sbatch refuses cancels, by id, exactly the jobs this
+    command queued, and removes what it made: no job runs with its steps missing, no run directory, no registry
+    entry."""
+    env, calls = fake_slurm(tmp_path, env, accept)
+    out = cli(env, *command, "--executor", "slurm")
+    one_error(out, "sbatch rejected the job: sbatch: error: QOSMaxSubmitJobPerUserLimit; nothing was submitted")
+    assert said(calls, "sbatch")[0] == "--hold" and said(calls, "scontrol") == []
+    assert said(calls, "scancel") == ([queued] if queued else [])
+    assert not [p for p in (tmp_path / "ws").rglob("*") if p.is_file()]
+    assert cli(env, "list", "--all", "--json").stdout.strip() == "[]"
+
+
+def test_the_held_job_is_released_once_its_steps_are_queued(env, tmp_path):
+    """Accepted: released after the last step; a recipe that holds its job itself (extra_sbatch --hold) stays held.
+    A resume that queues the steps again holds the new job too, and cancels it when a step is refused."""
+    env, calls = fake_slurm(tmp_path, env, 10)
+    out = cli(env, "submit", QUICKSTART, "--executor", "slurm", "--json", "--then", "eval", "--then", "export")
+    assert out.returncode == 0, out.stderr
+    entry = json.loads(out.stdout)
+    info = json.loads((Path(entry["run_dir"]) / "run.json").read_text())
+    assert entry["job_id"] == "501" and [s["job_id"] for s in info["pipeline"]] == ["502", "503"]
+    assert said(calls, "sbatch") == ["--hold", "", ""] and said(calls, "scontrol") == ["release 501"]
+
+    out = cli(env, "submit", QUICKSTART, "--executor", "slurm", "--set", 'cluster.extra_sbatch=["--hold"]',
+              "--then", "eval")
+    assert out.returncode == 0 and said(calls, "scontrol") == ["release 501"], out.stderr  # 504 stays held
+
+    (tmp_path / "accept").write_text("6\n")  # the resumed job goes in, its eval step does not
+    out = cli(env, "resume", entry["run_id"])
+    one_error(out, "nothing runs: the resumed job of run")
+    assert said(calls, "sbatch")[-2:] == ["--exclude= --hold", ""] and said(calls, "scancel") == ["506"]
+    assert said(calls, "scontrol") == ["release 501"] and out.stdout == ""

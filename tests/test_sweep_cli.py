@@ -149,3 +149,55 @@ def test_a_key_that_does_nothing_in_some_trials_is_noted_once_with_them(env):
     assert out.returncode == 0, out.stderr
     assert out.stderr == ('note: `trainer.precision.fp8_recipe` is "tensorwise" but does nothing without '
                           "`trainer.precision.fp8` hybrid or e4m3 (trials 2, 3)\n"), out.stderr
+
+
+def test_trials_never_share_a_run_directory(env, monkeypatch):
+    """Ids drawn within one second share their stamp; two trials that draw the same 3 random bytes got one run
+    directory (the second one's create refused, and the cleanup removed the first). The plan draws again."""
+    from primus_slurm.experiments import sweep as sweep_mod
+    from primus_slurm.jobs import runs
+
+    for key in ("PRIMUS_SLURM_STATE_DIR", "PRIMUS_WORKSPACE"):
+        monkeypatch.setenv(key, env[key])
+    drawn = iter(["20261207-100000-abc123", "20261207-100000-abc123", "20261207-100000-def456"])
+    monkeypatch.setattr(runs, "new_run_id", lambda now=None: next(drawn))
+    sweep = sweep_mod.plan(QUICKSTART, ("trainer.lora.dim=8,16",), (), (), "local")
+    assert [t.error for t in sweep.trials] == [None, None]
+    assert [t.prepared.run_id for t in sweep.trials] == ["20261207-100000-abc123", "20261207-100000-def456"]
+
+
+def test_a_failed_launch_removes_what_it_made_and_nothing_else(env, monkeypatch):
+    """A directory in the way of a trial (another run's, made since the plan) stops the launch: the trial and sweep
+    directories the launch made go, that one stays as it was."""
+    from primus_slurm.errors import UserError
+    from primus_slurm.experiments import sweep as sweep_mod
+
+    for key in ("PRIMUS_SLURM_STATE_DIR", "PRIMUS_WORKSPACE"):
+        monkeypatch.setenv(key, env[key])
+    sweep = sweep_mod.plan(QUICKSTART, ("trainer.lora.dim=8,16",), (), (), "local")
+    other = sweep.trials[1].prepared.run_dir
+    other.mkdir(parents=True)
+    (other / "run.json").write_text("{}\n")
+    with pytest.raises(UserError, match=f"run directory {other} already exists"):
+        sweep_mod.launch(sweep)
+    assert (other / "run.json").read_text() == "{}\n" and sorted(other.parent.iterdir()) == [other]
+
+
+def test_resume_sweep_keeps_to_max_parallel_on_slurm(env, tmp_path):
+    """resume SWEEP submitted every unfinished trial at once, whatever --max-parallel said: now each resumed trial
+    waits (afterany) for the job N before it, the sweep's trials still running first: N lanes. Four trials, N 2,
+    trial 3 still running, on a stand-in cluster."""
+    from test_sweep_bad_input import fake_slurm, said
+
+    env, calls = fake_slurm(tmp_path, env, 10)
+    out = cli(env, "sweep", QUICKSTART, "--executor", "slurm", "--grid", "trainer.lora.dim=4,8,16,32",
+              "--max-parallel", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert said(calls, "sbatch") == [""]  # the array, 501 (--array=0-3%2 in its script)
+    (tmp_path / "queue").write_text("501_3 RUNNING\n")
+    out = cli(env, "resume", data["sweep_id"])
+    assert out.returncode == 0 and out.stdout.count("resumed run") == 3, out
+    assert f"not resumed: run {data['runs'][3]['run_id']} is RUNNING" in out.stdout
+    assert said(calls, "sbatch")[1:] == ["--exclude=", "--exclude= --dependency=afterany:501_3",
+                                        "--exclude= --dependency=afterany:502"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from conftest import ROOT, cli
 from primus_contract import run_files
+from primus_slurm.jobs.local_executor import proc_start_ticks
 from test_trackers import WANDB_OFFLINE, wandb_runs
 from test_train_support import SMALL
 
@@ -79,3 +81,61 @@ def test_runs_the_queue_starts_together_share_the_cpus(job_env, job_recipe):
         text = path.read_text()
         m = re.search(r"OMP_NUM_THREADS=(\d+) per rank: this machine's (\d+) CPU\(s\) shared by 2 runs at once", text)
         assert m and int(m[1]) == max(1, int(m[2]) // 2), text  # (the CPUs nproc counts: the job's affinity)
+
+
+def _stopped_local_sweep(tmp_path: Path, order: Path, trials: int, max_parallel: int) -> Path:
+    """A local sweep whose trials were all cancelled (exit 75) and whose queue has ended; each trial's job script
+    writes `start K` and, a second later, `end K` to `order` (no training). Its sweep directory."""
+    from primus_slurm.jobs import registry
+
+    sweep_dir = tmp_path / "ws" / "x" / "sweep-20261207-000000-cccccc"
+    (sweep_dir / "logs").mkdir(parents=True)
+    rows = []
+    for k in range(trials):
+        run_dir = tmp_path / "ws" / "x" / f"20261207-000000-cccc0{k}"
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "job.sbatch").write_text(f"#!/bin/bash\necho start {k} >> {order}\nsleep 1\n"
+                                            f"echo end {k} >> {order}\n")
+        (run_dir / "exit_code").write_text("75\n")
+        info = {"run_id": run_dir.name, "name": "x", "executor": "local", "job_id": f"local-queue-1-{k}",
+                "run_dir": str(run_dir), "submit_time": "2026-12-07T00:00:00+00:00", "pid": 999999999,
+                "queue_pid": 999999999, "sweep": sweep_dir.name, "sweep_dir": str(sweep_dir)}
+        (run_dir / "run.json").write_text(json.dumps(info))
+        registry.record(info)
+        rows.append({"index": k, "values": {"trainer.lora.dim": str(4 << k)}, "run_id": run_dir.name,
+                     "run_dir": str(run_dir), "error": None, "task": k})
+    (sweep_dir / "sweep.json").write_text(json.dumps({"sweep_id": sweep_dir.name, "executor": "local", "trials": rows,
+                                                      "max_parallel": max_parallel, "keys": ["trainer.lora.dim"]}))
+    return sweep_dir
+
+
+def test_resume_sweep_keeps_to_max_parallel(tmp_path, monkeypatch):
+    """resume SWEEP started every unfinished trial at once, whatever --max-parallel said: the resumed trials now go
+    through a local queue of their own, one at a time here, after a trial of the sweep that still runs (started
+    by this test: it ends by itself)."""
+    env = dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state"))
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", env["PRIMUS_SLURM_STATE_DIR"])
+    order = tmp_path / "order"
+    sweep_dir = _stopped_local_sweep(tmp_path, order, 4, max_parallel=1)
+    running = tmp_path / "ws" / "x" / "20261207-000000-cccc03"  # trial 3 still runs: it counts against the limit
+    (running / "exit_code").unlink()
+    proc = subprocess.Popen(["bash", "-c", f"sleep 3; echo end 3 >> {order}"], start_new_session=True)
+    info = json.loads((running / "run.json").read_text())
+    (running / "run.json").write_text(json.dumps({**info, "pid": proc.pid, "pid_start": proc_start_ticks(proc.pid)}))
+    try:
+        out = cli(env, "resume", str(sweep_dir))
+        assert out.returncode == 0 and out.stdout.count("resumed run") == 3 and "not resumed" in out.stdout, out
+        end = time.monotonic() + 120
+        while len(lines(order)) < 7:
+            assert time.monotonic() < end, lines(order)
+            time.sleep(0.2)
+        assert lines(order) == ["end 3", "start 0", "end 0", "start 1", "end 1", "start 2", "end 2"]
+        while "queue done" not in lines(sweep_dir / "logs" / "queue.out"):  # (and its queue ends)
+            assert time.monotonic() < end
+            time.sleep(0.2)
+    finally:
+        proc.wait()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

@@ -77,6 +77,11 @@ def _managed(flag: str, names: tuple) -> str:
     return f"--{name} (--{hit})" if hit else ""
 
 
+def sets_option(flags: list, option: str) -> bool:
+    """Whether one of `flags` (cluster.extra_sbatch) is sbatch's `--option`, or a prefix sbatch takes for it."""
+    return any(_managed(str(flag), (option,)) for flag in flags)
+
+
 def _extra_args(cont: dict, secrets: set) -> None:
     """container.extra_args go to the runtime (srun's options under pyxis) as written into the job script: no
     secret, no environment (cluster.env and cluster.secrets carry it), and under pyxis none of the srun options the

@@ -35,8 +35,8 @@ def check_overlap(overrides: tuple, swept: list[str]) -> None:
                                 "give the key once")
 
 
-def parse_item(option: str, item: str) -> tuple[str, list[str]]:
-    """`KEY=V1,V2` -> (KEY, [V1, V2]), each value checked against KEY's field."""
+def parse_item(option: str, item: str) -> tuple[str, list[str], list]:
+    """`KEY=V1,V2` -> (KEY, [V1, V2], their values), each value checked against KEY's field."""
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -46,30 +46,29 @@ def parse_item(option: str, item: str) -> tuple[str, list[str]]:
         raise UserError(f"{option} {key}: the grid is empty; give at least one value (KEY=V1,V2,...)")
     if any(not v for v in values):
         raise UserError(f"{option} {key}={text}: an empty value between commas")
-    for value in values:
-        check_value(option, key, value)
-    return key, values
+    return key, values, [check_value(option, key, value) for value in values]
 
 
-def check_value(option: str, key: str, text: str) -> None:
-    """UserError when `key` is no recipe key, or `text` is not a value of its type."""
+def check_value(option: str, key: str, text: str):
+    """The value `text` gives `key` (as --set gives it: 1e-3 and 0.001 are one value); UserError when `key` is
+    no recipe key, or `text` is not a value of its type."""
     probe: dict = {}
     try:
         apply_set(probe, *parse_set(f"{key}={text}"))
     except UserError as exc:
         raise UserError(f"{option} {key}={text}: {str(exc).removeprefix('--set: ')}") from None
+    node = probe
+    for part in key.split("."):
+        node = node[part]
     field = field_at(key)
     if field is None:  # an entry of a free-form mapping (cluster.env.NAME): the recipe's own check takes it
-        return
+        return node
     if not isinstance(field, Field):
         raise UserError(f"{option} {key}: a section, not one value; sweep one of its keys")
     if key in UNSWEPT:
         raise UserError(f"{option} {key}: {UNSWEPT[key]}")
-    node = probe
-    for part in key.split("."):
-        node = node[part]
     try:
-        coerce_value(key, node)
+        return coerce_value(key, node)
     except ContractError as exc:
         raise UserError(f"{option} {key}={text}: {exc}") from None
 
@@ -87,21 +86,21 @@ def trials(grids: tuple[str, ...], zips: tuple[str, ...], max_trials: int | None
         seen.add(key)
 
     for item in grids:
-        key, values = parse_item("--grid", item)
+        key, values, coerced = parse_item("--grid", item)
         add_key("--grid", key)
-        _once(f"--grid {item}", values)
+        _once(f"--grid {item}", values, coerced)
         axes.append([[(key, v)] for v in values])
     if zips:
         parsed = [parse_item("--zip", item) for item in zips]
-        for key, _ in parsed:
+        for key, _, _ in parsed:
             add_key("--zip", key)
-        lengths = {len(values) for _, values in parsed}
+        lengths = {len(values) for _, values, _ in parsed}
         if len(lengths) > 1:
-            counts = ", ".join(f"{key}: {len(values)}" for key, values in parsed)
+            counts = ", ".join(f"{key}: {len(values)}" for key, values, _ in parsed)
             raise UserError(f"--zip keys vary together, so each needs as many values ({counts})")
-        rows = list(zip(*(v for _, v in parsed)))
-        _once("--zip " + " --zip ".join(zips), [", ".join(row) for row in rows])
-        axes.append([list(zip([k for k, _ in parsed], row)) for row in rows])
+        rows = list(zip(*(v for _, v, _ in parsed)))
+        _once("--zip " + " --zip ".join(zips), [", ".join(row) for row in rows], list(zip(*(c for *_, c in parsed))))
+        axes.append([list(zip([k for k, _, _ in parsed], row)) for row in rows])
     count = 1
     for axis in axes:
         count *= len(axis)
@@ -113,11 +112,24 @@ def trials(grids: tuple[str, ...], zips: tuple[str, ...], max_trials: int | None
     return [[pair for part in combo for pair in part] for combo in itertools.product(*axes)]
 
 
-def _once(what: str, points: list[str]) -> None:
-    """A point of an axis given twice would make two identical trials."""
-    twice = next((v for i, v in enumerate(points) if v in points[:i]), None)
+def _once(what: str, points: list[str], values: list) -> None:
+    """A point of an axis given twice would make two identical trials: its values compared as the recipe takes them
+    (1e-3 and 0.001; by type too, so that true is not 1)."""
+    typed = [_typed(v) for v in values]
+    twice = next((i for i, v in enumerate(typed) if v in typed[:i]), None)
     if twice is not None:
-        raise UserError(f"{what}: {twice} is given twice (two identical trials); give each once")
+        first = points[typed.index(typed[twice])]
+        same = "" if first == points[twice] else f"as {first}: "
+        raise UserError(f"{what}: {points[twice]} is given twice ({same}two identical trials); give each once")
+
+
+def _typed(value):
+    """A value with its type (in a tuple, each item's): True == 1 in Python, not in a recipe."""
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(_typed(v) for v in value)
+    if isinstance(value, dict):
+        return dict, tuple((k, _typed(v)) for k, v in value.items())
+    return type(value), value
 
 
 def set_items(trial: list[tuple[str, str]]) -> list[str]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from primus_slurm.jobs import registry, runs
-from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.executor_base import ACTIVE, TERMINAL
 from primus_slurm.jobs.local_executor import LOCAL_CANCELLED, LocalExecutor, proc_start_ticks, queue_lock
 
 QUEUE_JSON = "queue.json"
@@ -23,17 +23,21 @@ GATE_S = 120.0  # how long the queue waits for its runs to be recorded (a failed
 POLL_S = 0.2
 
 
-def start(folder: Path, run_dirs: list[Path], parallel: int, watch: bool = False) -> list[dict]:
+def start(folder: Path, run_dirs: list[Path], parallel: int, watch: bool = False,
+          others: list[Path] = ()) -> list[dict]:
     """Spawn the queue for `run_dirs`; returns each run's run.json fields (PENDING until the queue starts it).
     `watch`: the runs are already started (a resumed run): the queue only waits for their end, then runs their
-    steps."""
+    steps. `others`: runs outside this queue that count against `parallel` while they are active (a resumed
+    sweep's trials that still run, or wait in the sweep's first queue)."""
     (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (folder / QUEUE_JSON).unlink(missing_ok=True)  # an earlier queue's gate, in this folder: not this queue's
     with open(folder / "logs" / "queue.out", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "primus_slurm.experiments.queue_main", str(folder)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     fields = {"queue_pid": proc.pid, "queue_pid_start": proc_start_ticks(proc.pid), "queue": str(folder)}
-    gate = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel, "watch": watch}
+    gate = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel, "watch": watch,
+            "others": [str(d) for d in others]}
     (folder / (QUEUE_JSON + ".pending")).write_text(json.dumps(gate))
     return [{"job_id": f"local-queue-{proc.pid}-{i}", **fields} for i in range(len(run_dirs))]
 
@@ -67,7 +71,7 @@ def run_queue(folder: Path, after=None) -> None:
         time.sleep(0.2)
     spec = json.loads(gate.read_text())
     pending = [Path(d) for d in spec["run_dirs"]]
-    executor, running = LocalExecutor(), []
+    executor, running, others = LocalExecutor(), [], [Path(d) for d in spec.get("others", ())]
     if spec.get("watch"):  # started already (a resume): wait for their end
         running, pending = [(d, runs.read_run_json(d)) for d in pending], []
     while pending or running:
@@ -81,7 +85,8 @@ def run_queue(folder: Path, after=None) -> None:
             else:
                 still.append((run_dir, info))
         running = still
-        while pending and len(running) < spec["parallel"]:
+        busy = sum(executor.state(d, runs.read_run_json(d))["state"] in ACTIVE for d in others) if pending else 0
+        while pending and len(running) + busy < spec["parallel"]:
             run_dir = pending.pop(0)
             info = _start_run(run_dir, executor, min(spec["parallel"], len(spec["run_dirs"])))
             if info is not None:

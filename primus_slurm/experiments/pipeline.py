@@ -10,9 +10,12 @@ as the single commands leave them.
 - Local executor: the local queue (local_queue.py) runs the steps in order once training has ended, each only
   when the step before succeeded (or, `when: afterany`, whatever its end).
 run.json's `pipeline` lists the steps (step, when, job id, directory; locally also their state).
+On Slurm the job the steps wait for is submitted held (sbatch --hold) and released once every step is queued behind
+it (all_or_nothing): a step sbatch refuses cancels, by id, every job the command had queued; nothing runs.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -27,7 +30,8 @@ from primus_slurm.post_training import post, post_cli
 from primus_slurm.jobs import runs
 from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.errors import UserError
-from primus_slurm.jobs.slurm_executor import submit_script
+from primus_slurm.config.validate import sets_option
+from primus_slurm.jobs.slurm_executor import SlurmExecutor, cancel_jobs, release_jobs, submit_script
 from primus_slurm.experiments import chain_state, local_queue
 
 # --then STEP's own options: option -> the step key it sets, and whether it takes a value
@@ -41,6 +45,7 @@ PATHS = ("data", "prompts")
 # GPUs per step job (0 where the run itself has none). Export builds the run's model under the run's precision as
 # eval does (an FP8/FP4 run is refused on a CPU, a 70B base would be built in host memory): one GPU, as eval.
 GPUS = {"export": 1, "eval": 1, "generate": 1}
+HOLD = "--hold"  # sbatch: queued, but never started until `scontrol release`
 
 
 def parse_then(args: list[str]) -> tuple[list[str], list[dict]]:
@@ -149,11 +154,44 @@ def dry_run_text(p) -> str:
     return "".join(texts)
 
 
-def submit_chain(run_dir: Path, info: dict, resolved: dict) -> list[dict]:
-    """Slurm: every step's job, each behind the one before; recorded in run.json's `pipeline`."""
+class Queued:
+    """The Slurm jobs one command has queued (`jobs`, in order), and those of them submitted held (`held`)."""
+
+    def __init__(self):
+        self.jobs: list[str] = []
+        self.held: list[str] = []
+
+    def add(self, job_id: str, held: bool = False) -> None:
+        self.jobs.append(str(job_id))
+        if held:
+            self.held.append(str(job_id))
+
+
+@contextlib.contextmanager
+def all_or_nothing(resolved: dict, refused: str = "nothing was submitted"):
+    """The jobs of a run (or a sweep) and its steps, queued together: the body adds each job sbatch takes to the
+    Queued it gets; at its end the held ones are released (unless the recipe's extra_sbatch holds them itself). A
+    failure on the way (a step sbatch refuses) cancels every one of them by id, and its error line says `refused`."""
+    queued = Queued()
+    try:
+        yield queued
+        if not sets_option(resolved["cluster"]["extra_sbatch"], "hold"):
+            release_jobs(queued.held)
+    except BaseException as exc:
+        cancel_jobs(queued.jobs)
+        if not isinstance(exc, UserError):
+            raise
+        cancelled = f" (cancelled job {', '.join(queued.jobs)}, queued before it)" if queued.jobs else ""
+        raise UserError(f"{exc}; {refused}{cancelled}") from None
+
+
+def submit_chain(run_dir: Path, info: dict, resolved: dict, queued: Queued) -> list[dict]:
+    """Slurm: every step's job, each behind the one before (added to `queued`); recorded in run.json's
+    `pipeline`."""
     def start(step, job, text, k):
         record = post.create(job, text)
         job_id, _ = submit_script(text, job.post_dir)
+        queued.add(job_id)
         post.set_job_id(job, record, job_id)
         info.setdefault("pipeline", []).append({"step": step["step"], "when": step["when"], "job_id": job_id,
                                                 "dir": str(job.post_dir)})
@@ -164,20 +202,51 @@ def submit_chain(run_dir: Path, info: dict, resolved: dict) -> list[dict]:
     return info["pipeline"]
 
 
-def after_resume(run_dir: Path) -> str | None:
-    """A resumed run whose steps did not all complete: its chain again, behind the new job (Slurm removed the old
-    steps with the job they waited on; the local queue ran or skipped them when the old training ended): on Slurm
-    as jobs, locally by a queue of its own that waits for the resumed training. The line to print, or None (no
-    steps, or all done)."""
-    info = runs.read_run_json(run_dir)
+def _again(info: dict) -> bool:
+    """Whether a resumed run's steps run again (some did not complete); if so its old chain goes to
+    `pipeline_before` (info updated)."""
     chain = chain_state.chain_states(info)
     if not chain or all(s.get("state") == "COMPLETED" for s in chain):
-        return None
-    resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
+        return False
     info["pipeline_before"] = [*info.get("pipeline_before", []), *chain]
+    return True
+
+
+def resume_args(run_dir: Path) -> list[str]:
+    """The sbatch options of a resumed Slurm run's job: --hold where its steps are queued again behind it (then
+    after_resume(held=True) releases it, or cancels it if a step is refused)."""
+    info = runs.read_run_json(run_dir)
+    return [HOLD] if info.get("executor") == "slurm" and _again(info) else []
+
+
+def requeue_local(run_dir: Path, info: dict) -> bool:
+    """A resumed local run that its sweep's queue starts: its steps again where they did not all complete (the
+    queue runs them after it; info updated). Whether they run again."""
+    again = _again(info)
+    if again:
+        info["pipeline"] = local_chain(yaml.safe_load((run_dir / run_files.RESOLVED).read_text()))
+    return again
+
+
+def after_resume(run_dir: Path, held: bool = False) -> str | None:
+    """A resumed run whose steps did not all complete: its chain again, behind the new job (Slurm removed the old
+    steps with the job they waited on; the local queue ran or skipped them when the old training ended): on Slurm
+    as jobs (`held`: the new job was submitted held, resume_args; released once they are queued), locally by a
+    queue of its own that waits for the resumed training. The line to print, or None (no steps, or all done)."""
+    info = runs.read_run_json(run_dir)
+    again = _again(info)
+    resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
     if info.get("executor") == "slurm":
-        submit_chain(run_dir, info, resolved)
-        return submitted_line(run_dir)
+        refused = (f"nothing runs: the resumed job of run {info.get('run_id')} is cancelled too (resume it again)"
+                   if held else "its steps are not queued")
+        with all_or_nothing(resolved, refused) as queued:
+            if held:
+                queued.add(info["job_id"], held=True)
+            if again:
+                submit_chain(run_dir, info, resolved, queued)
+        return submitted_line(run_dir) if again else None
+    if not again:
+        return None
     info["pipeline"] = local_chain(resolved)
     started = local_queue.start(run_dir, [run_dir], 1, watch=True)[0]
     info.update({k: v for k, v in started.items() if k != "job_id"})  # the run keeps its own job id
@@ -205,7 +274,7 @@ def run_local(run_dir: Path, trained: dict) -> None:
     """The local queue's `after`: the run's steps in order, once its training ended as `trained` says."""
     info = runs.read_run_json(run_dir)
     chain = info.get("pipeline") or []
-    if not chain:
+    if all(entry.get("state") == "COMPLETED" for entry in chain):  # none; or a resumed run's, all done before
         return
     resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
     ok = trained.get("state") == "COMPLETED"
@@ -224,6 +293,15 @@ def run_local(run_dir: Path, trained: dict) -> None:
         runs.write_run_json(run_dir, info)
 
 
+def _start_held(run_dir: Path, info: dict, resolved: dict) -> dict:
+    """A Slurm run with steps: its training job, held until every step is queued behind it; run.json's fields."""
+    with all_or_nothing(resolved) as queued:
+        info.update(SlurmExecutor().submit(run_dir, [HOLD]))
+        queued.add(info["job_id"], held=True)
+        submit_chain(run_dir, info, resolved, queued)
+    return {k: info[k] for k in ("job_id", "submitted_file", "pipeline")}
+
+
 def submitted_line(run_dir: Path) -> str:
     """`submit`'s line about the steps it queued behind the run."""
     chain = runs.read_run_json(run_dir).get("pipeline") or []
@@ -236,9 +314,7 @@ def submit(p) -> dict:
     queue (training, then the steps). Returns the run's registry entry."""
     check_paths(p.recipe.resolved["after"])
     if p.executor == "slurm":
-        entry = submit_mod.submit(p)
-        submit_chain(p.run_dir, runs.read_run_json(p.run_dir), p.recipe.resolved)
-        return entry
+        return submit_mod.submit(p, start=lambda run_dir, info: _start_held(run_dir, info, p.recipe.resolved))
     info = submit_mod.create(p, pipeline=local_chain(p.recipe.resolved))
     started = local_queue.start(p.run_dir, [p.run_dir], 1)[0]
     entry = submit_mod.record(p, info, started)

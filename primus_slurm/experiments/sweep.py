@@ -75,6 +75,16 @@ def new_sweep_id() -> str:
     return f"sweep-{now.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
+def _fresh_run_id(used: set) -> str:
+    """A run id no other trial of the sweep has: ids drawn within one second share their stamp, and two may draw
+    the same 3 random bytes (then one run directory for both)."""
+    run_id = runs.new_run_id()
+    while run_id in used:
+        run_id = runs.new_run_id()
+    used.add(run_id)
+    return run_id
+
+
 def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor: str | None = None,
          max_parallel: int | None = None, max_trials: int | None = None, skip_memory_check: bool = False,
          dry_run: bool = False) -> Sweep:
@@ -83,11 +93,12 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
     grid.check_overlap(tuple(o for o in overrides if not o.startswith("after=")), list(dict(combos[0])))
     find_recipe(recipe)  # a missing recipe is one line, not one refusal a trial
     sweep = Sweep(new_sweep_id(), recipe, executor, max_parallel)
+    used: set[str] = set()
     for i, values in enumerate(combos):
         trial = Trial(i, values)
         try:
             trial.prepared = submit_mod.prepare(recipe, [*overrides, *grid.set_items(values)], executor,
-                                                dry_run=dry_run)
+                                                _fresh_run_id(used), dry_run=dry_run)
             planned = plan_cli.check_memory(trial.prepared.recipe.resolved, skip_memory_check)
             if not planned.on_cpu:
                 c = trial.prepared.recipe.resolved["cluster"]
@@ -157,40 +168,54 @@ def record(sweep: Sweep, **fields) -> None:
 
 def launch(sweep: Sweep) -> list[dict]:
     """Create every accepted trial's run directory, start them (one array, or the local queue); the registry
-    entries. Nothing is left behind when the start fails."""
+    entries. Nothing is left behind when the start fails: the directories it made are removed (only those: a
+    directory in the way is another run's), the jobs it queued cancelled."""
     if not sweep.accepted:
         raise UserError(f"sweep: all {len(sweep.trials)} trials were refused; nothing submitted")
     tag = {"sweep": sweep.sweep_id, "sweep_dir": str(sweep.sweep_dir)}
-    infos = []
+    infos, made = [], []
     try:
-        (sweep.sweep_dir / "logs").mkdir(parents=True)
+        sweep.sweep_dir.mkdir(parents=True)
+        made.append(sweep.sweep_dir)
+        (sweep.sweep_dir / "logs").mkdir()
         for trial in sweep.accepted:
             chain = pipeline.local_chain(trial.prepared.recipe.resolved) if sweep.executor != "slurm" else []
             infos.append(submit_mod.create(trial.prepared, **tag, sweep_task=trial.task, pipeline=chain))
+            made.append(trial.prepared.run_dir)
         if sweep.executor == "slurm":
-            script = array_script(sweep)
-            (sweep.sweep_dir / ARRAY_SCRIPT).write_text(script)
-            array_id, _ = submit_script(script, sweep.sweep_dir)
-            started = [{"job_id": f"{array_id}_{t.task}", "array_job_id": array_id} for t in sweep.accepted]
-            record(sweep, array_job_id=array_id)
+            started = _start_array(sweep, infos)
         else:
             record(sweep)
             started = local_queue.start(sweep.sweep_dir, [t.prepared.run_dir for t in sweep.accepted],
                                         sweep.max_parallel or 1)
     except BaseException:
-        for trial in sweep.accepted:
-            shutil.rmtree(trial.prepared.run_dir, ignore_errors=True)
-        shutil.rmtree(sweep.sweep_dir, ignore_errors=True)
+        for made_dir in made:
+            shutil.rmtree(made_dir, ignore_errors=True)
         raise
     entries = [submit_mod.record(t.prepared, info, s, "sweep", "sweep_dir")
                for t, info, s in zip(sweep.accepted, infos, started)]
     if sweep.executor != "slurm":
         local_queue.release(sweep.sweep_dir)
-    for trial, entry in zip(sweep.accepted, entries):  # each trial followed by its own steps (`after:`)
-        if sweep.executor == "slurm" and trial.prepared.recipe.resolved["after"]:
-            pipeline.submit_chain(trial.prepared.run_dir, runs.read_run_json(trial.prepared.run_dir),
-                                  trial.prepared.recipe.resolved)
     return entries
+
+
+def _start_array(sweep: Sweep, infos: list[dict]) -> list[dict]:
+    """The trials' job array, each trial followed by its own steps (`after:`): then the array is submitted held and
+    released once every step is queued (pipeline.all_or_nothing). Each trial's run.json fields."""
+    script = array_script(sweep)
+    (sweep.sweep_dir / ARRAY_SCRIPT).write_text(script)
+    resolved = sweep.accepted[0].prepared.recipe.resolved  # (the trials share their `after:` and cluster)
+    steps = bool(resolved["after"])
+    with pipeline.all_or_nothing(resolved) as queued:
+        array_id, _ = submit_script(script, sweep.sweep_dir, [pipeline.HOLD] if steps else [])
+        queued.add(array_id, held=steps)
+        started = [{"job_id": f"{array_id}_{t.task}", "array_job_id": array_id} for t in sweep.accepted]
+        record(sweep, array_job_id=array_id)
+        for trial, info, fields in zip(sweep.accepted, infos, started):
+            if steps:
+                info.update(fields)
+                pipeline.submit_chain(trial.prepared.run_dir, info, trial.prepared.recipe.resolved, queued)
+    return started
 
 
 def read(sweep_dir: Path) -> dict:
@@ -221,6 +246,9 @@ def _malformed(data) -> str | None:
             return f"`{key}` is {'missing' if key not in data else repr(data[key])[:60]}; expected {what}"
     if not all(isinstance(k, str) for k in data["keys"]):
         return "`keys` holds a non-string; expected a list of recipe keys"
+    limit = data.get("max_parallel")  # (resume SWEEP keeps to it)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        return f"`max_parallel` is {repr(limit)[:60]}; expected a positive integer or null"
     for i, trial in enumerate(data["trials"]):
         if not isinstance(trial, dict):
             return f"`trials[{i}]` is {repr(trial)[:60]}; expected an object"

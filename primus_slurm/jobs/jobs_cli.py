@@ -12,7 +12,6 @@ from primus_slurm.post_training import post, post_cli
 from primus_slurm.jobs import registry, runs
 from primus_slurm.jobs import logs as logs_mod
 from primus_slurm.jobs import status as status_mod
-from primus_slurm.jobs import resume as resume_mod
 from primus_slurm.jobs import submit as submit_mod
 from primus_slurm.planning import plan_cli, plan_runs
 from primus_slurm.errors import UserError
@@ -20,6 +19,8 @@ from primus_slurm.jobs.executor_base import NothingToCancel
 from primus_slurm.jobs.executors import executor_for
 from primus_slurm.experiments import chain_state, cost, leaderboard, pipeline
 from primus_slurm.experiments import cli as experiments_cli
+from primus_slurm.experiments import sweep_resume
+from primus_slurm.cli_options import run_argument
 from primus_slurm.nodes import run_nodes
 
 
@@ -85,7 +86,7 @@ ALL_RUNS = click.option("--all", "show_all", is_flag=True, help="every run in th
 
 
 @click.command("status")
-@click.argument("run", required=False)
+@run_argument(sweep=True, required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--wide", is_flag=True, help="every column (exec, job, TFLOP/s, peak memory, checkpoint, restarts); "
               "default: what fits 100 columns")
@@ -96,7 +97,7 @@ ALL_RUNS = click.option("--all", "show_all", is_flag=True, help="every run in th
 def status_cmd(run, as_json, wide, show_all, watch):
     """State and training progress of this checkout's runs (--all: every run), or of RUN; of SWEEP, its
     leaderboard (a row per trial). RUN and SWEEP are found from any directory."""
-    if run and show_all:
+    if run is not None and show_all:
         raise UserError("--all: lists every run; not with RUN")
     if watch is None:
         _status(run, as_json, wide, show_all)
@@ -173,7 +174,7 @@ def _listed(shown: bool, hidden: str, as_json: bool) -> None:
 
 
 @click.command("logs")
-@click.argument("run")
+@run_argument()
 @click.option("-f", "--follow", is_flag=True, help="keep streaming until the job ends")
 @click.option("--attempt", type=click.IntRange(min=0), default=None, metavar="K",
               help="the trainer log of attempt K (0: the first; default: the latest; `status` counts RESTARTS)")
@@ -196,7 +197,7 @@ def _runs_of(ref: str) -> list[dict]:
 
 
 @click.command("cancel")
-@click.argument("run")
+@run_argument(sweep=True)
 def cancel_cmd(run):
     """Cancel RUN (scancel, or kill the local process group), or every unfinished trial of SWEEP."""
     entries = _runs_of(run)
@@ -251,40 +252,20 @@ def _cancel(run_dir: Path, info: dict, now: dict) -> None:
 
 
 @click.command("resume")
-@click.argument("run")
+@run_argument(sweep=True)
 @click.option("--follow", is_flag=True, help="stream the rank-0 log; exit with the job's exit code")
 def resume_cmd(run, follow):
     """Submit a stopped RUN again (same script, a new job); training resumes from its latest checkpoint. SWEEP:
-    every trial that ended unfinished (a trial that completed, or still runs, is left as it is)."""
+    every trial that ended unfinished (a trial that completed, or still runs, is left as it is), within the
+    sweep's --max-parallel."""
     if leaderboard.is_sweep(run):
         if follow:
             raise UserError("resume SWEEP: --follow follows one run; give a trial's run id")
-        resumed = 0
-        for trial in _runs_of(run):
-            try:
-                if not Path(trial["run_dir"]).is_dir():
-                    raise UserError(f"run {trial['run_id']}'s run directory {trial['run_dir']} no longer exists")
-                _resume(trial["run_id"])
-                resumed += 1
-            except UserError as exc:
-                click.echo(f"not resumed: {exc}")
-        if not resumed:  # exit 0 only when something was resumed
-            raise UserError(f"resume {run}: no trial was resumed (each one's reason above)")
+        sweep_resume.resume_sweep(run)
         return
-    entry = _resume(run)
+    entry = sweep_resume.resume_run(run)
     if follow:
         sys.exit(logs_mod.follow(entry, min_attempt=entry["attempt"]))
-
-
-def _resume(ref: str) -> dict:
-    pipeline.check_resumable(Path(registry.find(ref)["run_dir"]))
-    entry = resume_mod.resume(ref)
-    click.echo(f"resumed run {entry['run_id']} as {entry['executor']} job {entry['job_id']} "
-               f"(attempt {entry['attempt']}, {entry['note']})")
-    again = pipeline.after_resume(Path(entry["run_dir"]))
-    if again:
-        click.echo(again)
-    return entry
 
 
 @click.command("list")

@@ -123,10 +123,16 @@ class LocalExecutor(Executor):
         return {"job_id": f"local-{proc.pid}", "pid": proc.pid, "pid_start": proc_start_ticks(proc.pid)}
 
     def resubmit(self, run_dir: Path) -> dict:
-        for name in (LOCAL_EXIT, LOCAL_CANCELLED):  # the previous job's end markers
+        return {**self.requeue(run_dir), **self.submit(run_dir)}
+
+    @staticmethod
+    def requeue(run_dir: Path) -> dict:
+        """A resumed run made ready to start again (now, or by a local queue): the previous job's end markers
+        removed; its run.json fields until it starts (no process yet)."""
+        for name in (LOCAL_EXIT, LOCAL_CANCELLED):
             (run_dir / name).unlink(missing_ok=True)
         out = run_dir / LOCAL_OUT  # the new job appends to it: `logs --stdout -f` starts here
-        return {"stdout_offset": out.stat().st_size if out.exists() else 0, **self.submit(run_dir)}
+        return {"stdout_offset": out.stat().st_size if out.exists() else 0, "pid": None, "pid_start": None}
 
     def state(self, run_dir: Path, info: dict) -> dict:
         """From the run dir: exit_code file, cancel marker, or the live process group."""

@@ -119,8 +119,17 @@ def scoped(everything: bool = False) -> tuple[list[dict], str]:
                    f"(--all lists every run)")
 
 
+def check_ref(ref: str, sweep: bool = False) -> None:
+    """A RUN (`sweep`: or SWEEP) that names nothing is refused: an empty or blank one is a prefix of every run id
+    (`RUN=""; primus-slurm cancel "$RUN"` cancelled the only run there was)."""
+    if not ref.strip():
+        what = "a run id, job id, run directory or sweep id" if sweep else "a run id, job id or run directory"
+        raise UserError(f"RUN is empty; give {what}")
+
+
 def find(ref: str) -> dict:
     """The run named by `ref`: a run id, a unique run-id prefix, a job id, or a run directory path."""
+    check_ref(ref)
     runs = entries()
     for key in ("run_id", "job_id"):
         hits = [r for r in runs if str(r.get(key)) == ref]

@@ -31,8 +31,10 @@ def next_attempt(run_dir: Path) -> int:
     return max(seen) + 1 if seen else 0
 
 
-def resume(ref: str) -> dict:
-    """Submit RUN's job script again; returns the updated registry entry (with a `note` for the user)."""
+def resume(ref: str, start=None) -> dict:
+    """Submit RUN's job script again (`start(run_dir)`, where given, starts it another way and returns its run.json
+    fields: held, behind another job, or queued); returns the updated registry entry (with a `note` for the
+    user)."""
     entry = registry.find(ref)
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     if not (run_dir / "job.sbatch").is_file():
@@ -45,10 +47,10 @@ def resume(ref: str) -> dict:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"another `primus-slurm resume` of run {run_id} is in progress") from None
-        return _resume(entry, run_id, run_dir)  # the lock goes with the file's close
+        return _resume(entry, run_id, run_dir, start)  # the lock goes with the file's close
 
 
-def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
+def _resume(entry: dict, run_id: str, run_dir: Path, start) -> dict:
     info = {**entry, **runs.read_run_json(run_dir)}
     executor = executor_for(info.get("executor"))
     old = executor.state(run_dir, info)
@@ -61,7 +63,7 @@ def _resume(entry: dict, run_id: str, run_dir: Path) -> dict:
     (run_dir / ATTEMPT_BASE).write_text(f"{attempt}\n")
     history = [*info.get("jobs", []), {"job_id": info.get("job_id"), "state": old.get("state"),
                                        "exit_code": old.get("exit_code")}]
-    info.update(executor.resubmit(run_dir))
+    info.update((start or executor.resubmit)(run_dir))
     info.update(jobs=history, resume_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     info.pop("cancel_time", None)  # (the cancel of the job before)
     runs.write_run_json(run_dir, info)

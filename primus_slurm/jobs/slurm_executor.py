@@ -61,6 +61,21 @@ def submit_script(script: str, run_dir: Path, args: list[str] = ()) -> tuple[str
     return str(job.job_id), Path(job.paths.submission_file)
 
 
+def cancel_jobs(job_ids: list[str]) -> None:
+    """scancel by id: the jobs a submission that failed part-way had queued (each held, or behind one that is)."""
+    if job_ids:
+        subprocess.run(["scancel", *map(str, job_ids)], capture_output=True, text=True)
+
+
+def release_jobs(job_ids: list[str]) -> None:
+    """`scontrol release` of jobs submitted held (sbatch --hold), once everything behind them is queued."""
+    if job_ids:
+        ids = ",".join(map(str, job_ids))
+        out = subprocess.run(["scontrol", "release", ids], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise UserError(f"scontrol release {ids} failed: {' '.join(out.stderr.split())}")
+
+
 def _exit_code(text: str) -> int | None:
     """sacct's `3:0` → 3; `0:15` (killed by signal 15) → 128+15."""
     try:
@@ -211,18 +226,18 @@ class SlurmExecutor(Executor):
         if not shutil.which("sbatch"):
             raise UserError("cluster.executor is 'slurm' but `sbatch` is not on PATH; use --executor local")
 
-    def submit(self, run_dir: Path) -> dict:
-        job_id, submitted = submit_script((run_dir / "job.sbatch").read_text(), run_dir)
-        return {"job_id": job_id, "submitted_file": str(submitted)}
-
-    def resubmit(self, run_dir: Path) -> dict:
-        """The run's script again, with the node ledger's exclusions as they are now (its #SBATCH --exclude line
-        holds those of its first submission)."""
-        resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
-        now = nodes_ledger.check_placement(resolved).nodes
-        args = [f"--exclude={','.join(now)}"]  # (empty: the script's line no longer holds)
+    def submit(self, run_dir: Path, args: list[str] = ()) -> dict:
+        """`args`: sbatch options before the script (--hold: a pipeline's training job, until its steps are queued)."""
         job_id, submitted = submit_script((run_dir / "job.sbatch").read_text(), run_dir, args)
         return {"job_id": job_id, "submitted_file": str(submitted)}
+
+    def resubmit(self, run_dir: Path, args: list[str] = ()) -> dict:
+        """The run's script again, with the node ledger's exclusions as they are now (its #SBATCH --exclude line
+        holds those of its first submission); `args`: more sbatch options (a dependency, --hold)."""
+        resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
+        now = nodes_ledger.check_placement(resolved).nodes
+        # (--exclude= empty: the script's line no longer holds)
+        return self.submit(run_dir, [f"--exclude={','.join(now)}", *args])
 
     def state(self, run_dir: Path, info: dict) -> dict:
         return self.states([(run_dir, info)])[0] or {"state": "UNKNOWN"}

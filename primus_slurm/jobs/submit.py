@@ -76,9 +76,13 @@ def check(p: Prepared) -> list[str]:
     unchecked += check_start(p.recipe.resolved, p.executor)  # the W&B key, a local job's interpreter
     nodes_ledger.check_placement(p.recipe.resolved)  # the node ledger's excluded nodes leave enough to place it
     if p.run_dir.exists():
-        raise UserError(f"run directory {p.run_dir} already exists; pick another --run-id")
+        raise _taken(p.run_dir)
     _check_creatable(p.run_dir)
     return unchecked
+
+
+def _taken(run_dir: Path) -> UserError:
+    return UserError(f"run directory {run_dir} already exists; pick another --run-id")
 
 
 def _check_creatable(run_dir: Path) -> None:
@@ -100,6 +104,8 @@ def create(p: Prepared, **fields) -> dict:
     check(p)
     try:
         runs.create_run_dir(p.run_dir, p.script, dump(p.recipe.raw), dump(p.recipe.resolved))
+    except FileExistsError:  # made since check(): another submit's, not ours to remove
+        raise _taken(p.run_dir) from None
     except OSError as exc:  # e.g. the workspace is a file, or not writable
         shutil.rmtree(p.run_dir, ignore_errors=True)
         raise UserError(f"cannot create the run directory {p.run_dir} (`experiment.workspace`): "
@@ -127,12 +133,13 @@ def record(p: Prepared, info: dict, started: dict, *keys: str) -> dict:
     return entry
 
 
-def submit(p: Prepared) -> dict:
-    """Create the run dir, start the job, record it. Returns the registry entry."""
+def submit(p: Prepared, start=None) -> dict:
+    """Create the run dir, start the job (`start(run_dir, info)` returns its run.json fields; default: the
+    executor's submit), record it. Returns the registry entry."""
     info = create(p)
     try:
-        started = executors.executor_for(p.executor).submit(p.run_dir)
-    except Exception:
+        started = start(p.run_dir, info) if start else executors.executor_for(p.executor).submit(p.run_dir)
+    except BaseException:
         shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing was queued: leave no half run behind
         raise
     return record(p, info, started)

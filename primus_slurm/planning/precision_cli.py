@@ -5,6 +5,7 @@ import click
 
 from primus_slurm.post_training.compare import compare
 from primus_slurm.errors import UserError
+from primus_slurm.cli_options import run_argument
 from primus_slurm.experiments import leaderboard
 from primus_slurm.experiments.cli import show_sweep
 from primus_slurm.post_training.verify_fp4 import verify
@@ -12,7 +13,7 @@ from primus_slurm.post_training.verify_fp4 import verify
 
 def register(group: click.Group) -> None:
     @group.command("compare")
-    @click.argument("runs", nargs=-1, required=True)
+    @run_argument("runs", sweep=True, nargs=-1, required=True)
     @click.option("--plot", "plot_path", default=None, metavar="PNG",
                   help="Also write a plot of lm loss per iteration to this PNG file (default: no plot).")
     @click.option("--json", "as_json", is_flag=True, help="SWEEP: the leaderboard as JSON")
@@ -30,7 +31,7 @@ def register(group: click.Group) -> None:
         click.echo(compare(list(runs), plot_path or None))
 
     @group.command("verify-fp4")
-    @click.argument("run")
+    @run_argument()
     @click.option("--fp8-run", default=None, help="FP8 run of the same recipe, for the memory and throughput checks.")
     def verify_fp4_cmd(run: str, fp8_run: str | None) -> int:
         """Check the five pieces of evidence that RUN trained in FP4; exit 0 only if all hold."""

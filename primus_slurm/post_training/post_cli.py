@@ -11,6 +11,7 @@ from primus_contract import data_paths
 from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
 from primus_slurm.post_training import post
 from primus_slurm.errors import UserError
+from primus_slurm.cli_options import run_argument
 
 FORMATS_WITH_TEXT = ("alpaca", "squad", "openai", "chatml", "text")
 INPUT_FIELD = {"alpaca": "input", "squad": "context"}  # the record field --input fills (trainer/post/prompts.py)
@@ -21,7 +22,7 @@ def common(func):
                         help="where the job runs (default: where the run ran)")(func)
     func = click.option("--checkpoint", "iteration", type=click.IntRange(min=0), default=None, metavar="ITER",
                         help="checkpoint iteration (default: the latest)")(func)
-    return click.argument("run")(func)
+    return run_argument()(func)
 
 
 def _finish(job: post.PostJob) -> None:
