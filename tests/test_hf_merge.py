@@ -124,3 +124,26 @@ def test_merge_refuses_an_adapter_key_without_base_tensor(tmp_path):
         merge_adapter(base, tmp_path / "adapter", other)
     with pytest.raises(ValueError, match="must not be the base"):
         merge_adapter(base, tmp_path / "adapter", base)
+
+
+def test_merged_export_ships_the_runs_tokenizer(tmp_path):
+    """`export --merged` copied the base's tokenizer files first, so the run's own (trainer.tokenizer.path) was never
+    written (docs/after-training.md promises the run's); where the run's tokenizer is the base directory's, its files
+    are copied as they are."""
+    from trainer.data.tokenize import load_tokenizer
+    from trainer.post import export
+
+    base = save_tiny("llama", tmp_path / "hf", seed=5)
+    for f in TOKENIZER.iterdir():
+        shutil.copy(f, base / f.name)
+    run_tok = load_tokenizer(str(TOKENIZER))
+    run_tok.add_special_tokens({"additional_special_tokens": ["<|run|>"]})  # the run's: one token more
+    run_tok.save_pretrained(tmp_path / "tok")
+    peft_adapter(base, tmp_path / "adapter", ["q_proj"], seed=2)
+    for tokenizer, out in ((tmp_path / "tok", "merged"), (base, "merged_base")):
+        cfg = tiny_cfg(trainer={"checkpoint": {"pretrained": str(base)}, "tokenizer": {"path": str(tokenizer)}})
+        export.merge(cfg, str(tmp_path / "adapter"), str(tmp_path / out), 7)
+    assert "<|run|>" in load_tokenizer(str(tmp_path / "merged")).get_vocab()
+    assert "<|run|>" not in load_tokenizer(str(tmp_path / "merged_base")).get_vocab()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "merged_base" / f).read_bytes() == (base / f).read_bytes()

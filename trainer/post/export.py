@@ -2,8 +2,8 @@
 
 The adapter comes from the checkpoint through the training model (trainer.model.peft_export, the same writer
 the trainer ends with); the merge is trainer.model.hf.merge.merge_adapter (tensor by tensor, base dtype), with
-the training precision stated in its note and the run's tokenizer saved next to the weights when the base
-directory has none."""
+the training precision stated in its note and the run's tokenizer next to the weights (the base's tokenizer files
+are copied only where they are the run's: trainer.tokenizer.path is the base directory)."""
 from __future__ import annotations
 
 import os
@@ -44,9 +44,17 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def tokenizer_is_base(cfg) -> bool:
+    """The run's tokenizer is the pretrained base directory's own (trainer.tokenizer.path names it), or the run has
+    none (mlperf_npy data, pre-tokenized)."""
+    tok, base = cfg.trainer.tokenizer.path, cfg.trainer.checkpoint.pretrained
+    return not tok or len({os.path.realpath(os.path.expanduser(str(p))) for p in (tok, base)}) == 1
+
+
 def save_tokenizer(cfg, out_dir: str) -> bool:
-    """The run's tokenizer into out_dir unless a tokenizer is already there; True when written."""
-    if any(os.path.exists(os.path.join(out_dir, f)) for f in TOKENIZER_FILES):
+    """The run's tokenizer into out_dir unless a tokenizer is already there (or the run has none); True when
+    written."""
+    if not cfg.trainer.tokenizer.path or any(os.path.exists(os.path.join(out_dir, f)) for f in TOKENIZER_FILES):
         return False
     load_tokenizer(cfg.trainer.tokenizer.path).save_pretrained(out_dir)
     return True
@@ -71,7 +79,7 @@ def merge(cfg, adapter_dir: str, out_dir: str, iteration: int) -> dict:
 
     note = f"{precision_note(cfg)} (LoRA of primus-slurm run {cfg.experiment.name}, checkpoint iteration {iteration})."
     say(f"merge | base {base} | adapter {adapter_dir} | out {out_dir}")
-    info = dict(merge_adapter(base, adapter_dir, out_dir, note=note) or {})
+    info = dict(merge_adapter(base, adapter_dir, out_dir, note=note, base_tokenizer=tokenizer_is_base(cfg)) or {})
     if save_tokenizer(cfg, out_dir):
         say(f"merge | tokenizer saved from {cfg.trainer.tokenizer.path}")
     if save_generation_config(out_dir):

@@ -3,9 +3,9 @@
     info = merge_adapter(base_dir, adapter_dir, out_dir, note="trained with FP8 (hybrid)")
 
 writes out_dir/{model-0000k-of-0000n.safetensors, model.safetensors.index.json, config.json,
-generation_config.json (if the base has one), tokenizer files, README.md}: every base tensor with
-W + (alpha/r)·B@A added (computed in fp32, stored in the base tensor's dtype), in the base's on-disk
-names and layout. Returns what was written (tensors, merged, shards, bytes, seconds).
+generation_config.json (if the base has one), the base's tokenizer files (unless base_tokenizer=False),
+README.md}: every base tensor with W + (alpha/r)·B@A added (computed in fp32, stored in the base tensor's dtype), in
+the base's on-disk names and layout. Returns what was written (tensors, merged, shards, bytes, seconds).
 
 Adapter key -> base tensor on disk (`delta_plan`; keys are PEFT's, base_model.model.<path>):
 * <P>.lora_A/B.weight where the base has <P>.weight (a linear module, or a 2-D parameter targeted by
@@ -39,8 +39,9 @@ import torch
 from trainer.model.hf.read import DTYPES, SafetensorsDir
 from trainer.model.peft_export import PEFT_PREFIX as _PREFIX, fused_expert_keys
 
-_COPIED = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-           "vocab.*", "merges.txt", "*.tiktoken", "chat_template.*", "preprocessor_config.json", "LICENSE*", "NOTICE*")
+_COPIED = ("config.json", "generation_config.json", "preprocessor_config.json", "LICENSE*", "NOTICE*")
+_TOKENIZER = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "*.tiktoken",
+              "chat_template.*")  # the base's tokenizer: copied unless the caller writes another
 _FUSED = re.compile(r"^(?P<layer>.+\.mlp\.experts)(?P<inner>\.base_layer)?$")
 
 
@@ -163,8 +164,10 @@ def _merged(base: SafetensorsDir, name: str, deltas: list) -> torch.Tensor:
     return acc.to(w.dtype)
 
 
-def merge_adapter(base_dir, adapter_dir, out_dir, *, note: str = "", shard_bytes: int = 4 * 1024**3) -> dict:
-    """Write base + adapter as a complete HF checkpoint in out_dir (see the module docstring)."""
+def merge_adapter(base_dir, adapter_dir, out_dir, *, note: str = "", shard_bytes: int = 4 * 1024**3,
+                  base_tokenizer: bool = True) -> dict:
+    """Write base + adapter as a complete HF checkpoint in out_dir (see the module docstring); `base_tokenizer`
+    False: without the base's tokenizer files (the caller saves the tokenizer the adapter was trained with)."""
     start = time.perf_counter()
     base_dir, adapter_dir, out = Path(base_dir), Path(adapter_dir), Path(out_dir)
     conf = json.loads((adapter_dir / "adapter_config.json").read_text())
@@ -194,7 +197,8 @@ def merge_adapter(base_dir, adapter_dir, out_dir, *, note: str = "", shard_bytes
                 total += size
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-    copied = sorted({f.name for pattern in _COPIED for f in base_dir.glob(pattern) if f.is_file()})
+    patterns = _COPIED + (_TOKENIZER if base_tokenizer else ())
+    copied = sorted({f.name for pattern in patterns for f in base_dir.glob(pattern) if f.is_file()})
     for f in copied:
         shutil.copy2(base_dir / f, out / f)
     info = {"out": str(out), "base": str(base_dir), "adapter": str(adapter_dir), "tensors": len(weight_map),
