@@ -28,9 +28,9 @@ def run_config(run_dir: str, data_path: Optional[str] = None) -> Config:
     data = load_config(path).to_dict()
     data["trainer"]["parallelism"].update(tensor=1, pipeline=1, context=1, expert=1, sequence_parallel=False,
                                           tp_comm_overlap=False)
-    if data_path:
-        data["trainer"]["data"]["validation"] = {"path": data_path, "hf_name": None, "split": "validation",
-                                                 "limit": None}
+    if data_path:  # read with the run's own validation split, as the launcher checked it (post_cli.eval_cmd)
+        split = (data["trainer"]["data"].get("validation") or {}).get("split") or "validation"
+        data["trainer"]["data"]["validation"] = {"path": data_path, "hf_name": None, "split": split, "limit": None}
     return Config.from_dict(data)
 
 
