@@ -4,6 +4,7 @@ the local Slurm cluster; the README's quickstart numbers are this run's (scripts
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -209,6 +210,61 @@ def test_bad_input_is_one_error_line(run, tmp_path):
     assert f"its parent directory {afile} is a file" in _one_error(cli(env, "export", run_id, "--adapter",
                                                                        str(afile / "sub")))
     assert sorted(run_dir.rglob("*")) == before and not (tmp_path / "both").exists()
+
+
+def _unstarted_run(tmp_path: Path) -> tuple[dict, Path]:
+    """(env, run directory) of a run that never trained: the quickstart's resolved recipe, its run.json and an empty
+    checkpoint, which is what the launcher's checks read (for refusals that come before any job)."""
+    from primus_slurm.config.recipe import load_recipe
+
+    run_dir = tmp_path / "ws" / "quickstart" / "20260101-000000-abc123"
+    (run_dir / "checkpoints" / "iter_0000010").mkdir(parents=True)
+    (run_dir / "checkpoints" / "iter_0000010" / "metadata.json").write_text("{}")
+    (run_dir / "checkpoints" / "latest").write_text("iter_0000010")
+    resolved = load_recipe(ROOT / "recipes" / "quickstart.yaml").resolved
+    (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_dir.name, "job_id": "local-1", "executor": "local"}))
+    return dict(os.environ, PRIMUS_SLURM_STATE_DIR=str(tmp_path / "state")), run_dir
+
+
+def test_generate_refuses_at_submit_what_the_job_would_refuse_or_ignore(tmp_path):
+    """A prompt record the job's formatter refuses was found only in the queue; --top-p and --seed of a greedy
+    generate were accepted and did nothing (audit, 2026-12-07). Each is one error line now, and no job starts."""
+    env, run_dir = _unstarted_run(tmp_path)
+    gen = lambda *args: cli(env, "generate", str(run_dir), *args)  # noqa: E731
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "Sort the digits.", "input": "3 1"}\n{"input": "x"}\n')
+    assert _one_error(gen("--prompts", str(bad))) == f"error: --prompts {bad}:2: missing field 'instruction'"
+    assert _one_error(gen("--prompt", " ")) == "error: --prompt: field 'instruction' is empty"
+    for given, named in ((["--top-p", "0.9"], "--top-p: only sampling uses it"), (["--seed", "3"], "--seed: only"),
+                         (["--temperature", "0", "--top-p", "0.9", "--seed", "3"], "--top-p and --seed: only")):
+        assert _one_error(gen("--prompt", "hi", *given)).startswith(f"error: {named}")
+    for sampled in ([], ["--temperature", "0.8", "--top-p", "0.9", "--seed", "3"]):  # past that check: the next one
+        assert "--merged and --base-only exclude" in _one_error(gen("--prompt", "hi", "--merged", "x", "--base-only",
+                                                                    *sampled))
+    assert not (run_dir / "generations").exists()
+
+
+def test_a_post_job_imports_the_contract_of_its_own_code(tmp_path):
+    """The job directory holds the trainer and the contract it imports: the run's code/ (after it on PYTHONPATH:
+    templates/post.sh.j2) is as old as the run, and a contract module newer than the run (primus_contract/records.py
+    here) was missing there."""
+    import subprocess
+
+    from primus_slurm.post_training import post
+
+    env, run_dir = _unstarted_run(tmp_path)
+    (run_dir / "code" / "primus_contract").mkdir(parents=True)
+    (run_dir / "code" / "primus_contract" / "__init__.py").write_text("")  # an older contract, without records.py
+    job = post.PostJob("generate", {"run_id": run_dir.name}, run_dir, {}, "local", "ID")
+    post.create(job, "")
+    path = f"{job.post_dir}/code:{run_dir}/code"
+    out = subprocess.run([sys.executable, "-c", "import primus_contract.records as r, trainer; print(r.__file__, "
+                          "trainer.__file__)"], env=dict(env, PYTHONPATH=path), capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [f"{job.post_dir}/code/primus_contract/records.py",
+                                  f"{job.post_dir}/code/trainer/__init__.py"]
 
 
 @pytest.mark.slurm

@@ -55,7 +55,7 @@ PROMPTS_NOT_JSON = str(ROOT / "README.md")
     ([QUICKSTART, "--grid", "after=[]"], "--grid after: the steps after each trial are --then's"),
     ([QUICKSTART, "--grid", "experiment.name=a,b"], "--grid experiment.name: the trials of one sweep share"),
     ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "generate", "--prompts", PROMPTS_NOT_JSON],
-     "README.md:1: not JSON"),
+     "README.md:1: invalid JSON"),
     ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "export", "--no-adapter"], "exports nothing"),
     ([QUICKSTART, "--grid", "trainer.lora.dim=4,8", "--then", "generate", "--prompt", "hi", "--max-new-tokens", "0"],
      "`after[0].max_new_tokens` is 0"),
@@ -71,7 +71,7 @@ def test_sweep_bad_arguments(env, tmp_path, args, says, dry_run):
 
 def test_submit_dry_run_reads_the_prompts_as_the_submit_does(env, tmp_path):
     out = cli(env, "submit", QUICKSTART, "--dry-run", "--then", "generate", "--prompts", PROMPTS_NOT_JSON)
-    one_error(out, "README.md:1: not JSON")
+    one_error(out, "README.md:1: invalid JSON")
     assert out.stdout == "" and not (tmp_path / "ws").exists()
 
 

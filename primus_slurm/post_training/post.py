@@ -3,8 +3,8 @@
 A post job is templates/post.sh.j2 (job.sh.j2 with `python -m trainer.post KIND ...` instead of torchrun + the
 trainer: the same environment, container and signal handling) rendered from the run's resolved recipe, on one
 node without requeue. It lives in `<run_dir>/<exports|generations|evals>/<id>/`: job.sh, a snapshot of the
-trainer code (code/), the job's output (job.out locally, slurm-<jobid>.out on Slurm), post.json (what ran,
-where, exit code) and result.json (written by the job). `status RUN` lists them (results()).
+trainer and the contract it imports (code/), the job's output (job.out locally, slurm-<jobid>.out on Slurm),
+post.json (what ran, where, exit code) and result.json (written by the job). `status RUN` lists them (results()).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+import primus_contract
 from primus_contract.restore_rules import random_base_refusal
 from primus_contract.rules_precision import run_device
 from primus_slurm.jobs import executors, registry, runs
@@ -172,8 +173,9 @@ def create(job: PostJob, text: str) -> dict:
     d = job.post_dir
     try:
         d.mkdir(parents=True)
-        shutil.copytree(runs.trainer_source_dir(), d / "code" / "trainer",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # the contract too: the run's own snapshot (after this one on PYTHONPATH) is as old as the run
+        for source in (runs.trainer_source_dir(), Path(primus_contract.__file__).parent):
+            shutil.copytree(source, d / "code" / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     except OSError as exc:
         raise UserError(f"cannot create {d}: {exc.strerror or exc}") from None
     for name, src in job.copies.items():

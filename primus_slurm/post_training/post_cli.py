@@ -1,20 +1,21 @@
 """CLI commands after training: export, generate, eval (the job side is trainer/post). `cli.py` calls register()."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from primus_contract import data_paths
+from primus_contract.prompts import FORMATS, INPUT_FIELD, check_prompt, from_text
+from primus_contract.records import DataError, json_lines
 from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
 from primus_slurm.post_training import post
 from primus_slurm.errors import UserError
 from primus_slurm.cli_options import run_argument
 
-FORMATS_WITH_TEXT = ("alpaca", "squad", "openai", "chatml", "text")
-INPUT_FIELD = {"alpaca": "input", "squad": "context"}  # the record field --input fills (trainer/post/prompts.py)
+SAMPLING_ONLY = ("top_p", "seed")  # generate options greedy decoding (--temperature 0) does not use
 
 
 def common(func):
@@ -66,25 +67,40 @@ def export_cmd(run, iteration, executor, adapter, merged):
     _finish(job)
 
 
-def read_prompts(path: str, option: str = "--prompts") -> None:
-    """A JSON-lines file of records, read as the job will (JSON objects, at least one), or one error naming `option`."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{option} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None) -> None:
+    """A JSON-lines file of records, read as the job will (primus_contract.records.json_lines: JSON objects, at least
+    one), each a prompt the job lays out in format `fmt` where given (primus_contract.prompts.check_prompt, the job's
+    own checks); else one error naming `option`."""
     n = 0
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{option} {path}:{i}: not JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{option} {path}:{i}: each line must be a JSON object (a record of the run's format)")
-        n += 1
+    try:
+        with open(path, "rb") as fh:
+            for i, record, problem in json_lines(fh):
+                if problem:
+                    raise UserError(f"{option} {path}:{i}: {problem}")
+                if not isinstance(record, dict):
+                    raise UserError(f"{option} {path}:{i}: each line must be a JSON object (a record of the run's "
+                                    "format)")
+                try:  # the job's own checks of a prompt record
+                    if fmt is not None:
+                        check_prompt(fmt, record, f"{path}:{i}")
+                except DataError as exc:
+                    raise UserError(f"{option} {exc}") from None
+                n += 1
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot read it ({exc.strerror or exc})") from None
     if not n:
         raise UserError(f"{option} {path}: no records")
+
+
+def _sampling_only_given(temperature: float) -> None:
+    """--top-p/--seed given to a greedy generate (accepted, they would do nothing): refused."""
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_ONLY
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)]
+    if given and temperature <= 0:
+        them = "them" if len(given) > 1 else "it"
+        raise UserError(f"{' and '.join(given)}: only sampling uses {them}, and --temperature is 0 (greedy); "
+                        f"give --temperature > 0 or leave {them} out")
 
 
 @click.command("generate")
@@ -110,13 +126,19 @@ def generate_cmd(run, iteration, executor, prompt, prompt_input, prompts_file, m
     if (prompt is None) == (prompts_file is None):
         raise UserError("generate: give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     fmt = job.resolved["trainer"]["data"]["format"]
-    if prompt is not None and fmt not in FORMATS_WITH_TEXT:
+    if prompt is not None and fmt not in FORMATS:
         raise UserError(f"--prompt: the run's format {fmt} needs records; use --prompts FILE.jsonl")
     if prompt_input is not None and (prompt is None or fmt not in INPUT_FIELD):
         raise UserError(f"--input: goes with --prompt, for a format with an input field ({', '.join(INPUT_FIELD)}; "
                         f"the run's is {fmt})")
     if prompt is not None and fmt == "squad" and prompt_input is None:
         raise UserError("--prompt: the run's format squad needs the passage too: --input CONTEXT")
+    if prompt is not None:
+        try:  # the job's own checks of the record --prompt makes (an empty text, one that is not UTF-8)
+            check_prompt(fmt, from_text(fmt, prompt, prompt_input), "--prompt")
+        except DataError as exc:
+            raise UserError(str(exc)) from None
+    _sampling_only_given(temperature)
     if merged is not None and base_only:
         raise UserError("generate: --merged and --base-only exclude each other")
     rank = int(job.resolved["trainer"]["lora"]["dim"])
@@ -136,7 +158,7 @@ def generate_cmd(run, iteration, executor, prompt, prompt_input, prompts_file, m
     elif iteration is not None:
         raise UserError("--checkpoint: not used with --merged or --base-only")
     if prompts_file is not None:
-        read_prompts(prompts_file)
+        read_prompts(prompts_file, fmt=fmt)
         job.copies["prompts.jsonl"] = prompts_file
         job.args += ["--prompts", str(job.post_dir / "prompts.jsonl")]
     else:

@@ -2,7 +2,9 @@
 ``<split>.{jsonl,json,parquet}``, or a hub dataset name (``hf_name``, loaded with `datasets.load_dataset`).
 
 `iter_records` yields ``(loc, record, error)``: ``loc`` is ``file:line`` (JSONL), ``file:record N`` (JSON array),
-``file:row N`` (Parquet / HF); ``error`` is a one-line problem (e.g. invalid JSON) or None.
+``file:row N`` (Parquet / HF); ``error`` is a one-line problem of that record (a JSONL line that is not UTF-8 or not
+JSON) or None. A whole file that cannot be read (a .json that is not UTF-8 or not JSON, a corrupt Parquet file) is a
+`DataError` naming the file.
 `fingerprint` identifies the source contents for the cache key (paths + sizes + mtimes, or the hub name).
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 from typing import Any, Iterator
 
 from primus_contract import data_paths
+from primus_contract.records import json_lines
 
 from .errors import DataError
 from .options import SourceSpec
@@ -43,24 +46,29 @@ def fingerprint(spec: SourceSpec, key: str) -> dict:
     return fp
 
 
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def _jsonl(path: str) -> Iterator[tuple[str, Any, str | None]]:
-    with open(path, "r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            loc = f"{path}:{lineno}"
-            try:
-                yield loc, json.loads(line), None
-            except json.JSONDecodeError as e:
-                yield loc, None, f"invalid JSON ({e.msg} at column {e.colno})"
+    with open(path, "rb") as f:  # each line decoded on its own: a line that is not UTF-8 is one bad record
+        for lineno, value, problem in json_lines(f):
+            yield f"{path}:{lineno}", value, problem
 
 
 def _json(path: str, split: str) -> Iterator[tuple[str, Any, str | None]]:
+    with open(path, "rb") as f:
+        raw = f.read()
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except (RecursionError, ValueError) as e:  # nested too deeply; an integer of too many digits
+        raise DataError(f"{path}: invalid JSON ({_one_line(e)})") from None
     if isinstance(data, dict):
         data = data.get(split, data.get("data"))
     if not isinstance(data, list):
@@ -75,16 +83,23 @@ def _rows(ds: Any, label: str) -> Iterator[tuple[str, Any, str | None]]:
 
 
 def _parquet(path: str) -> Iterator[tuple[str, Any, str | None]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    yield from _rows(table.to_pylist(), path)
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a Parquet file that can be read ({_one_line(e)})") from None
+    yield from _rows(rows, path)
 
 
 def _hf_disk(path: str, split: str, key: str) -> Iterator[tuple[str, Any, str | None]]:
     import datasets
 
-    ds = datasets.load_from_disk(path)
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign directory becomes one user-facing line
+        raise DataError(f"{key}.path: cannot load the save_to_disk dataset {path}: {_one_line(e)}") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise DataError(f"{key}.split: split {split!r} not in {path} (has {'|'.join(ds)})")
@@ -98,8 +113,7 @@ def _hub(name: str, split: str, key: str) -> Iterator[tuple[str, Any, str | None
     try:
         ds = datasets.load_dataset(name, split=split)
     except Exception as e:  # noqa: BLE001 - network/hub failures become one user-facing line
-        raise DataError(f"{key}.hf_name: cannot load {name!r} split {split!r}: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise DataError(f"{key}.hf_name: cannot load {name!r} split {split!r}: {_one_line(e)}") from None
     yield from _rows(ds, f"{name}[{split}]")
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 
+from primus_contract.records import json_lines
 from trainer.observability import quiet
 from trainer.data.errors import DataError
 from trainer.post import evaluate, export, generate
@@ -49,15 +50,12 @@ def read_records(args) -> list[tuple[str, dict]]:
     cfg_fmt = args.cfg.trainer.data.format
     if args.prompt is not None:
         return [("--prompt", from_text(cfg_fmt, args.prompt, args.input))]
-    out = []
-    with open(args.prompts, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append((f"{args.prompts}:{n}", json.loads(line)))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{args.prompts}:{n}: not JSON ({err.msg})") from None
-    return out
+    with open(args.prompts, "rb") as fh:  # (the launcher read it the same way: primus_contract.records.json_lines)
+        lines = list(json_lines(fh))
+    for n, _, problem in lines:
+        if problem:
+            raise DataError(f"{args.prompts}:{n}: {problem}")
+    return [(f"{args.prompts}:{n}", record) for n, record, _ in lines]
 
 
 def dispatch(args) -> dict:

@@ -18,7 +18,7 @@ import torch
 from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank, vllm_memory_fraction
 from trainer.data.tokenize import load_tokenizer, tokenizer_info
 from trainer.post.export import export_adapter
-from trainer.post.prompts import char_accuracy, encode, prompt_segments, score, stop_ids
+from trainer.post.prompts import answer_text, char_accuracy, encode, prompt_segments, score, stops
 from trainer.post.runstate import PostError, say
 
 
@@ -44,7 +44,9 @@ def pick_engine(choice: str, device: str, rank: Optional[int] = None) -> str:
     return choice
 
 
-def hf_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict], p: Params, device: str) -> list[str]:
+def hf_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict], p: Params, device: str,
+                tokenizer) -> list[list[int]]:
+    """The new token ids of each prompt; it stops at a stop id or once the text ends with a stop string."""
     from transformers import AutoModelForCausalLM, set_seed
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device)
@@ -58,11 +60,12 @@ def hf_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict],
     for i, pr in enumerate(prompts):
         set_seed(p.seed + i)  # one stream per prompt: an answer does not depend on the prompts before it
         ids = torch.tensor([pr["ids"]], device=device)
+        strings = {"stop_strings": pr["stop_strings"], "tokenizer": tokenizer} if pr["stop_strings"] else {}
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=p.max_new_tokens,
                                  do_sample=sampled, temperature=p.temperature if sampled else None,
                                  top_p=p.top_p if sampled else None, top_k=None, eos_token_id=pr["stop"],
-                                 pad_token_id=pr["pad"])
+                                 pad_token_id=pr["pad"], **strings)
         answers.append(out[0, len(pr["ids"]):].tolist())
         say(f"generate | {i + 1}/{len(prompts)} | {len(answers[-1])} tokens")
     return answers
@@ -79,7 +82,8 @@ def vllm_generate(model_dir: str, adapter_dir: Optional[str], prompts: list[dict
               gpu_memory_utilization=share)
     lora = LoRARequest("run-adapter", 1, adapter_dir) if adapter_dir else None
     params = [SamplingParams(max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                             seed=p.seed + i, stop_token_ids=pr["stop"]) for i, pr in enumerate(prompts)]
+                             seed=p.seed + i, stop_token_ids=pr["stop"], stop=pr["stop_strings"] or None)
+              for i, pr in enumerate(prompts)]
     outs = llm.generate([{"prompt_token_ids": pr["ids"]} for pr in prompts], params, lora_request=lora)
     return [list(o.outputs[0].token_ids) for o in outs]
 
@@ -89,8 +93,9 @@ def build_prompts(cfg, records: list[tuple[str, dict]], tokenizer) -> list[dict]
     out = []
     for loc, rec in records:
         segs, closing, ref = prompt_segments(fmt, rec, loc, tokenizer)
+        stop, strings = stops(tokenizer, closing)
         out.append({"record": rec, "text": "".join(s.text for s in segs), "ids": encode(segs, tokenizer),
-                    "stop": stop_ids(tokenizer, closing), "pad": pad, "reference": ref})
+                    "stop": stop, "stop_strings": strings, "pad": pad, "reference": ref})
     return out
 
 
@@ -114,10 +119,10 @@ def run(cfg, run_dir: str, out: str, records: list[tuple[str, dict]], p: Params,
     if engine == "vllm":
         ids = vllm_generate(source, adapter, prompts, p, int(cfg.trainer.lora.dim))
     else:
-        ids = hf_generate(source, adapter, prompts, p, device)
+        ids = hf_generate(source, adapter, prompts, p, device, tokenizer)
     rows = []
     for pr, new in zip(prompts, ids):
-        text = tokenizer.decode([t for t in new if t not in pr["stop"]], skip_special_tokens=True).strip()
+        text = answer_text(tokenizer, new, pr["stop"], pr["stop_strings"])
         row = {"prompt": pr["record"], "prompt_text": pr["text"], "answer": text, "reference": pr["reference"]}
         if pr["reference"] is not None:
             row["char_accuracy"] = char_accuracy(text, pr["reference"].strip())
