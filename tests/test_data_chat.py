@@ -79,3 +79,14 @@ def test_chatml_markup_supervises_eos_when_im_end_is_not_a_token(tmp_path):
     quickstart = AutoTokenizer.from_pretrained(TOK_DIR)  # <|im_end|> is one token there: it ends the turn, no EOS
     quickstart.chat_template = None
     assert supervised([U("Say hi"), A("hi")], quickstart)[0] == ["hi<|im_end|>"]
+
+
+def test_a_lone_surrogate_in_a_chat_record_is_a_bad_record_naming_its_field():
+    """The chat formatters take their messages from primus_contract.records (the launcher's check too): a string
+    that cannot be written as UTF-8 is one bad record naming the field, not a tokenizer's TypeError later."""
+    from primus_contract.records import DataError
+
+    record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok \ud800"}]}
+    for fmt in (format_openai, format_chatml):
+        with pytest.raises(DataError, match=r"f\.jsonl:3.*messages\[1\]\.content"):
+            fmt(record, "f.jsonl:3")

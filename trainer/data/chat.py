@@ -22,46 +22,13 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from primus_contract.records import messages_of
+
 from .segments import Segment, record_error
 
-ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system"}
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 _SPACE = re.compile(r"\s*")
 Span = Optional[tuple[int, int]]
-
-
-def messages_of(record: Any, loc: str, allow_sharegpt: bool) -> list[dict]:
-    if not isinstance(record, dict):
-        raise record_error(loc, f"expected a JSON object, got {type(record).__name__}")
-    if "messages" in record:
-        raw, key, rkey, ckey, rolemap = record["messages"], "messages", "role", "content", None
-    elif allow_sharegpt and "conversations" in record:
-        raw, key, rkey, ckey, rolemap = record["conversations"], "conversations", "from", "value", SHAREGPT_ROLES
-    else:
-        raise record_error(loc, "missing field 'messages'" + (" (or 'conversations')" if allow_sharegpt else ""))
-    if not isinstance(raw, list) or not raw:
-        raise record_error(loc, f"field '{key}' must be a non-empty list")
-    out = []
-    for i, m in enumerate(raw):
-        where = f"{key}[{i}]"
-        if not isinstance(m, dict):
-            raise record_error(loc, f"field '{where}' must be an object")
-        role = m.get(rkey)
-        role = rolemap.get(role, role) if rolemap and isinstance(role, str) else role
-        if role not in ROLES:
-            allowed = "|".join(rolemap) if rolemap else "|".join(ROLES)
-            raise record_error(loc, f"field '{where}.{rkey}': unknown role {m.get(rkey)!r} (expected {allowed})")
-        content = m.get(ckey)
-        if not isinstance(content, str):
-            raise record_error(loc, f"field '{where}.{ckey}' must be a string")
-        if role == "assistant" and not content.strip():
-            raise record_error(loc, f"field '{where}.{ckey}': empty assistant turn")
-        out.append({"role": role, "content": content})
-    if not any(m["role"] == "assistant" for m in out):
-        raise record_error(loc, f"field '{key}': no assistant turn to learn from")
-    return out
 
 
 def special_strings(tokenizer: Any) -> list[str]:
