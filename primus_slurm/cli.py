@@ -49,7 +49,7 @@ def validate(ctx, recipe: str, overrides: tuple, as_json: bool, skip_memory_chec
     prepared = submit_mod.prepare(recipe, overrides, executor, dry_run=True)
     planned = plan_cli.check_memory(prepared.recipe.resolved, skip_memory_check)  # submit's verdict, in its order
     unchecked = submit_mod.check(prepared)
-    pipeline.check_paths(prepared.recipe.resolved["after"])  # the `after:` steps' files, as submit checks them
+    pipeline.check_paths(prepared.recipe.resolved)  # the `after:` steps' files, as submit checks them
     r = prepared.recipe
     if as_json:
         click.echo(json.dumps(r.resolved, indent=2))

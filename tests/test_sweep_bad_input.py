@@ -233,3 +233,16 @@ def test_the_held_job_is_released_once_its_steps_are_queued(env, tmp_path):
     one_error(out, "nothing runs: the resumed job of run")
     assert said(calls, "sbatch")[-2:] == ["--exclude= --hold", ""] and said(calls, "scancel") == ["506"]
     assert said(calls, "scontrol") == ["release 501"] and out.stdout == ""
+
+
+def test_a_pipeline_step_checks_its_prompts_in_the_runs_format(env, tmp_path):
+    """`--then generate --prompts` is checked as `generate --prompts` checks it, in the run's data format (alpaca for
+    the quickstart): a JSON object without `instruction` is refused at submit, not in the step's job (audit,
+    2026-12-07)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "what is 2+2?"}\n')
+    for cmd in ("submit", "validate"):
+        out = cli(env, cmd, QUICKSTART, *(("--dry-run",) if cmd == "submit" else ()), "--then", "generate",
+                  "--prompts", str(prompts))
+        one_error(out, "instruction")
+    assert not (tmp_path / "ws").exists()

@@ -97,15 +97,17 @@ class ThenCommand(click.Command):
         return super().parse_args(ctx, rest)
 
 
-def check_paths(after: list[dict]) -> None:
-    """A step's input file must exist when the pipeline is submitted (its job reads it later)."""
-    for i, step in enumerate(after):
+def check_paths(resolved: dict) -> None:
+    """A step's input file must exist when the pipeline is submitted (its job reads it later); a generate step's
+    prompts are checked as `generate --prompts` checks them, in the run's data format."""
+    fmt = resolved["trainer"]["data"]["format"]
+    for i, step in enumerate(resolved["after"]):
         for key in PATHS:
             if step.get(key) and not os.path.exists(step[key]):
                 raise UserError(f"`after[{i}].{key}` is {step[key]!r:.200}, which does not exist")
-        if step.get("prompts"):  # as `generate --prompts` reads it: JSON object lines
+        if step.get("prompts"):  # as `generate --prompts` reads it
             try:
-                post_cli.read_prompts(step["prompts"])
+                post_cli.read_prompts(step["prompts"], fmt=fmt)
             except UserError as exc:
                 raise UserError(f"`after[{i}].prompts`: {str(exc).removeprefix('--prompts ')}") from None
 
@@ -312,7 +314,7 @@ def submitted_line(run_dir: Path) -> str:
 def submit(p) -> dict:
     """Submit a prepared run that has steps (`after:`): Slurm, the training job then the chain; local, the local
     queue (training, then the steps). Returns the run's registry entry."""
-    check_paths(p.recipe.resolved["after"])
+    check_paths(p.recipe.resolved)
     if p.executor == "slurm":
         return submit_mod.submit(p, start=lambda run_dir, info: _start_held(run_dir, info, p.recipe.resolved))
     info = submit_mod.create(p, pipeline=local_chain(p.recipe.resolved))

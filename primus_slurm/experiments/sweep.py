@@ -117,7 +117,7 @@ def plan(recipe: str, grids: tuple, zips: tuple, overrides: tuple = (), executor
     if not accepted and len(reasons) == 1:  # every trial refused for one reason: that reason, once
         raise UserError(f"sweep: every trial is refused: {reasons.pop()}")
     if accepted:
-        pipeline.check_paths(accepted[0].prepared.recipe.resolved["after"])
+        pipeline.check_paths(accepted[0].prepared.recipe.resolved)
     for task, trial in enumerate(accepted):
         trial.task = task
     if accepted:

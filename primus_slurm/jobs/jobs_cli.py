@@ -52,7 +52,7 @@ def submit_cmd(ctx, recipe, overrides, dry_run, executor, run_id, follow, as_jso
     gpu_note = plan_cli.unknown_gpu_note(planned, prepared.recipe.resolved)  # (after the checks: a refusal is one line)
     if dry_run:
         submit_mod.check(prepared)
-        pipeline.check_paths(steps)  # as the submit checks them
+        pipeline.check_paths(prepared.recipe.resolved)  # as the submit checks them
         for note in (gpu_note, prepared.note, *prepared.notes):
             if note:
                 click.echo(note, err=True)
