@@ -63,8 +63,13 @@ def create_run_dir(run_dir: Path, script: str, raw_yaml: str, resolved_yaml: str
     (run_dir / run_files.JOB_SCRIPT).write_text(script)
     (run_dir / run_files.RECIPE).write_text(raw_yaml)
     (run_dir / run_files.RESOLVED).write_text(resolved_yaml)
-    for source in (trainer_source_dir(), Path(primus_contract.__file__).parent):  # the trainer imports the contract
-        shutil.copytree(source, run_dir / run_files.CODE / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    snapshot_code(run_dir / run_files.CODE)
+
+
+def snapshot_code(code_dir: Path) -> None:
+    """The trainer's source and the contract it imports, copied into code_dir (a job runs from its own snapshot)."""
+    for source in (trainer_source_dir(), Path(primus_contract.__file__).parent):
+        shutil.copytree(source, code_dir / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def provenance(resolved: dict, recipe_hash: str, run_id: str, executor: str) -> dict:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import yaml
 
-import primus_contract
 from primus_contract.restore_rules import random_base_refusal
 from primus_contract.rules_precision import run_device
 from primus_slurm.jobs import executors, registry, runs
@@ -174,8 +173,7 @@ def create(job: PostJob, text: str) -> dict:
     try:
         d.mkdir(parents=True)
         # the contract too: the run's own snapshot (after this one on PYTHONPATH) is as old as the run
-        for source in (runs.trainer_source_dir(), Path(primus_contract.__file__).parent):
-            shutil.copytree(source, d / "code" / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        runs.snapshot_code(d / "code")
     except OSError as exc:
         raise UserError(f"cannot create {d}: {exc.strerror or exc}") from None
     for name, src in job.copies.items():
