@@ -90,3 +90,20 @@ def test_a_lone_surrogate_in_a_chat_record_is_a_bad_record_naming_its_field():
     for fmt in (format_openai, format_chatml):
         with pytest.raises(DataError, match=r"f\.jsonl:3.*messages\[1\]\.content"):
             fmt(record, "f.jsonl:3")
+
+
+def test_a_template_that_raises_is_one_bad_record_line(tmp_path):
+    """A chat template that raises (here Jinja's `raise_exception`, as templates that refuse a role order do) is the
+    record's error: one line naming the record and the template's message, which `bad_records` handles."""
+    from primus_contract.records import DataError
+
+    strict = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('system turns are not "
+              "supported') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    tok = with_template(tmp_path, strict, {})
+    record = {"messages": [{"role": "system", "content": "be brief"}, U("hi"), A("ok")]}
+    with pytest.raises(DataError) as err:
+        format_openai(record, "f.jsonl:7", tok)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith("f.jsonl:7") and "chat template failed" in str(err.value)
+    assert "system turns are not supported" in str(err.value)
+    assert format_openai({"messages": [U("hi"), A("ok")]}, "f.jsonl:8", tok)  # the same template renders the rest
