@@ -245,6 +245,22 @@ def test_generate_refuses_at_submit_what_the_job_would_refuse_or_ignore(tmp_path
     assert not (run_dir / "generations").exists()
 
 
+def test_eval_data_records_are_checked_at_submit_as_the_job_reads_them(tmp_path):
+    """`eval --data FILE.jsonl` under the run's `bad_records: error`: a record the job's formatter refuses stopped the
+    job at data load, in the queue; it is one error line at submit now. Under `skip` the job skips it, so it passes."""
+    env, run_dir = _unstarted_run(tmp_path)
+    bad = tmp_path / "eval.jsonl"
+    bad.write_text('{"instruction": "Sort the digits.", "input": "3 1", "output": "1 3"}\n{"instruction": "x"}\n')
+    assert _one_error(cli(env, "eval", str(run_dir), "--data", str(bad))) == \
+        f"error: --data {bad}:2: missing field 'output'"
+    assert not (run_dir / "evals").exists()
+    resolved = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())
+    resolved["trainer"]["data"]["bad_records"] = "skip"
+    (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    (run_dir / "evals").write_text("")  # past the data check, the job directory cannot be made: nothing starts
+    assert _one_error(cli(env, "eval", str(run_dir), "--data", str(bad))).startswith("error: cannot create")
+
+
 def test_a_post_job_imports_the_contract_of_its_own_code(tmp_path):
     """The job directory holds the trainer and the contract it imports: the run's code/ (after it on PYTHONPATH:
     templates/post.sh.j2) is as old as the run, and a contract module newer than the run (primus_contract/records.py

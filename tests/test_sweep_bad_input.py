@@ -246,3 +246,13 @@ def test_a_pipeline_step_checks_its_prompts_in_the_runs_format(env, tmp_path):
                   "--prompts", str(prompts))
         one_error(out, "instruction")
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_pipeline_eval_step_checks_its_data_as_eval_does(env, tmp_path):
+    """`--then eval --data FILE.jsonl` under the run's `bad_records: error`: a record the job's formatter refuses is
+    refused at submit, as `eval --data` refuses it, not in the step's job."""
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"instruction": "Sort the digits.", "input": "3 1", "output": "1 3"}\n{"instruction": "x"}\n')
+    out = cli(env, "submit", QUICKSTART, "--dry-run", "--then", "eval", "--data", str(data))
+    one_error(out, "missing field 'output'")
+    assert not (tmp_path / "ws").exists()

@@ -99,7 +99,7 @@ class ThenCommand(click.Command):
 
 def check_paths(resolved: dict) -> None:
     """A step's input file must exist when the pipeline is submitted (its job reads it later); a generate step's
-    prompts are checked as `generate --prompts` checks them, in the run's data format."""
+    prompts and an eval step's data are checked as `generate --prompts` and `eval --data` check them."""
     fmt = resolved["trainer"]["data"]["format"]
     for i, step in enumerate(resolved["after"]):
         for key in PATHS:
@@ -110,6 +110,11 @@ def check_paths(resolved: dict) -> None:
                 post_cli.read_prompts(step["prompts"], fmt=fmt)
             except UserError as exc:
                 raise UserError(f"`after[{i}].prompts`: {str(exc).removeprefix('--prompts ')}") from None
+        if step["step"] == "eval" and step.get("data"):
+            try:
+                post_cli.check_eval_data(step["data"], resolved)
+            except UserError as exc:
+                raise UserError(f"`after[{i}].data`: {str(exc).removeprefix('--data ')}") from None
 
 
 def step_job(step: dict, run_id: str, run_dir: Path, resolved: dict, executor: str) -> post.PostJob:

@@ -9,7 +9,7 @@ from click.core import ParameterSource
 
 from primus_contract import data_paths
 from primus_contract.prompts import FORMATS, INPUT_FIELD, check_prompt, from_text
-from primus_contract.records import DataError, json_lines
+from primus_contract.records import FIELDS, DataError, json_lines
 from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
 from primus_slurm.post_training import post
 from primus_slurm.errors import UserError
@@ -67,10 +67,10 @@ def export_cmd(run, iteration, executor, adapter, merged):
     _finish(job)
 
 
-def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None) -> None:
+def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None, check=None) -> None:
     """A JSON-lines file of records, read as the job will (primus_contract.records.json_lines: JSON objects, at least
     one), each a prompt the job lays out in format `fmt` where given (primus_contract.prompts.check_prompt, the job's
-    own checks); else one error naming `option`."""
+    own checks), or passing `check(record, loc)` (a data record's fields); else one error naming `option`."""
     n = 0
     try:
         with open(path, "rb") as fh:
@@ -83,6 +83,8 @@ def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None) -
                 try:  # the job's own checks of a prompt record
                     if fmt is not None:
                         check_prompt(fmt, record, f"{path}:{i}")
+                    if check is not None:
+                        check(record, f"{path}:{i}")
                 except DataError as exc:
                     raise UserError(f"{option} {exc}") from None
                 n += 1
@@ -90,6 +92,24 @@ def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None) -
         raise UserError(f"{option} {path}: cannot read it ({exc.strerror or exc})") from None
     if not n:
         raise UserError(f"{option} {path}: no records")
+
+
+def check_eval_data(data: str, resolved: dict) -> Path:
+    """`eval --data PATH` as the job will read it (primus_contract.data_paths: the trainer's own rule, with the run's
+    validation split): it exists, and a JSON-lines file's records pass the job's formatter where the run's
+    `bad_records: error` would stop the job on one. The resolved path; else one error naming --data."""
+    path = Path(data).expanduser().resolve()
+    if not path.exists():
+        raise UserError(f"--data {data}: no such file or directory")
+    d = resolved["trainer"]["data"]
+    split = (d.get("validation") or {}).get("split") or "validation"
+    try:
+        kind, target = data_paths.source(str(path), split, d["format"])
+    except ValueError as exc:
+        raise UserError(f"--data {data}: {exc}") from None
+    if kind == "file" and target.endswith((".jsonl", ".ndjson")):
+        read_prompts(target, "--data", check=FIELDS.get(d["format"]) if d.get("bad_records") == "error" else None)
+    return path
 
 
 def _sampling_only_given(temperature: float) -> None:
@@ -177,18 +197,7 @@ def eval_cmd(run, iteration, executor, data):
     job = post.new_job("eval", run, executor)
     _checkpoint_args(job, iteration)
     if data is not None:
-        path = Path(data).expanduser().resolve()
-        if not path.exists():
-            raise UserError(f"--data {data}: no such file or directory")
-        d = job.resolved["trainer"]["data"]
-        split = (d.get("validation") or {}).get("split") or "validation"
-        try:  # what the job will read there (primus_contract.data_paths: the trainer's own rule)
-            kind, target = data_paths.source(str(path), split, d["format"])
-        except ValueError as exc:
-            raise UserError(f"--data {data}: {exc}") from None
-        if kind == "file" and target.endswith((".jsonl", ".ndjson")):
-            read_prompts(target, "--data")
-        job.args += ["--data", str(path)]
+        job.args += ["--data", str(check_eval_data(data, job.resolved))]
     elif not (job.resolved["trainer"]["data"].get("validation") or {}).get("path") and \
             not (job.resolved["trainer"]["data"].get("validation") or {}).get("hf_name"):
         raise UserError("eval: the run has no validation split (trainer.data.validation); give --data PATH")
