@@ -202,7 +202,10 @@ def test_bad_input_is_one_error_line(run, tmp_path):
     same = str(tmp_path / "both")
     assert "the same directory as --adapter" in _one_error(cli(env, "export", run_id, "--adapter", same, "--merged",
                                                                same + "/"))
-    assert "bad.jsonl:2: each line must be a JSON object" in _one_error(cli(env, "eval", run_id, "--data", str(bad)))
+    bad_eval = tmp_path / "bad_eval.jsonl"  # a whole record (eval's formatter needs the output), then no object
+    bad_eval.write_text('{"instruction": "x", "input": "", "output": "y"}\n[1, 2]\n')
+    assert "bad_eval.jsonl:2: each line must be a JSON object" in _one_error(cli(env, "eval", run_id, "--data",
+                                                                                 str(bad_eval)))
     (tmp_path / "empty.jsonl").write_text("\n")
     assert "empty.jsonl: no records" in _one_error(cli(env, "eval", run_id, "--data", str(tmp_path / "empty.jsonl")))
     afile = tmp_path / "afile"
