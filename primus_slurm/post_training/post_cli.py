@@ -67,10 +67,9 @@ def export_cmd(run, iteration, executor, adapter, merged):
     _finish(job)
 
 
-def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None, check=None) -> None:
+def read_records(path: str, option: str, check=None) -> None:
     """A JSON-lines file of records, read as the job will (primus_contract.records.json_lines: JSON objects, at least
-    one), each a prompt the job lays out in format `fmt` where given (primus_contract.prompts.check_prompt, the job's
-    own checks), or passing `check(record, loc)` (a data record's fields); else one error naming `option`."""
+    one), each passing `check(record, loc)` where given (the job's own checks); else one error naming `option`."""
     n = 0
     try:
         with open(path, "rb") as fh:
@@ -80,9 +79,7 @@ def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None, c
                 if not isinstance(record, dict):
                     raise UserError(f"{option} {path}:{i}: each line must be a JSON object (a record of the run's "
                                     "format)")
-                try:  # the job's own checks of a prompt record
-                    if fmt is not None:
-                        check_prompt(fmt, record, f"{path}:{i}")
+                try:
                     if check is not None:
                         check(record, f"{path}:{i}")
                 except DataError as exc:
@@ -92,6 +89,11 @@ def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None, c
         raise UserError(f"{option} {path}: cannot read it ({exc.strerror or exc})") from None
     if not n:
         raise UserError(f"{option} {path}: no records")
+
+
+def read_prompts(path: str, option: str = "--prompts", fmt: str | None = None) -> None:
+    """read_records of prompts the job lays out in format `fmt` where given (primus_contract.prompts.check_prompt)."""
+    read_records(path, option, None if fmt is None else lambda record, loc: check_prompt(fmt, record, loc))
 
 
 def check_eval_data(data: str, resolved: dict) -> Path:
@@ -108,7 +110,7 @@ def check_eval_data(data: str, resolved: dict) -> Path:
     except ValueError as exc:
         raise UserError(f"--data {data}: {exc}") from None
     if kind == "file" and target.endswith((".jsonl", ".ndjson")):
-        read_prompts(target, "--data", check=FIELDS.get(d["format"]) if d.get("bad_records") == "error" else None)
+        read_records(target, "--data", FIELDS.get(d["format"]) if d.get("bad_records") == "error" else None)
     return path
 
 
