@@ -32,7 +32,9 @@ def gpus_of(alloc_tres: str) -> int:
 
 
 def slurm_usage(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
-    """{job id: {'elapsed_s', 'gpu_hours', 'attempts'}} over every attempt, from one sacct call."""
+    """{job id: {'elapsed_s', 'gpu_hours', 'attempts'}} over every attempt, from one sacct call: a requeued job has a
+    record an attempt (REQUEUED, then its current one); the record of one waiting to start again (PENDING, or
+    CANCELLED before it did) has no AllocTRES and is no attempt."""
     wanted = sorted({str(j) for j in job_ids if j})
     if not wanted:
         return {}
@@ -51,14 +53,15 @@ def slurm_usage(job_ids: list[str], runner=subprocess.run) -> dict[str, dict]:
         row = usage.setdefault(job, {"elapsed_s": 0, "gpu_hours": 0.0, "attempts": 0})
         row["elapsed_s"] += int(parts[2])
         row["gpu_hours"] += int(parts[2]) * gpus_of(parts[3]) / 3600
-        row["attempts"] += 1
+        row["attempts"] += bool(parts[3])  # (a record that never got an allocation: a requeued job's waiting one)
     return usage
 
 
 def job_ids(info: dict) -> list[str]:
-    """The run's Slurm jobs: those before each resume, then the current one."""
+    """The run's Slurm jobs: those before each resume, then the current one; each once (sacct's records of a job
+    are all its attempts: a job named twice would count them twice)."""
     before = [str(j["job_id"]) if isinstance(j, dict) else str(j) for j in info.get("jobs") or ()]
-    return [j for j in (*before, str(info.get("job_id") or "")) if j and j != "None"]
+    return list(dict.fromkeys(j for j in (*before, str(info.get("job_id") or "")) if j and j != "None"))
 
 
 def step_job_ids(info: dict) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import yaml
 
 from primus_slurm.errors import UserError
 from primus_slurm.jobs import registry, runs
-from primus_slurm.jobs.executor_base import TERMINAL
+from primus_slurm.jobs.executor_base import ACTIVE, TERMINAL
 from primus_slurm.jobs.executors import executor_for
 from primus_slurm.jobs.progress import attempt_base, forget_verdicts, read_progress
 
@@ -36,6 +37,38 @@ def _last_activity(run_dir: Path, progress) -> float | None:
     return max(times, default=None)
 
 
+# a job not yet (or not again) in its batch script: queued, resumed, requeued (Slurm's REQUEUED: ending, to be queued
+# again), its nodes booting: every attempt logged is one before the attempt it will run
+NOT_STARTED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING")
+# the job script's first line of each attempt (templates/job.sh.j2): `attempt N` is the attempt's number
+_ATTEMPT_LINE = re.compile(rb"^primus-slurm: run \S+ job \S+ attempt (\d+) on ", re.M)
+
+
+def _stdout_tail(run_dir: Path, info: dict, size: int = 65536) -> bytes:
+    """The last `size` bytes of the job's stdout (b"" where it has none)."""
+    try:
+        path = executor_for(info.get("executor")).stdout_path(run_dir, info)
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - size))
+            return fh.read()
+    except (OSError, ValueError, UserError):
+        return b""
+
+
+def _before_this_attempt(run_dir: Path, info: dict, state: str | None, progress) -> bool:
+    """Whether the newest attempt logged is one before the attempt the job is on, so that its verdicts (diverged,
+    finished, an error) are not the job's: a job that has not started (again) (NOT_STARTED), or a running one whose
+    trainer has not logged yet: the job's current attempt is its script's last `attempt N` line (a requeue by Slurm
+    keeps the job and its stdout; SLURM_RESTART_COUNT counts on), or, before the script says it, `attempt-base` (the
+    first attempt of a resumed job)."""
+    if state in NOT_STARTED:
+        return True
+    if state not in ACTIVE or not (progress.diverged or progress.finished or progress.error is not None):
+        return False  # (an ended job's last attempt is its own; a verdict-free one has nothing to forget)
+    said = [int(n) for n in _ATTEMPT_LINE.findall(_stdout_tail(run_dir, info))]
+    return progress.attempt < max([attempt_base(run_dir), *said[-1:]])
+
+
 # the job script's lines that say why it ended (templates/job.sh.j2, array.sh.j2); its other lines only inform
 _JOB_REASONS = ("primus-slurm: time limit near", "primus-slurm: no exit code from container",
                 "primus-slurm: node check exited with code", "primus-slurm: array task ")
@@ -44,13 +77,7 @@ _JOB_REASONS = ("primus-slurm: time limit near", "primus-slurm: no exit code fro
 def job_says(run_dir: Path, info: dict) -> str | None:
     """The job script's last own line (`primus-slurm: ...`, but not its closing `exited with code`) in the job's
     stdout: why a job that never reached the trainer's own error line ended."""
-    try:
-        path = executor_for(info.get("executor")).stdout_path(run_dir, info)
-        with open(path, "rb") as fh:
-            fh.seek(max(0, path.stat().st_size - 65536))
-            tail = fh.read().decode("utf-8", errors="replace").splitlines()
-    except (OSError, ValueError, UserError):
-        return None
+    tail = _stdout_tail(run_dir, info).decode("utf-8", errors="replace").splitlines()
     said = [line.strip() for line in tail if line.startswith(_JOB_REASONS)]
     return said[-1][:300] if said else None
 
@@ -87,8 +114,8 @@ def collect(entries: list[dict] | None = None, now: float | None = None) -> list
     rows = []
     for (run_dir, info), base in zip(found, bases):
         progress = read_progress(run_dir)
-        if (base or {}).get("state") in ("PENDING", "RUNNING") and progress.attempt < attempt_base(run_dir):
-            forget_verdicts(progress)  # a resumed job's trainer has not logged yet: its newest log is the job before's
+        if _before_this_attempt(run_dir, info, (base or {}).get("state"), progress):
+            forget_verdicts(progress)  # the job's trainer has not logged yet: its newest log is an attempt before
         stall_minutes = _stall_minutes(info, run_dir)
         activity = _last_activity(run_dir, progress)
         stalled_for = (now - activity) if activity is not None else None
