@@ -68,6 +68,40 @@ def test_qwen3_short_answer_is_supervised_where_it_is_not_in_think(qwen3):
     assert think in tokens.tolist() and doc.endswith("<think>\n\n</think>\n\nhi<|im_end|>\n")
 
 
+def test_qwen3_content_that_is_also_a_role_header_is_located_by_position(qwen3):
+    """The last answer is the word 'assistant', which the template also writes as the role header just before, then
+    its <think> special token: a search of the text took the header for the answer (supervising
+    'assistant\\n<think>' and learning nothing of the answer). The answer quoted in the user turn is not taken
+    either."""
+    convo = [U("q"), A("ok"), U("Reply with the word assistant"), A("assistant")]
+    spans, doc, _ = supervised(convo, qwen3)
+    assert spans == ["ok<|im_end|>", "assistant<|im_end|>"]
+    assert doc == qwen3.bos_token + qwen3.apply_chat_template(convo, tokenize=False)
+
+
+def test_qwen3_reasoning_in_the_content_is_supervised_as_the_template_writes_it(qwen3):
+    """Reasoning traces in the assistant content (<think>...</think>, written in any spacing) are data, not a bad
+    record: Qwen3's template keeps a turn's reasoning after the last user message (re-spaced) and the answer alone
+    before it; each turn supervises what the template wrote. The <think> opener the template writes whatever the
+    content is context, as the empty block of a turn without reasoning is."""
+    convo = [U("2+2?"), A("<think>add</think>4"), U("3+3?"), A("<think>add again</think>6")]
+    spans, doc, _ = supervised(convo, qwen3)
+    assert spans == ["4<|im_end|>", "add again\n</think>\n\n6<|im_end|>"]
+    full = qwen3.apply_chat_template(convo, tokenize=False)
+    assert doc == qwen3.bos_token + full and "<think>add</think>" not in full and "\nadd\n" not in full
+    spans, _, _ = supervised([U("q"), A("<think>\nplan\n</think>\n\nanswer")], qwen3, format_chatml)
+    assert spans == ["plan\n</think>\n\nanswer<|im_end|>"]
+
+
+def test_a_turn_the_template_drops_whole_is_a_bad_record(qwen3):
+    """A reasoning-only turn before the last user message: Qwen3 writes nothing of it, so nothing can be learned
+    from it; one bad-record line naming the message."""
+    from primus_contract.records import DataError
+
+    with pytest.raises(DataError, match=r"^f\.jsonl:2: messages\[1\]: the chat template writes nothing"):
+        format_openai({"messages": [U("a"), A("<think>only thoughts</think>"), U("b"), A("c")]}, "f.jsonl:2", qwen3)
+
+
 def test_chatml_markup_supervises_eos_when_im_end_is_not_a_token(tmp_path):
     t = byte_level_bpe(tmp_path)
     assert t.chat_template is None and len(t("<|im_end|>", add_special_tokens=False)["input_ids"]) > 1

@@ -18,8 +18,9 @@ import numpy as np
 from filelock import FileLock
 
 # 2 (2026-12-07): the chat formatters' supervision changed (trimmed content, templates rendered once, EOS after a
-# multi-token <|im_end|>): a split cached by an earlier version is built again, never read with its old masks
-FORMAT_VERSION = 2
+# multi-token <|im_end|>): a split cached by an earlier version is built again, never read with its old masks;
+# 3: chat content located by position (Qwen3 reasoning supervised as the template writes it, not refused)
+FORMAT_VERSION = 3
 
 
 def cache_key(parts: dict) -> str:

@@ -4,14 +4,16 @@ ShareGPT ``{"conversations": [{"from", "value"}]}``). Only assistant turns are s
 Rendering: with the tokenizer's chat template when it has one, else ChatML markup
 (``<|im_start|>{role}\\n{content}<|im_end|>\\n``).
 
-With a template, each assistant turn supervises its content as the template wrote it (the exact content, else its
-stripped form: Llama-3's template trims) plus the end-of-turn special token after it (whitespace apart); what
-comes before (the generation prompt, Qwen3's empty ``<think>`` block) and after (newlines, BOS) is not supervised.
-A prefix-stable template is rendered turn by turn: the turn is what its render adds to the render, with generation
-prompt, of the messages before it, and its content is the last occurrence there. A template whose earlier turns
-change with later messages (Qwen3 writes ``<think>`` only after the last user message) is rendered once: each
-message is located in order from the end of the one before, an assistant turn at the first occurrence that only
-whitespace and an end-of-turn special token (or the end of the text) follow.
+With a template the conversation is rendered once, and each assistant turn supervises what the template wrote of
+its content plus the end-of-turn special token after it (whitespace apart); the rest (role headers, the generation
+prompt, markup the template writes whatever the content, such as Qwen3's ``<think>`` opener and its empty block)
+is not supervised. What the template wrote of a content is found by position, not by searching the text: it is
+where the render differs from the render with that content replaced by a sentinel (`_content_span`). So a
+content that also occurs in a role header, in markup or in another turn is not mistaken for it, and a content the
+template rewrites is supervised as written: Llama-3 trims it; Qwen3 splits ``<think>reasoning</think>answer`` and
+writes the reasoning back (as ``<think>\\n...\\n</think>\\n\\n``) only in the turns after the last user message, the
+answer alone before it, as it shows a conversation's history. A turn of which the template writes nothing (Qwen3's
+reasoning-only turn before the last user message) is a bad record.
 
 Without a template the supervised text is the content plus ``<|im_end|>``. When the tokenizer has no single
 ``<|im_end|>`` token (a base tokenizer), EOS is supervised after it too: the closing is then only text, and the
@@ -20,7 +22,7 @@ model must learn to stop with EOS, which `generate` stops on.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from primus_contract.records import messages_of
 
@@ -28,7 +30,6 @@ from .segments import Segment, record_error
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 _SPACE = re.compile(r"\s*")
-Span = Optional[tuple[int, int]]
 
 
 def special_strings(tokenizer: Any) -> list[str]:
@@ -40,106 +41,70 @@ def special_strings(tokenizer: Any) -> list[str]:
     return sorted((t for t in toks if t), key=len, reverse=True)
 
 
-def _render(tokenizer: Any, messages: list[dict], gen: bool, loc: str) -> str:
+def _render(tokenizer: Any, messages: list[dict], loc: str) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+        return tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as e:  # noqa: BLE001 - jinja/template errors become one record-level line
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise record_error(loc, f"the tokenizer's chat template failed: {type(e).__name__}: {first}") from None
 
 
-def _needles(content: str) -> tuple[str, ...]:
-    """The assistant content as a template may write it: exact, else stripped (Llama-3's ``| trim``)."""
-    return tuple(dict.fromkeys((content, content.strip())))
-
-
-def _turn_end(text: str, end: int, specials: list[str]) -> Optional[int]:
-    """Past the end-of-turn special token that follows the content ending at `end`, whitespace apart (`end` itself
-    at the end of the text); None when other text follows."""
+def _turn_end(text: str, end: int, specials: list[str]) -> int:
+    """Past the end-of-turn special token that follows the content ending at `end`, whitespace apart; `end` when
+    other text follows."""
     after = _SPACE.match(text, end).end()
-    if after == len(text):
-        return end
-    return next((after + len(s) for s in specials if text.startswith(s, after)), None)
+    return next((after + len(s) for s in specials if text.startswith(s, after)), end)
 
 
-def _last(text: str, content: str, start: int, specials: list[str]) -> Span:
-    """(begin, turn end) of the content's last occurrence in text[start:], the text of one turn: what the template
-    writes before the content may contain it too (a short answer in Qwen3's ``<think>``), what follows it may not."""
-    for needle in _needles(content):
-        at = text.rfind(needle, start)
-        if at >= 0:
-            end = at + len(needle)
-            return at, _turn_end(text, end, specials) or end
-    return None
+def _common_prefix(a: str, b: str, limit: int) -> int:
+    """The length of the longest common prefix of a and b, at most `limit` (a binary search of C comparisons)."""
+    lo, hi = 0, min(len(a), len(b), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
-def _occurrences(text: str, content: str, start: int):
-    """(begin, end) of each occurrence in text[start:] of the content, then of its stripped form, in order."""
-    for needle in _needles(content):
-        at = text.find(needle, start)
-        while at >= 0:
-            yield at, at + len(needle)
-            at = text.find(needle, at + 1)
+def _sentinel(full: str) -> str:
+    """A private-use character that `full` does not contain: a render differs from `full` from where it writes it."""
+    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in full)
 
 
-def _first_closed(text: str, content: str, start: int, specials: list[str]) -> Span:
-    """(begin, turn end) of the content's first occurrence in text[start:] that only whitespace and an end-of-turn
-    special token (or the end of the text) follow."""
-    ends = ((at, _turn_end(text, end, specials)) for at, end in _occurrences(text, content, start))
-    return next(((at, end) for at, end in ends if end is not None), None)
-
-
-def _missing(loc: str, i: int) -> Exception:
-    return record_error(loc, f"messages[{i}]: chat template output does not contain the assistant content")
-
-
-def _turn_by_turn(messages: list[dict], loc: str, tokenizer: Any, specials: list[str]) -> Optional[list[Segment]]:
-    """The segments of a prefix-stable template, rendered turn by turn; None when the renders are not prefixes of
-    each other."""
-    segs: list[Segment] = []
-    done = ""
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        prefix = _render(tokenizer, messages[:i], True, loc)
-        turn = _render(tokenizer, messages[: i + 1], False, loc)
-        if not prefix.startswith(done) or not turn.startswith(prefix):
-            return None
-        span = _last(turn, m["content"], len(prefix), specials)
-        if span is None:
-            raise _missing(loc, i)
-        segs += [Segment(turn[len(done):span[0]], False), Segment(turn[span[0]:span[1]], True)]
-        done = turn[:span[1]]
-    full = _render(tokenizer, messages, False, loc)
-    if not full.startswith(done):
-        return None
-    return segs + [Segment(full[len(done):], False)]
-
-
-def _in_one_render(messages: list[dict], loc: str, tokenizer: Any, specials: list[str]) -> list[Segment]:
-    """The segments of the whole conversation rendered once, each message located from the end of the one before
-    (a non-assistant message the template rewrote is passed over)."""
-    full = _render(tokenizer, messages, False, loc)
-    segs: list[Segment] = []
-    done = cursor = 0
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            cursor = next((end for _, end in _occurrences(full, m["content"], cursor)), cursor)
-            continue
-        span = _first_closed(full, m["content"], cursor, specials)
-        if span is None:
-            raise _missing(loc, i)
-        segs += [Segment(full[done:span[0]], False), Segment(full[span[0]:span[1]], True)]
-        done = cursor = span[1]
-    return segs + [Segment(full[done:], False)]
+def _content_span(full: str, messages: list[dict], i: int, loc: str, tokenizer: Any) -> tuple[int, int]:
+    """[begin, end) of what the template wrote of messages[i]'s content in `full`: where `full` differs from the
+    render with that content replaced by a sentinel character `full` lacks. Located by position, never by searching
+    the text, so a content that also occurs in markup or in another turn is not mistaken for it, and a content the
+    template rewrote (Qwen3's ``<think>`` reasoning, Llama-3's trim) is what it wrote."""
+    other = _render(tokenizer, [*messages[:i], {**messages[i], "content": _sentinel(full)}, *messages[i + 1:]], loc)
+    head = _common_prefix(full, other, len(full))
+    tail = _common_prefix(full[::-1], other[::-1], min(len(full), len(other)) - head)
+    return head, len(full) - tail
 
 
 def _with_template(messages: list[dict], loc: str, tokenizer: Any) -> list[Segment]:
+    """The conversation rendered once; each assistant turn supervises what the template wrote of its content, and
+    the end-of-turn special token after it."""
     specials = special_strings(tokenizer)
-    segs = _turn_by_turn(messages, loc, tokenizer, specials)
-    if segs is None:
-        segs = _in_one_render(messages, loc, tokenizer, specials)
-    return [s for s in segs if s.text]
+    full = _render(tokenizer, messages, loc)
+    segs: list[Segment] = []
+    done = 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        begin, end = _content_span(full, messages, i, loc, tokenizer)
+        if begin >= end:
+            raise record_error(loc, f"messages[{i}]: the chat template writes nothing of this assistant turn's "
+                                    "content, so there is nothing to learn from it")
+        if begin < done:
+            raise record_error(loc, f"messages[{i}]: what the chat template writes of this assistant turn "
+                                    "overlaps the turn before, so its loss mask cannot be placed")
+        stop = _turn_end(full, end, specials)
+        segs += [Segment(full[done:begin], False), Segment(full[begin:stop], True)]
+        done = stop
+    return [s for s in segs + [Segment(full[done:], False)] if s.text]
 
 
 def _chatml_markup(messages: list[dict], tokenizer: Any) -> list[Segment]:
