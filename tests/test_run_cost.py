@@ -105,3 +105,35 @@ def test_slurm_run_cost_counts_its_pipeline_steps(tmp_path):
     assert row["tokens_per_gpu_hour"] == pytest.approx(400_000 / 16)  # the training's throughput
     assert cost.line(row).startswith("cost: 18.000 GPU-hours (16.000 training over 2 attempt(s), 7200 s elapsed; "
                                      "2.000 in 2 pipeline step job(s))")
+
+
+def _step(run_dir: Path, name: str, step: str, seconds: float, ended: bool = True) -> dict:
+    """A step the local queue ran: job.sh written as it started, its output and (once it ended) post.json after."""
+    d = run_dir / "evals" / name
+    d.mkdir(parents=True)
+    for f in ("job.sh", "post.json", "job.out"):
+        (d / f).write_text("x")
+    os.utime(d / "job.sh", (1000.0, 1000.0))
+    os.utime(d / "job.out", (1000.0 + seconds - 10, 1000.0 + seconds - 10))
+    os.utime(d / "post.json", ((1000.0 + seconds),) * 2 if ended else (1000.0, 1000.0))
+    return {"step": step, "when": "afterok", "job_id": "local", "dir": str(d), "state": "COMPLETED"}
+
+
+def test_local_run_cost_counts_the_steps_its_queue_ran(tmp_path):
+    """A local pipeline's steps hold a GPU as the Slurm ones do (one, where the training held any): each one's wall
+    time, from its job.sh (the queue writes it as it starts the step) to its last write, in the run's GPU-hours;
+    a step that never ran (no directory) counts nothing. The training's throughput is its own."""
+    run_dir = _run(tmp_path, gpu_hour_price=2.0)
+    info = {"executor": "local", "job_id": "local-1",
+            "pipeline": [_step(run_dir, "a", "eval", 600), _step(run_dir, "b", "export", 310, ended=False),
+                         {"step": "generate", "when": "afterok", "job_id": None, "dir": None, "state": "CANCELLED"}],
+            "pipeline_before": [_step(run_dir, "c", "eval", 1800)]}
+    row = cost.costs([(run_dir, info)])[0]
+    assert row["steps_gpu_hours"] == pytest.approx((600 + 300 + 1800) / 3600) and row["step_jobs"] == 3
+    assert row["gpu_hours"] == pytest.approx(8.75) and row["cost"] == pytest.approx(17.5)
+    assert row["tokens_per_gpu_hour"] == pytest.approx(50_000) and row["attempts"] == 1
+    assert cost.line(row).startswith("cost: 8.750 GPU-hours (8.000 training over 1 attempt(s), 3600 s elapsed; "
+                                     "0.750 in 3 pipeline step job(s))")
+    cpu = _run(tmp_path / "cpu", gpus_per_node=0)  # a CPU run's steps hold no GPU either
+    info["pipeline"] = [_step(cpu, "a", "eval", 600)]
+    assert cost.costs([(cpu, {**info, "pipeline_before": []})])[0]["gpu_hours"] == 0

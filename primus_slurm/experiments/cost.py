@@ -5,7 +5,8 @@
   before each `resume` (run.json `jobs`), and its pipeline steps' (run.json `pipeline` and `pipeline_before`: an
   eval or export step holds a GPU too), which `gpu_hours` counts and `steps_gpu_hours` shows apart.
 - Local executor: each attempt's wall time (its event stream, first to last event) x the GPUs it held: its world
-  size when its start event says cuda, else cluster.gpus_per_node.
+  size when its start event says cuda, else cluster.gpus_per_node; each pipeline step the local queue ran (its
+  job directory's job.sh written to its last write) x one GPU where the training held any (pipeline.GPUS).
 - Tokens: the last iteration reached x tokens per iteration, as the trainer measured it (metrics event:
   tokens/s/GPU x world size x ms/iter); per GPU-hour: over the training's GPU-hours (the steps' left out).
 - Cost: GPU-hours x cluster.gpu_hour_price, in cluster.currency (absent when the recipe sets no price).
@@ -19,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from primus_contract import run_files
+from primus_slurm.experiments.pipeline import GPUS
 
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
 
@@ -69,6 +71,23 @@ def step_job_ids(info: dict) -> list[str]:
     (the local queue's steps have none)."""
     steps = [*(info.get("pipeline") or ()), *(info.get("pipeline_before") or ())]
     return [str(s["job_id"]) for s in steps if isinstance(s, dict) and s.get("job_id") not in (None, "", "local")]
+
+
+def local_step_usage(info: dict, gpus: int) -> dict:
+    """The local queue's steps that ran (run.json `pipeline` and `pipeline_before`: those with a job directory): each
+    one's wall time, from its job.sh (written as the queue starts it) to the last write of its post.json (rewritten
+    at its end), output or result, x the GPUs it held (pipeline.GPUS, none where the training held none)."""
+    spans = []
+    for s in (*(info.get("pipeline") or ()), *(info.get("pipeline_before") or ())):
+        d = Path(s["dir"]) if isinstance(s, dict) and isinstance(s.get("dir"), str) else None
+        try:
+            start = (d / "job.sh").stat().st_mtime
+        except (OSError, TypeError):
+            continue  # never started (PENDING, or CANCELLED behind a failed step), or its directory is gone
+        ends = [p.stat().st_mtime for p in (d / n for n in ("post.json", "job.out", "result.json")) if p.is_file()]
+        spans.append((max([start, *ends]) - start, min(GPUS.get(s.get("step"), 1), gpus)))
+    return {"elapsed_s": round(sum(t for t, _ in spans)), "gpu_hours": sum(t * g for t, g in spans) / 3600,
+            "attempts": len(spans)}
 
 
 def _summed(usage: dict[str, dict], jobs: list[str]) -> dict:
@@ -139,7 +158,9 @@ def costs(found: list[tuple[Path, dict]], runner=subprocess.run) -> list[dict]:
         if info.get("executor") == "slurm":
             row, steps = _summed(slurm, job_ids(info)), _summed(slurm, step_job_ids(info))
         else:
-            row, steps = local_usage(attempts, _gpus(cluster)), _summed({}, [])
+            row = local_usage(attempts, _gpus(cluster))
+            held = max((attempt_gpus(events, _gpus(cluster)) for events in attempts), default=_gpus(cluster))
+            steps = local_step_usage(info, held)
         tokens = tokens_trained(attempts)
         price, currency = cluster.get("gpu_hour_price"), cluster.get("currency") or "USD"
         per_hour = tokens / row["gpu_hours"] if tokens and row["gpu_hours"] else None
