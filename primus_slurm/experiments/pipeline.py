@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import click
@@ -162,11 +163,13 @@ def dry_run_text(p) -> str:
 
 
 class Queued:
-    """The Slurm jobs one command has queued (`jobs`, in order), and those of them submitted held (`held`)."""
+    """The Slurm jobs one command has queued (`jobs`, in order), those of them submitted held (`held`), and the step
+    job directories it made (`made`)."""
 
     def __init__(self):
         self.jobs: list[str] = []
         self.held: list[str] = []
+        self.made: list[Path] = []
 
     def add(self, job_id: str, held: bool = False) -> None:
         self.jobs.append(str(job_id))
@@ -178,7 +181,8 @@ class Queued:
 def all_or_nothing(resolved: dict, refused: str = "nothing was submitted"):
     """The jobs of a run (or a sweep) and its steps, queued together: the body adds each job sbatch takes to the
     Queued it gets; at its end the held ones are released (unless the recipe's extra_sbatch holds them itself). A
-    failure on the way (a step sbatch refuses) cancels every one of them by id, and its error line says `refused`."""
+    failure on the way (a step sbatch refuses) cancels every one of them by id and removes the step directories it
+    made, and its error line says `refused`."""
     queued = Queued()
     try:
         yield queued
@@ -186,6 +190,8 @@ def all_or_nothing(resolved: dict, refused: str = "nothing was submitted"):
             release_jobs(queued.held)
     except BaseException as exc:
         cancel_jobs(queued.jobs)
+        for made in queued.made:
+            shutil.rmtree(made, ignore_errors=True)
         if not isinstance(exc, UserError):
             raise
         cancelled = f" (cancelled job {', '.join(queued.jobs)}, queued before it)" if queued.jobs else ""
@@ -196,6 +202,8 @@ def submit_chain(run_dir: Path, info: dict, resolved: dict, queued: Queued) -> l
     """Slurm: every step's job, each behind the one before (added to `queued`); recorded in run.json's
     `pipeline`."""
     def start(step, job, text, k):
+        if not job.post_dir.exists():  # (a new id: only ever one this command makes)
+            queued.made.append(job.post_dir)
         record = post.create(job, text)
         job_id, _ = submit_script(text, job.post_dir)
         queued.add(job_id)
@@ -241,9 +249,10 @@ def after_resume(run_dir: Path, held: bool = False) -> str | None:
     as jobs (`held`: the new job was submitted held, resume_args; released once they are queued), locally by a
     queue of its own that waits for the resumed training. The line to print, or None (no steps, or all done)."""
     info = runs.read_run_json(run_dir)
-    again = _again(info)
+    slurm = info.get("executor") == "slurm"
+    again = (held or not slurm) and _again(info)  # (on Slurm, steps only behind a held job: resume_args)
     resolved = yaml.safe_load((run_dir / run_files.RESOLVED).read_text())
-    if info.get("executor") == "slurm":
+    if slurm:
         refused = (f"nothing runs: the resumed job of run {info.get('run_id')} is cancelled too (resume it again)"
                    if held else "its steps are not queued")
         with all_or_nothing(resolved, refused) as queued:
@@ -263,12 +272,16 @@ def after_resume(run_dir: Path, held: bool = False) -> str | None:
 
 
 def check_resumable(run_dir: Path) -> None:
-    """A local run whose queue still runs one of its steps cannot be resumed yet (two writers of its run.json)."""
+    """A local run whose queue still runs one of its steps cannot be resumed yet (two writers of its run.json); steps
+    that run again have their input files checked as at submit (check_paths: one moved or edited since)."""
     info = runs.read_run_json(run_dir)
-    busy = [s for s in chain_state.chain_states(info) if s.get("state") == "RUNNING"]
+    chain = chain_state.chain_states(info)
+    busy = [s for s in chain if s.get("state") == "RUNNING"]
     if info.get("executor") != "slurm" and busy:
         raise UserError(f"run {info.get('run_id')}'s {busy[0]['step']} step still runs (the local queue, pid "
                         f"{info.get('queue_pid')}); resume it once the step has ended")
+    if any(s.get("state") != "COMPLETED" for s in chain):
+        check_paths(yaml.safe_load((run_dir / run_files.RESOLVED).read_text()))
 
 
 def local_chain(resolved: dict) -> list[dict]:

@@ -29,9 +29,9 @@ def resume_run(ref: str, after: str | None = None) -> dict:
     run_dir = Path(registry.find(ref)["run_dir"])
     pipeline.check_resumable(run_dir)
     args = [*([f"--dependency=afterany:{after}"] if after else []), *pipeline.resume_args(run_dir)]
-    entry = resume_mod.resume(ref, (lambda d: SlurmExecutor().resubmit(d, args)) if args else None)
-    again = pipeline.after_resume(Path(entry["run_dir"]), held=pipeline.HOLD in args)
-    _say(entry, again)
+    entry = resume_mod.resume(ref, (lambda d: SlurmExecutor().resubmit(d, args)) if args else None,
+                              steps=lambda d: pipeline.after_resume(d, held=pipeline.HOLD in args))
+    _say(entry, entry["steps"])
     return entry
 
 

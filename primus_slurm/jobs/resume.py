@@ -4,11 +4,14 @@
 The script is the one the run was submitted with (`job.sbatch`), so the resumed job runs the same resolved
 recipe and code. It writes the next attempt number to `attempt-base`, which the script adds to Slurm's restart
 count, so the new attempt logs to a file of its own (`logs/rank-0/debug.attempt-N.log`). A run that is still
-queued or running, that completed, or whose run directory is gone is refused with one line.
+queued or running, that completed, or whose run directory is gone is refused with one line. A resume refused on the
+way (sbatch rejects the new job, or a step of its pipeline, which cancels it) leaves the run as it was: its
+`attempt-base`, run.json and registry entry.
 """
 from __future__ import annotations
 
 import fcntl
+import os
 import time
 from pathlib import Path
 
@@ -31,10 +34,11 @@ def next_attempt(run_dir: Path) -> int:
     return max(seen) + 1 if seen else 0
 
 
-def resume(ref: str, start=None) -> dict:
+def resume(ref: str, start=None, steps=None) -> dict:
     """Submit RUN's job script again (`start(run_dir)`, where given, starts it another way and returns its run.json
-    fields: held, behind another job, or queued); returns the updated registry entry (with a `note` for the
-    user)."""
+    fields: held, behind another job, or queued), then `steps(run_dir)` (what follows the new job: its pipeline's
+    steps; a UserError from it means it has cancelled the new job); returns the updated registry entry (with a
+    `note` for the user, and steps' answer as `steps`). Refused on the way, the run is left as it was."""
     entry = registry.find(ref)
     run_id, run_dir = entry["run_id"], Path(entry["run_dir"])
     if not (run_dir / "job.sbatch").is_file():
@@ -47,7 +51,41 @@ def resume(ref: str, start=None) -> dict:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"another `primus-slurm resume` of run {run_id} is in progress") from None
-        return _resume(entry, run_id, run_dir, start)  # the lock goes with the file's close
+        kept, new, undone = _files(run_dir), None, False  # (under the lock: never another resume's writes)
+        try:
+            new = _resume(entry, run_id, run_dir, start)
+            new["steps"] = steps(run_dir) if steps is not None else None
+        except UserError:  # nothing was started (or it was cancelled again): nothing about the run changes
+            _put_back(run_dir, kept)
+            undone = True
+            raise
+        finally:
+            if new is not None and not undone:  # (a job that was started, whatever failed after it)
+                registry.record({k: v for k, v in new.items() if k not in ("attempt", "note", "steps")})
+        return new  # the lock goes with the file's close
+
+
+KEPT = (ATTEMPT_BASE, runs.RUN_JSON)  # what a resume writes in the run directory
+
+
+def _files(run_dir: Path) -> dict[str, bytes | None]:
+    """The files of KEPT as they are (None: absent)."""
+    out = {}
+    for name in KEPT:
+        try:
+            out[name] = (run_dir / name).read_bytes()
+        except FileNotFoundError:
+            out[name] = None
+    return out
+
+
+def _put_back(run_dir: Path, kept: dict[str, bytes | None]) -> None:
+    for name, data in kept.items():
+        if data is None:
+            (run_dir / name).unlink(missing_ok=True)
+        else:
+            (run_dir / f"{name}.tmp").write_bytes(data)
+            os.replace(run_dir / f"{name}.tmp", run_dir / name)
 
 
 def _resume(entry: dict, run_id: str, run_dir: Path, start) -> dict:
@@ -68,7 +106,6 @@ def _resume(entry: dict, run_id: str, run_dir: Path, start) -> dict:
     info.pop("cancel_time", None)  # (the cancel of the job before)
     runs.write_run_json(run_dir, info)
     new = {**entry, "job_id": info["job_id"], "jobs": [j["job_id"] for j in history]}  # `find` knows the old ids
-    registry.record(new)
     latest = run_dir / "checkpoints" / "latest"
     note = (f"from {latest.read_text().strip()}" if latest.is_file() else "no checkpoint yet: from iteration 0")
     return {**new, "attempt": attempt, "note": note}
