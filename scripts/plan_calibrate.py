@@ -4,8 +4,9 @@
 
 Rows: every row bench/plan_rows.py matches that ran to the end (not out of memory), except files listed with
 --exclude (e.g. new variations kept back to test the plan). Fit: non-negative least squares on the relative step
-time, sum_rows (sum_f work_f x cost_f / measured step - 1)^2, by Lawson-Hanson's active set (numpy). --write
-rewrites the fitted block of calibration.py (COST and CALIBRATION_ROWS); without it, prints the costs and the fit.
+time, sum_rows (sum_f work_f x cost_f / measured step - 1)^2, by Lawson-Hanson's active set (numpy); the costs in
+calibration.MEASURED_COST are held at their measured values. --write rewrites the fitted block of calibration.py
+(COST and CALIBRATION_ROWS); without it, prints the costs and the fit.
 """
 from __future__ import annotations
 
@@ -63,21 +64,25 @@ def calibration_rows(exclude=()) -> list:
 
 
 def fit(rows: list) -> dict:
-    names = list(cal.COST)
+    """The costs: cal.MEASURED_COST as they are (each measured apart, by a pair of rows that differ in that feature
+    alone), the rest fitted on what those leave of each row's step."""
+    fixed = cal.MEASURED_COST
+    names = [n for n in cal.COST if n not in fixed]
     a, b = [], []
     for row, r in rows:
         lay = layout_of(r)
         f = features(r, lay)
         measured = lay.gbs * lay.seq / row.data["tokens_per_s_per_gpu"] / lay.world
-        a.append([f[n] / measured for n in names])
-        b.append(1.0)
+        a.append([f.get(n, 0.0) / measured for n in names])
+        b.append(1.0 - sum(f.get(n, 0.0) * v for n, v in fixed.items()) / measured)
     a = np.array(a)
     # fit each column scaled to a largest entry of 1 (well-conditioned; a cost at 0 today can still become
     # non-zero, which scaling by today's costs would forbid); a feature no row has stays at 0
     scale = a.max(axis=0)
     scale[scale <= 0] = 1.0
     x = nnls(a / scale, np.array(b))
-    return {n: float(v / s) for n, v, s in zip(names, x, scale)}
+    fitted = {n: float(v / s) for n, v, s in zip(names, x, scale)}
+    return {n: fixed.get(n, fitted.get(n)) for n in cal.COST}
 
 
 def write(cost: dict, rows: list) -> None:
