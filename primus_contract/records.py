@@ -26,6 +26,14 @@ def record_error(loc: str, message: str) -> DataError:
     return DataError(f"{loc}: {message}")
 
 
+def template_failure(loc: str, exc: Exception) -> DataError:
+    """The record's error when the tokenizer's chat template raised on it: one line with the template's message, the
+    same from the job's formatter (trainer/data/chat.py) and the launcher's render (primus_slurm/chat_template.py)."""
+    text = str(exc).strip()
+    return record_error(loc, f"the tokenizer's chat template failed: {type(exc).__name__}: "
+                             f"{text.splitlines()[0] if text else ''}")
+
+
 def json_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, Any, Optional[str]]]:
     """(line number, value, None) per non-blank line of a JSON-lines byte stream (split at b"\\n", as a file opened
     in binary mode iterates), or (line number, None, problem) for a line that is not UTF-8, not JSON, or nested too

@@ -9,6 +9,8 @@ the job always mounts); a path under none of them is refused, naming the mounts.
 job runs on this machine, so a missing path is an error; on Slurm it is an error when the path's top-level
 directory exists here (the same filesystem is mounted on the login node), and is listed as "not checked here"
 when it does not (e.g. `/data` only exists on the compute nodes), as is a path inside an apptainer/pyxis image.
+Then the first records of the data files seen here are checked as the job's formatter checks them, with the
+tokenizer's chat template where it has one (primus_slurm/first_records.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import PurePosixPath
 from primus_contract import data_paths, hf_files
 from primus_contract.rules_data import HUB_PREFIX
 
+from primus_slurm import first_records
 from primus_slurm.errors import UserError
 from primus_slurm.jobs.executors import executor_for
 
@@ -99,7 +102,7 @@ def check_paths(resolved: dict, executor: str, run_dir: str | None = None) -> li
     runtime = cluster["container"]["runtime"]
     in_container = runtime != "none" and not runner.container_unused(runtime)
     mounts = _mounts(cluster, run_dir)
-    unchecked = []
+    unchecked, hosts = [], {}
     for field in FIELDS:
         value = _get(resolved, field)
         if not isinstance(value, str) or not value:
@@ -126,6 +129,7 @@ def check_paths(resolved: dict, executor: str, run_dir: str | None = None) -> li
         where = "" if host == path else f" (on this machine: {host})"
         if os.path.exists(host):
             _check_kind(resolved, field, value, host)
+            hosts[field] = host
             continue
         parts = PurePosixPath(host).parts
         top = os.path.join(*parts[:2]) if len(parts) > 2 else "/"  # (a file right under / is judged here)
@@ -133,4 +137,5 @@ def check_paths(resolved: dict, executor: str, run_dir: str | None = None) -> li
             unchecked.append(f"`{field}` {value}: {top} is not mounted on this machine{where}")
             continue
         raise UserError(f"`{field}` is {value!r:.200}, which does not exist{where}")
+    first_records.check(resolved, hosts, TOKENIZER_FIELD)  # the data's first records, as the job's formatter
     return unchecked

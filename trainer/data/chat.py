@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from primus_contract.records import messages_of
+from primus_contract.records import messages_of, template_failure
 
 from .segments import Segment, record_error
 
@@ -45,8 +45,7 @@ def _render(tokenizer: Any, messages: list[dict], loc: str) -> str:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as e:  # noqa: BLE001 - jinja/template errors become one record-level line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise record_error(loc, f"the tokenizer's chat template failed: {type(e).__name__}: {first}") from None
+        raise template_failure(loc, e) from None
 
 
 def _turn_end(text: str, end: int, specials: list[str]) -> int:
