@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, status_json, wait_state
+from conftest import CLI_ARGS, cli, status_json, wait_state
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED"}
 
@@ -21,6 +21,26 @@ def submit(env: dict, recipe: Path, *then: str) -> dict:
     out = cli(env, "submit", str(recipe), "--json", *then)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+WATCHING = "watching: every 1 s until every run and step has ended"
+
+
+def redraws(env: dict, run_id: str, count: int, deadline: float = 60) -> str:
+    """`status RUN --watch 1` until it has drawn `count` times (or `deadline` s passed: a loaded machine starts the
+    CLI slowly, so no wall-clock bound on the redraws), then stopped by the pid this test started."""
+    proc = subprocess.Popen([*CLI_ARGS, "status", run_id, "--watch", "1"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    seen, end = [], time.monotonic() + deadline
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "".join(seen).count(WATCHING) >= count or time.monotonic() > end:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    return "".join(seen)
 
 
 def chain_ended(env: dict, run_id: str, timeout: float = 240) -> dict:
@@ -39,11 +59,8 @@ def test_steps_of_a_killed_queue_settle(job_env, job_recipe):
     wait_state(job_env, entry["run_id"], {"RUNNING"}, timeout=60)
     queue_pid = json.loads((Path(entry["run_dir"]) / "run.json").read_text())["queue_pid"]
     try:
-        try:  # --watch redraws while the run runs
-            watched = cli(job_env, "status", entry["run_id"], "--watch", "1", timeout=3.5).stdout
-        except subprocess.TimeoutExpired as exc:
-            watched = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        assert watched.count("watching: every 1 s until every run and step has ended") >= 2, watched
+        watched = redraws(job_env, entry["run_id"], 2)  # --watch redraws while the run runs
+        assert watched.count(WATCHING) >= 2, watched
         os.kill(queue_pid, signal.SIGKILL)  # the queue this test's submit started, by its pid
         end = time.monotonic() + 10
         while Path(f"/proc/{queue_pid}").exists() and "zombie" not in Path(f"/proc/{queue_pid}/status").read_text():
