@@ -139,3 +139,32 @@ def test_resume_sweep_keeps_to_max_parallel(tmp_path, monkeypatch):
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_trial_being_resumed_never_reads_cancelled(tmp_path, monkeypatch):
+    """resume SWEEP wrote each trial's run.json (no process, the sweep's first queue, long ended) and only then
+    started the new queue: until every trial was resumed, status read each resumed trial as CANCELLED ("the sweep's
+    local queue ended before it started this trial"). Now the queue is spawned first: a resumed trial is PENDING from
+    its first write, then runs."""
+    from primus_slurm.experiments import sweep_resume
+    from primus_slurm.jobs import registry, status
+
+    monkeypatch.setenv("PRIMUS_SLURM_STATE_DIR", str(tmp_path / "state"))
+    order = tmp_path / "order"
+    sweep_dir = _stopped_local_sweep(tmp_path, order, 3, max_parallel=1)
+    seen, real = [], sweep_resume.resume_mod.resume
+
+    def resume(ref, *args, **kwargs):  # what status shows of every trial right after each one is resumed
+        entry = real(ref, *args, **kwargs)
+        seen.append({r["run_id"][-1]: r["state"] for r in status.collect(registry.entries())})
+        return entry
+    monkeypatch.setattr(sweep_resume.resume_mod, "resume", resume)
+    sweep_resume.resume_sweep(str(sweep_dir))
+    assert seen == [{"0": "PENDING", "1": "FAILED", "2": "FAILED"}, {"0": "PENDING", "1": "PENDING", "2": "FAILED"},
+                    {"0": "PENDING", "1": "PENDING", "2": "PENDING"}]
+    end = time.monotonic() + 120
+    while "queue done" not in lines(sweep_dir / "logs" / "queue.out"):  # (the queue this test started ends)
+        assert time.monotonic() < end, lines(order)
+        time.sleep(0.2)
+    assert lines(order) == ["start 0", "end 0", "start 1", "end 1", "start 2", "end 2"]
+    assert {r["state"] for r in status.collect(registry.entries())} == {"COMPLETED"}

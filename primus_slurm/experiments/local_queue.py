@@ -29,17 +29,32 @@ def start(folder: Path, run_dirs: list[Path], parallel: int, watch: bool = False
     `watch`: the runs are already started (a resumed run): the queue only waits for their end, then runs their
     steps. `others`: runs outside this queue that count against `parallel` while they are active (a resumed
     sweep's trials that still run, or wait in the sweep's first queue)."""
+    fields = spawn(folder)
+    gate(folder, run_dirs, parallel, watch, others)
+    return [run_fields(fields, i) for i in range(len(run_dirs))]
+
+
+def spawn(folder: Path) -> dict:
+    """The queue process of `folder`, which waits for its gate (gate(), then release()); its run.json fields."""
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     (folder / QUEUE_JSON).unlink(missing_ok=True)  # an earlier queue's gate, in this folder: not this queue's
     with open(folder / "logs" / "queue.out", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "primus_slurm.experiments.queue_main", str(folder)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
-    fields = {"queue_pid": proc.pid, "queue_pid_start": proc_start_ticks(proc.pid), "queue": str(folder)}
-    gate = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel, "watch": watch,
+    return {"queue_pid": proc.pid, "queue_pid_start": proc_start_ticks(proc.pid), "queue": str(folder)}
+
+
+def run_fields(queue: dict, i: int) -> dict:
+    """The run.json fields of the queue's `i`-th run (spawn's fields and its job id)."""
+    return {"job_id": f"local-queue-{queue['queue_pid']}-{i}", **queue}
+
+
+def gate(folder: Path, run_dirs: list[Path], parallel: int, watch: bool = False, others: list[Path] = ()) -> None:
+    """What the spawned queue runs (start() says how), held back until release()."""
+    spec = {"run_dirs": [str(d) for d in run_dirs], "parallel": parallel, "watch": watch,
             "others": [str(d) for d in others]}
-    (folder / (QUEUE_JSON + ".pending")).write_text(json.dumps(gate))
-    return [{"job_id": f"local-queue-{proc.pid}-{i}", **fields} for i in range(len(run_dirs))]
+    (folder / (QUEUE_JSON + ".pending")).write_text(json.dumps(spec))
 
 
 def release(folder: Path) -> None:

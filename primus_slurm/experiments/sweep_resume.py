@@ -81,25 +81,39 @@ def _slurm(found: list, limit: int | None, tails: list[str]) -> int:
 
 
 def _local(sweep_dir: Path, found: list, limit: int | None, busy: list[Path]) -> int:
-    """The trials made ready again, then one local queue starts them `limit` at a time (the `busy` trials
-    counting against it while they are active)."""
-    queued = []
+    """The trials made ready again as runs of one new local queue, which starts them `limit` at a time (the `busy`
+    trials counting against it while they are active). The queue is spawned before the first trial is resumed, so
+    that each trial's run.json names a live queue from its first write (with the sweep's first queue, long ended,
+    a resumed trial read CANCELLED until every trial was resumed); it starts them once released."""
+    ready = []
     for run_dir, info in found:
         try:
             _present(run_dir, info)
             pipeline.check_resumable(run_dir)
-            queued.append(resume_mod.resume(info["run_id"], LocalExecutor.requeue))
+            ready.append(info["run_id"])
         except UserError as exc:
             click.echo(f"not resumed: {exc}")
-    if not queued:
+    if not ready:
         return 0
-    dirs = [Path(entry["run_dir"]) for entry in queued]
-    for entry, fields in zip(queued, local_queue.start(sweep_dir, dirs, limit or 1, others=busy)):
-        run_dir = Path(entry["run_dir"])
-        info = {**runs.read_run_json(run_dir), **fields}
-        again = pipeline.requeue_local(run_dir, info)  # (its steps: the queue runs them after it)
-        runs.write_run_json(run_dir, info)
-        registry.record({"run_id": entry["run_id"], "job_id": fields["job_id"]})
-        _say({**entry, "job_id": fields["job_id"]}, pipeline.submitted_line(run_dir) if again else None)
+    queue, queued = local_queue.spawn(sweep_dir), []
+    for run_id in ready:
+        try:
+            entry = resume_mod.resume(run_id, lambda d: _queued(d, local_queue.run_fields(queue, len(queued))))
+        except UserError as exc:
+            click.echo(f"not resumed: {exc}")
+            continue
+        queued.append(Path(entry["run_dir"]))
+        again = any(s.get("state") != "COMPLETED" for s in runs.read_run_json(queued[-1]).get("pipeline") or ())
+        _say(entry, pipeline.submitted_line(queued[-1]) if again else None)
+    local_queue.gate(sweep_dir, queued, limit or 1, others=busy)  # (none: the queue ends at once)
     local_queue.release(sweep_dir)
     return len(queued)
+
+
+def _queued(run_dir: Path, fields: dict) -> dict:
+    """A trial's run.json fields as a run of the new queue (`fields`): ready to start again, its steps again where
+    they did not all complete."""
+    info = runs.read_run_json(run_dir)
+    pipeline.requeue_local(run_dir, info)
+    steps = {k: info[k] for k in ("pipeline", "pipeline_before") if k in info}
+    return {**LocalExecutor.requeue(run_dir), **fields, **steps}
