@@ -374,11 +374,13 @@ trainer.precision.fp8_dot_product_attention=false trainer.model.num_attention_he
               # dropout_pre_elementwise cost, ~114 bytes an element at the H200's bandwidth, from 2026-11-30's unfused
               # TP=2 rows) and fp8_swiglu_input's casts at nothing, while block 44 with the store ran 7.5 % under its
               # plan. The same 20-layer cut as store-70b, no recompute: the defaults, the dropout off, the SwiGLU store
-    # VARIANTS70C picks some (2026-12-07b: "swiglu8 swiglu8k", megatron's store against the kernels, ~75 s on an H100);
+    # VARIANTS70C picks some (2026-12-07b: "swiglu8 swiglu8k", megatron's store against the kernels, ~75 s on an H100;
+    # "swiglu8k swiglu8k-delayed": the recipe's tensorwise scaling against delayed, on an H100 where no H200 comes);
     # the spread's baseline is the first picked
     declare -A costs=([default]= [no-dropout]=trainer.lora.dropout=0.0
       [swiglu8]=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=false
-      [swiglu8k]=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true)
+      [swiglu8k]=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true
+      [swiglu8k-delayed]=trainer.precision.fp8_swiglu_input=true,trainer.precision.fp8_swiglu_kernels=true,trainer.precision.fp8_recipe=delayed)
     picked=(); base70c=""
     for v in ${VARIANTS70C:-default no-dropout swiglu8 swiglu8k}; do
       [ -n "${costs[$v]+x}" ] || { echo "costs-70b: unknown variant '$v' (${!costs[*]})" >&2; exit 2; }
