@@ -1,8 +1,8 @@
 """Pipelines: `submit RECIPE --then eval --then export --merged --then generate --prompts FILE`, or the recipe's
 `after:` (primus_contract/rules_pipeline.py checks the steps).
 
-Each step is a post job (primus_slurm.post_training.post: export, eval, generate) of the run, its outputs in the run directory
-as the single commands leave them.
+Each step is a post job (primus_slurm.post_training.post: export, eval, generate) of the run, its outputs in the run
+directory as the single commands leave them.
 - Slurm: every step is its own job, submitted at once behind the step before it (`--dependency=afterok:<job>`, or
   afterany where the step says so) with `--kill-on-invalid-dep=yes`, so a step whose dependency can never be met
   is removed at once, never left pending. Export needs no GPU (--gpus-per-node is dropped); eval and generate

@@ -180,8 +180,9 @@ def render_table(rows: list[dict], console=None, wide: bool = False) -> None:
         tokens = r.get("avg_tokens_per_s_gpu") if r.get("finished") and r.get("avg_tokens_per_s_gpu") else \
             r["tokens_per_s_gpu"]
         cells = dict(zip(COLUMNS, (
-            r["run_id"], _fmt(r["name"]), _fmt(r["executor"]), _fmt(r["job_id"]), r["state"], _fmt(r["exit_code"]), it,
-            _fmt(r["lm_loss"], ".4f"), _fmt(tokens, ".1f"), _fmt(r["tflops_gpu"], ".2f"), _fmt(r["mem_peak_gib"], ".2f"),
+            r["run_id"], _fmt(r["name"]), _fmt(r["executor"]), _fmt(r["job_id"]), r["state"], _fmt(r["exit_code"]),
+            it, _fmt(r["lm_loss"], ".4f"), _fmt(tokens, ".1f"), _fmt(r["tflops_gpu"], ".2f"),
+            _fmt(r["mem_peak_gib"], ".2f"),
             _eta(r["eta_s"]), _fmt(r["last_checkpoint"]), str(r["restarts"]))))
         table.add_row(*(cells[col] for col in shown))
     console = console or Console(width=250 if wide else 100)
