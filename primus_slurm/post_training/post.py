@@ -177,7 +177,11 @@ def create(job: PostJob, text: str) -> dict:
     except OSError as exc:
         raise UserError(f"cannot create {d}: {exc.strerror or exc}") from None
     for name, src in job.copies.items():
-        shutil.copyfile(src, d / name)
+        try:
+            shutil.copyfile(src, d / name)
+        except OSError as exc:  # (read at submit, so rare: gone or unreadable since) nothing of the job is left
+            shutil.rmtree(d, ignore_errors=True)
+            raise UserError(f"cannot copy {src} into the job: {exc.strerror or exc}") from None
     (d / "job.sh").write_text(text)
     record = {"kind": job.kind, "id": job.post_id, "run_id": job.entry["run_id"], "executor": job.executor,
               "args": job.args, "submit_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
