@@ -106,3 +106,20 @@ def test_a_template_that_does_not_compile_is_refused_naming_the_tokenizer(tmp_pa
     assert "its chat template does not compile (TemplateSyntaxError at line 1: " in line
     with pytest.raises(UserError, match=r"^`trainer\.tokenizer\.path` .*: its chat template does not compile"):
         renderer(str(tmp_path / "tok"), "trainer.tokenizer.path")
+
+
+def test_eval_data_is_rendered_with_the_runs_template_at_submit(strict, tmp_path):
+    """`eval RUN --data FILE` (and a pipeline's eval step): the run's chat template renders each record where the
+    run's tokenizer directory is on this machine, so a record it raises on is refused before the job is queued."""
+    from primus_slurm.post_training.post_cli import check_eval_data
+
+    resolved = {"trainer": {"data": {"format": "openai", "bad_records": "error", "validation": {"split": None}},
+                            "tokenizer": {"path": str(strict)}}}
+    good = _jsonl(tmp_path / "good.jsonl", [{"messages": [U("hi"), A("ok")]}])
+    assert check_eval_data(str(good), resolved) == good
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"messages": [U("hi"), A("ok")]}, {"messages": [S("x"), U("hi"), A("ok")]}])
+    with pytest.raises(UserError, match=r"^--data .*bad\.jsonl:2: the tokenizer's chat template failed: "
+                                        r"TemplateError: system turns are not supported"):
+        check_eval_data(str(bad), resolved)
+    resolved["trainer"]["tokenizer"]["path"] = str(tmp_path / "not-here")  # a tokenizer only the job sees
+    assert check_eval_data(str(bad), resolved) == bad

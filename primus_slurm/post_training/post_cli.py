@@ -1,6 +1,7 @@
 """CLI commands after training: export, generate, eval (the job side is trainer/post). `cli.py` calls register()."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,9 +9,10 @@ import click
 from click.core import ParameterSource
 
 from primus_contract import data_paths
-from primus_contract.prompts import FORMATS, INPUT_FIELD, check_prompt, from_text
+from primus_contract.prompts import CHAT, FORMATS, INPUT_FIELD, check_prompt, from_text
 from primus_contract.records import FIELDS, DataError, json_lines
 from primus_contract.serving import VLLM_LORA_RANKS, vllm_lora_rank
+from primus_slurm import chat_template, first_records
 from primus_slurm.post_training import post
 from primus_slurm.errors import UserError
 from primus_slurm.cli_options import run_argument
@@ -110,8 +112,19 @@ def check_eval_data(data: str, resolved: dict) -> Path:
     except ValueError as exc:
         raise UserError(f"--data {data}: {exc}") from None
     if kind == "file" and target.endswith((".jsonl", ".ndjson")):
-        read_records(target, "--data", FIELDS.get(d["format"]) if d.get("bad_records") == "error" else None)
+        read_records(target, "--data", _eval_check(resolved) if d.get("bad_records") == "error" else None)
     return path
+
+
+def _eval_check(resolved: dict):
+    """The job's checks of an eval record: its format's, and for a chat format the run's chat template's render where
+    the run's tokenizer directory is on this machine (as submit renders the training data's first records)."""
+    fmt, tokenizer = resolved["trainer"]["data"]["format"], resolved["trainer"]["tokenizer"]["path"]
+    if fmt not in FIELDS:
+        return None
+    here = fmt in CHAT and isinstance(tokenizer, str) and os.path.isdir(tokenizer)
+    render = chat_template.renderer(tokenizer, "trainer.tokenizer.path") if here else None
+    return first_records.record_check(fmt, render)
 
 
 def _sampling_only_given(temperature: float) -> None:
