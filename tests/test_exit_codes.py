@@ -18,6 +18,7 @@ import pytest
 from conftest import CLI, ROOT, cli, status_json
 from reliability_support import read, trainer_recipe, wait_for
 from test_train_support import SMALL
+from primus_slurm.first_records import CHECKED
 from trainer.runtime.signals import EXIT_CONFIG, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -27,8 +28,9 @@ FSIZE = 128 << 10  # the logs of a 4-iteration run fit; its first checkpoint (Lo
 
 
 def _bad_data(tmp_path: Path) -> Path:
-    lines = (ROOT / "recipes" / "data" / "quickstart" / "train.jsonl").read_text().splitlines()[:60]
-    lines.insert(2, '{"instruction": "unterminated')
+    """A bad line past the records submit reads (primus_slurm.first_records.CHECKED): only the job finds it."""
+    lines = (ROOT / "recipes" / "data" / "quickstart" / "train.jsonl").read_text().splitlines()[:100]
+    lines.insert(CHECKED + 10, '{"instruction": "unterminated')
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
