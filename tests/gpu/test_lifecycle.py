@@ -274,14 +274,17 @@ def test_adapter_and_merged_exports_load_in_peft_with_equal_logits(lab, record):
 def test_a_gpu_run_costs_its_gpu_hours(lab, record):
     _reference(lab, PRECISIONS[0])
     row = ls.status(lab["env"], lab["trials"][0])  # status --json: every run's gpu_hours, elapsed_s, tokens/GPU-hour
-    cost = {k: row[k] for k in ("gpu_hours", "elapsed_s", "tokens_per_gpu_hour")}
+    cost = {k: row[k] for k in ("gpu_hours", "steps_gpu_hours", "elapsed_s", "tokens_per_gpu_hour")}
     record(**cost)
     if DEV == "cuda":
         assert cost["gpu_hours"] > 0 and cost["tokens_per_gpu_hour"], cost
-        # one GPU held the whole run; elapsed_s is the seconds rounded (43.55 s of GPU time read 44 s on 2026-12-06)
-        assert abs(cost["gpu_hours"] * 3600 - cost["elapsed_s"]) <= 0.5 + 1e-6, cost
+        # the trial's eval step held the GPU too: counted since 2026-12-07 (the local queue's steps, as Slurm's)
+        assert cost["steps_gpu_hours"] > 0, cost
+        # one GPU held the whole training; elapsed_s is its seconds rounded (43.55 s of GPU time read 44 s on
+        # 2026-12-06)
+        assert abs((cost["gpu_hours"] - cost["steps_gpu_hours"]) * 3600 - cost["elapsed_s"]) <= 0.5 + 1e-6, cost
     else:
-        assert cost["gpu_hours"] == 0, cost  # a CPU run holds no GPU
+        assert cost["gpu_hours"] == 0 == cost["steps_gpu_hours"], cost  # a CPU run holds no GPU
 
 
 def test_8b_shape_saves_resumes_and_exports(lab, record):
