@@ -113,6 +113,11 @@ def test_trainer_exit_codes_reach_follow_status_and_the_job(executor, local_slur
         # follow: a failed assert above would otherwise leave the 100000-iteration run training)
         for proc in (*cases.values(), stopped):
             if proc.poll() is None:
+                if proc not in entries:  # an assert before its entry was read (a refused submit's before it)
+                    try:
+                        entries[proc] = _read_entry(proc)
+                    except ValueError:  # this submit printed no entry: nothing of it runs
+                        pass
                 proc.kill()
                 if proc in entries:
                     cli(job_env, "cancel", entries[proc]["run_id"])
